@@ -1,0 +1,145 @@
+"""KERPLE: kernelized relative positional embeddings (power and logarithmic variants).
+
+Paper: Chi, Fan, Ramadge, Rudnicky. "KERPLE: Kernelized Relative Positional Embedding for
+Length Extrapolation", NeurIPS 2022 (arXiv:2205.09921).
+
+Formulas, learnable per head:
+  power: bias(i, j) = -r1 * |i - j|^r2          with r1 > 0, 0 < r2 <= 2
+  log:   bias(i, j) = -r1 * log(1 + r2 * |i - j|) with r1, r2 > 0
+The constraints hold for ANY raw parameter value by reparametrization:
+  r1 = softplus(raw_r1)            (clamped at EPS so underflow cannot give 0)
+  r2 = 2 * sigmoid(raw_r2)         (power; clamped to [EPS, 2])
+  r2 = softplus(raw_r2)            (log;  clamped at EPS)
+Checkpoints store the natural values r1 and r2 (what the paper reports), never the raw ones;
+loading validates them, so a checkpoint with r2 > 2 for the power variant is rejected.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .base import AttentionBias, relative_distance
+
+EPS = 1e-6
+
+
+def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    # softplus^-1(y) = y + log(1 - exp(-y)), stable for small and large y
+    return y + torch.log(-torch.expm1(-y))
+
+
+class _KerpleBase(AttentionBias):
+    r2_max: float | None = None
+
+    def __init__(self, num_heads: int, causal: bool = True, seed: int = 0):
+        super().__init__(num_heads, causal)
+        gen = torch.Generator().manual_seed(seed)
+        # Natural-value init spread over heads, like the paper's uniform init.
+        r1 = 0.1 + 1.9 * torch.rand(num_heads, generator=gen)
+        r2 = 0.1 + 0.9 * torch.rand(num_heads, generator=gen)
+        self.raw_r1 = nn.Parameter(torch.zeros(num_heads))
+        self.raw_r2 = nn.Parameter(torch.zeros(num_heads))
+        self.set_natural(r1, r2)
+        self.register_state_dict_post_hook(_natural_state_dict_hook)
+        self.register_load_state_dict_pre_hook(_natural_load_pre_hook)
+
+    # --- constrained values ---------------------------------------------------------------
+    def r1(self) -> torch.Tensor:
+        return F.softplus(self.raw_r1).clamp_min(EPS)  # [H]
+
+    def r2(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _raw_r2_from(self, r2: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def check_natural(self, r1: torch.Tensor, r2: torch.Tensor) -> None:
+        r1 = torch.as_tensor(r1, dtype=torch.float64)
+        r2 = torch.as_tensor(r2, dtype=torch.float64)
+        for label, value in (("r1", r1), ("r2", r2)):
+            if value.shape != (self.num_heads,):
+                raise ValueError(
+                    f"{self.name} {label} must have shape [{self.num_heads}], got {list(value.shape)}"
+                )
+            if not torch.isfinite(value).all() or (value <= 0).any():
+                raise ValueError(f"{self.name} requires {label} > 0, got {value.tolist()}")
+        if self.r2_max is not None and (r2 > self.r2_max).any():
+            raise ValueError(f"{self.name} requires 0 < r2 <= {self.r2_max:g}, got {r2.tolist()}")
+
+    @torch.no_grad()
+    def set_natural(self, r1, r2) -> None:
+        self.check_natural(r1, r2)
+        r1 = torch.as_tensor(r1, dtype=torch.float64).clamp_min(EPS)
+        r2 = torch.as_tensor(r2, dtype=torch.float64).clamp_min(EPS)
+        self.raw_r1.copy_(_inverse_softplus(r1).to(self.raw_r1.dtype))
+        self.raw_r2.copy_(self._raw_r2_from(r2).to(self.raw_r2.dtype))
+
+
+def _natural_state_dict_hook(module, state_dict, prefix, local_metadata):
+    raw1, raw2 = state_dict.pop(prefix + "raw_r1"), state_dict.pop(prefix + "raw_r2")
+    state_dict[prefix + "r1"] = module.r1().detach().to(raw1.dtype)
+    state_dict[prefix + "r2"] = module.r2().detach().to(raw2.dtype)
+
+
+def _natural_load_pre_hook(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+    if prefix + "r1" not in state_dict or prefix + "r2" not in state_dict:
+        return  # the normal missing-key error is reported by load_state_dict
+    r1, r2 = state_dict.pop(prefix + "r1"), state_dict.pop(prefix + "r2")
+    module.check_natural(r1, r2)  # raises ValueError with the offending values
+    state_dict[prefix + "raw_r1"] = _inverse_softplus(r1.double().clamp_min(EPS)).to(module.raw_r1.dtype)
+    state_dict[prefix + "raw_r2"] = module._raw_r2_from(r2.double().clamp_min(EPS)).to(module.raw_r2.dtype)
+
+
+class KerplePowerBias(_KerpleBase):
+    name = "kerple_power"
+    r2_max = 2.0
+
+    def r2(self) -> torch.Tensor:
+        return (2.0 * torch.sigmoid(self.raw_r2)).clamp(EPS, 2.0)  # [H]
+
+    def _raw_r2_from(self, r2):
+        half = (r2 / 2.0).clamp(EPS, 1.0 - 1e-12)
+        return torch.log(half) - torch.log1p(-half)  # logit
+
+    def from_positions(self, q_pos, k_pos):
+        distance = relative_distance(q_pos, k_pos).abs().to(torch.float32).unsqueeze(-3)  # [..., 1, Lq, Lk]
+        r1, r2 = self.r1().view(-1, 1, 1), self.r2().view(-1, 1, 1)  # [H, 1, 1]
+        return -r1 * torch.pow(distance, r2)  # [..., H, Lq, Lk]; 0^r2 = 0 since r2 > 0
+
+
+class KerpleLogBias(_KerpleBase):
+    name = "kerple_log"
+
+    def r2(self) -> torch.Tensor:
+        return F.softplus(self.raw_r2).clamp_min(EPS)  # [H]
+
+    def _raw_r2_from(self, r2):
+        return _inverse_softplus(r2)
+
+    def from_positions(self, q_pos, k_pos):
+        distance = relative_distance(q_pos, k_pos).abs().to(torch.float32).unsqueeze(-3)  # [..., 1, Lq, Lk]
+        r1, r2 = self.r1().view(-1, 1, 1), self.r2().view(-1, 1, 1)  # [H, 1, 1]
+        # 1 + r2*|i-j| >= 1, so log never sees 0
+        return -r1 * torch.log1p(r2 * distance)  # [..., H, Lq, Lk]
+
+
+def reference_power(r1, r2, q_len: int, k_len: int) -> np.ndarray:
+    """float64 oracle: -r1 |i-j|^r2, [H, Lq, Lk]."""
+    d = _reference_distance(q_len, k_len)
+    return -np.asarray(r1, np.float64)[:, None, None] * d[None] ** np.asarray(r2, np.float64)[:, None, None]
+
+
+def reference_log(r1, r2, q_len: int, k_len: int) -> np.ndarray:
+    """float64 oracle: -r1 log(1 + r2 |i-j|), [H, Lq, Lk]."""
+    d = _reference_distance(q_len, k_len)
+    r1 = np.asarray(r1, np.float64)[:, None, None]
+    r2 = np.asarray(r2, np.float64)[:, None, None]
+    return -r1 * np.log(1.0 + r2 * d[None])
+
+
+def _reference_distance(q_len, k_len):
+    i = np.arange(k_len - q_len, k_len, dtype=np.float64)[:, None]
+    j = np.arange(k_len, dtype=np.float64)[None, :]
+    return np.abs(i - j)

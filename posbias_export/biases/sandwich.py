@@ -1,0 +1,68 @@
+"""Sandwich: the inner product of sinusoidal position embeddings as an attention bias.
+
+Paper: Chi, Fan, Rudnicky, Ramadge. "Dissecting Transformer Length Extrapolation via the Lens
+of Receptive Field Analysis", ACL 2023 (arXiv:2212.10356).
+
+Formula: bias_h(i, j) = lambda_h * (<p_i, p_j> - d'/2)
+  p_t = [sin(t w_1), cos(t w_1), ..., sin(t w_K), cos(t w_K)], w_k = 10000^(-2(k-1)/d'), K = d'/2
+  <p_i, p_j> = sum_k cos((i - j) w_k), largest (= d'/2) at i = j and decaying with distance.
+Subtracting d'/2 is a constant shift (softmax ignores it) that makes the bias 0 on the
+diagonal and <= 0 elsewhere. lambda_h = H / (8 h) for head h = 1..H: the per-head
+compression of the authors' released code, ALiBi-like, so heads see different ranges.
+Computed as a matrix product of position tables, so memory stays [Lq, Lk], not [Lq, Lk, K].
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .base import AttentionBias
+
+
+def sandwich_frequencies(sin_dim: int) -> torch.Tensor:
+    """w_k = 10000^(-2k/d') for k = 0..d'/2-1, float32 [d'/2]."""
+    k = torch.arange(sin_dim // 2, dtype=torch.float64)
+    return (10000.0 ** (-2.0 * k / sin_dim)).to(torch.float32)
+
+
+def sandwich_head_scales(num_heads: int) -> torch.Tensor:
+    """lambda_h = H / (8 h), float32 [H]."""
+    h = torch.arange(1, num_heads + 1, dtype=torch.float64)
+    return (num_heads / (8.0 * h)).to(torch.float32)
+
+
+class SandwichBias(AttentionBias):
+    name = "sandwich"
+
+    def __init__(self, num_heads: int, causal: bool = True, sin_dim: int = 128):
+        super().__init__(num_heads, causal)
+        if int(sin_dim) < 2 or int(sin_dim) % 2:
+            raise ValueError(f"sandwich sin_dim must be an even number >= 2, got {sin_dim}")
+        self.sin_dim = int(sin_dim)
+        self.register_buffer("frequencies", sandwich_frequencies(self.sin_dim), persistent=False)  # [K]
+        self.register_buffer("head_scales", sandwich_head_scales(num_heads), persistent=False)  # [H]
+
+    def hyper_parameters(self) -> dict:
+        return {"sin_dim": self.sin_dim}
+
+    def position_table(self, pos: torch.Tensor) -> torch.Tensor:
+        """Sinusoidal embeddings [..., L] -> [..., L, d'] (sin block then cos block)."""
+        angle = pos.to(torch.float32).unsqueeze(-1) * self.frequencies  # [..., L, K]
+        return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)  # [..., L, 2K]
+
+    def from_positions(self, q_pos, k_pos):
+        p_q = self.position_table(q_pos)  # [..., Lq, d']
+        p_k = self.position_table(k_pos)  # [..., Lk, d']
+        inner = p_q @ p_k.transpose(-1, -2) - self.sin_dim / 2  # [..., Lq, Lk]
+        return self.head_scales.view(-1, 1, 1) * inner.unsqueeze(-3)  # [..., H, Lq, Lk]
+
+
+def reference_bias(num_heads: int, q_len: int, k_len: int, sin_dim: int = 128) -> np.ndarray:
+    """float64 oracle via the identity <p_i, p_j> = sum_k cos((i - j) w_k): [H, Lq, Lk]."""
+    w = 10000.0 ** (-2.0 * np.arange(sin_dim // 2, dtype=np.float64) / sin_dim)
+    rel = np.arange(k_len - q_len, k_len, dtype=np.float64)[:, None] - np.arange(k_len, dtype=np.float64)[None]
+    inner = np.zeros_like(rel)
+    for wk in w:  # loop over frequencies keeps memory at [Lq, Lk]
+        inner += np.cos(rel * wk)
+    scales = num_heads / (8.0 * np.arange(1, num_heads + 1, dtype=np.float64))
+    return scales[:, None, None] * (inner - sin_dim / 2)[None]

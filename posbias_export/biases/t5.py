@@ -1,0 +1,73 @@
+"""T5 relative position buckets: a learned scalar per (bucket, head).
+
+Paper: Raffel et al. "Exploring the Limits of Transfer Learning with a Unified Text-to-Text
+Transformer", JMLR 2020 (arXiv:1910.10683), section 2.1.
+
+Formula, with relative_position = j - i (key minus query) and n = num_buckets:
+  bidirectional: half the buckets for j > i (offset n/2), the other half for j <= i; n <- n/2
+  causal: only j <= i is distinguished; r = max(i - j, 0)
+  r < n/2                    -> bucket r (exact)
+  r >= n/2                   -> n/2 + floor(log(r / (n/2)) / log(max_distance / (n/2)) * (n - n/2)),
+                                capped at n - 1 (logarithmic bins up to max_distance)
+  bias_h(i, j) = embedding[bucket(j - i), h]
+The bucket function matches Hugging Face transformers' T5Attention._relative_position_bucket
+bit for bit (checkpoints depend on it), including its float32 log arithmetic. Every distance
+>= max_distance falls in the last bucket, so the module precomputes one bucket per offset in
+[-max_distance, max_distance] (a table that does not grow with sequence length) and clamps.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .base import AttentionBias, relative_distance
+
+
+def t5_relative_bucket(
+    relative_position: torch.Tensor, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+) -> torch.Tensor:
+    """Bucket index (int64) for each relative position j - i."""
+    relative_position = torch.as_tensor(relative_position).to(torch.int64)
+    buckets = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).to(torch.int64) * num_buckets
+        distance = relative_position.abs()
+    else:
+        distance = (-relative_position).clamp_min(0)
+    max_exact = num_buckets // 2
+    # Clamp before log: exact distances never use the log branch, and log(0) is -inf.
+    far = distance.clamp_min(max_exact).to(torch.float32)
+    log_bins = (
+        torch.log(far / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).to(torch.int64)
+    far_bucket = (max_exact + log_bins).clamp_max(num_buckets - 1)
+    return buckets + torch.where(distance < max_exact, distance, far_bucket)
+
+
+class T5Bias(AttentionBias):
+    name = "t5"
+
+    def __init__(self, num_heads: int, causal: bool = True, num_buckets: int = 32, max_distance: int = 128, seed: int = 0):
+        super().__init__(num_heads, causal)
+        if int(num_buckets) < 4 or int(max_distance) <= int(num_buckets) // 2:
+            raise ValueError(
+                f"t5 needs num_buckets >= 4 and max_distance > num_buckets/2, got {num_buckets}, {max_distance}"
+            )
+        self.num_buckets, self.max_distance = int(num_buckets), int(max_distance)
+        self.relative_attention_bias = nn.Embedding(self.num_buckets, num_heads)  # [n, H]
+        nn.init.normal_(self.relative_attention_bias.weight, std=0.5, generator=torch.Generator().manual_seed(seed))
+        offsets = torch.arange(-self.max_distance, self.max_distance + 1)  # j - i, clamped range
+        table = t5_relative_bucket(offsets, not causal, self.num_buckets, self.max_distance)
+        self.register_buffer("bucket_of_offset", table, persistent=False)  # [2*max_distance + 1]
+
+    def hyper_parameters(self) -> dict:
+        return {"num_buckets": self.num_buckets, "max_distance": self.max_distance}
+
+    def from_positions(self, q_pos, k_pos):
+        offset = (-relative_distance(q_pos, k_pos)).clamp(-self.max_distance, self.max_distance)  # j - i, [..., Lq, Lk]
+        buckets = self.bucket_of_offset[offset + self.max_distance]  # [..., Lq, Lk]
+        values = self.relative_attention_bias(buckets).to(torch.float32)  # [..., Lq, Lk, H]
+        return values.movedim(-1, -3)  # [..., H, Lq, Lk]

@@ -1,0 +1,94 @@
+"""Checkpoints that load without executing code: safetensors (preferred) or a weights-only
+torch file. The model config travels inside, so a checkpoint alone rebuilds its model."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .model import ARCHS, ModelConfig, build_model
+
+CONFIG_KEY = "posbias.config"
+ARCH_KEY = "posbias.arch"
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def save_checkpoint(model: torch.nn.Module, path: str | os.PathLike, extra: dict | None = None) -> None:
+    """safetensors file with the config (and `extra` strings) in its metadata; atomic."""
+    path = Path(path)
+    meta = {CONFIG_KEY: json.dumps(model.cfg.to_dict(), sort_keys=True), ARCH_KEY: getattr(model, "arch", "lm")}
+    meta.update({k: str(v) for k, v in (extra or {}).items()})
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        save_file(state, str(tmp), metadata=meta)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict | None, str | None]:
+    """(state_dict, config dict or None, arch or None). Never unpickles arbitrary objects."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head.startswith(b"PK"):  # torch.save zip archive
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise CheckpointError(f"cannot read torch checkpoint {path}: {str(err).splitlines()[0]}") from None
+        if isinstance(obj, dict) and "state_dict" in obj:
+            cfg, arch = obj.get("config"), obj.get("arch")
+            if isinstance(cfg, str):
+                cfg = json.loads(cfg)
+            return obj["state_dict"], cfg, arch
+        if isinstance(obj, dict) and all(isinstance(v, torch.Tensor) for v in obj.values()):
+            return obj, None, None
+        raise CheckpointError(f"torch checkpoint {path} holds neither a state_dict nor {{'state_dict', 'config'}}")
+    try:
+        state = load_file(str(path))
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"cannot read checkpoint {path}: not a safetensors or torch file ({err})") from None
+    cfg = json.loads(meta[CONFIG_KEY]) if CONFIG_KEY in meta else None
+    return state, cfg, meta.get(ARCH_KEY)
+
+
+def load_checkpoint(path: str | os.PathLike, cfg: ModelConfig | None = None, arch: str | None = None) -> torch.nn.Module:
+    """Rebuild the model a checkpoint was saved from. `cfg`/`arch` are used only when the file
+    carries none; when both exist and disagree, that is an error rather than a silent choice."""
+    state, saved_cfg, saved_arch = read_checkpoint(path)
+    if saved_cfg is not None:
+        saved = ModelConfig.from_dict(saved_cfg)
+        if cfg is not None and cfg != saved:
+            diff = {k: (v, getattr(saved, k)) for k, v in cfg.to_dict().items() if getattr(saved, k) != v}
+            raise CheckpointError(f"options disagree with the checkpoint's config (given, saved): {diff}")
+        cfg = saved
+    if cfg is None:
+        raise CheckpointError(f"checkpoint {path} carries no config; pass the model options explicitly")
+    arch = arch or saved_arch or "lm"
+    if saved_arch and arch != saved_arch:
+        raise CheckpointError(f"checkpoint {path} is a {saved_arch!r} model, not {arch!r}")
+    if arch not in ARCHS:
+        raise CheckpointError(f"unknown arch {arch!r} in checkpoint {path}")
+    model = build_model(cfg, seed=0, arch=arch)
+    try:
+        model.load_state_dict(state, strict=True)
+    except ValueError as err:  # a bias rejected a value, e.g. KERPLE r2 > 2
+        raise CheckpointError(f"checkpoint {path}: {err}") from None
+    except RuntimeError as err:
+        first = str(err).splitlines()
+        raise CheckpointError(f"checkpoint {path} does not fit the model: {' '.join(l.strip() for l in first[:3])}") from None
+    return model.eval()

@@ -1,0 +1,133 @@
+"""Command line: parse, call the API, print, exit codes. Errors are one line on stderr, exit 2."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+PROG = "posbias-export"
+
+EXPORT_EXAMPLES = """examples:
+  python -m posbias_export --bias alibi --out model.onnx
+  python -m posbias_export --bias kerple_log --heads 8 --dim 256 --layers 4 --out kerple.onnx
+  python -m posbias_export --bias t5 --bidirectional --arch block --out t5_block.onnx
+  python -m posbias_export --bias alibi --opset 23 --dtype float16 --out alibi_fp16.onnx
+  python -m posbias_export --checkpoint models/alibi.safetensors --out alibi.onnx
+"""
+
+
+class CliError(Exception):
+    """A usage problem: reported as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one readable line instead of usage + message
+        raise CliError(message)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_export_parser() -> argparse.ArgumentParser:
+    from .biases import BIASES
+
+    p = _Parser(
+        prog=PROG,
+        description="Export a transformer with a positional attention bias to ONNX with dynamic "
+        "batch and sequence axes, and check the result.",
+        epilog=EXPORT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--bias", help=f"bias family: {', '.join(BIASES)} (taken from --checkpoint when given)")
+    p.add_argument("--out", required=True, help="output .onnx path (written atomically)")
+    p.add_argument("--arch", choices=("lm", "block"), default=None,
+                   help="lm: byte-level decoder, input_ids [B, L] -> logits [B, L, 256]; "
+                   "block: one transformer block, hidden [B, L, dim] in and out (default lm)")
+    p.add_argument("--heads", type=_positive_int, help="attention heads (default 4)")
+    p.add_argument("--dim", type=_positive_int, help="model width, divisible by --heads (default 128)")
+    p.add_argument("--layers", type=_positive_int, help="transformer layers (default 2)")
+    p.add_argument("--bidirectional", action="store_true", default=None, help="no causal mask; symmetric bias")
+    p.add_argument("--window", type=_positive_int, help="window bias: keys per query, itself included (default 64)")
+    p.add_argument("--sandwich-dim", type=_positive_int, help="sandwich: sinusoid dimension d' (default 128)")
+    p.add_argument("--t5-buckets", type=_positive_int, help="t5: number of buckets (default 32)")
+    p.add_argument("--t5-max-distance", type=_positive_int, help="t5: max distance (default 128)")
+    p.add_argument("--opset", type=int, choices=(18, 23), default=18, help="18 (portable) or 23 (ONNX Attention op)")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
+    p.add_argument("--trace-len", type=_positive_int, default=16, help="sequence length used to trace (default 16)")
+    p.add_argument("--attention-mask", action="store_true",
+                   help="add an attention_mask [B, L] input (1 = token, 0 = padding; positions from its cumsum)")
+    p.add_argument("--seed", type=int, default=0, help="weight init seed when no --checkpoint (default 0)")
+    p.add_argument("--checkpoint", help="safetensors or weights-only torch file; its saved config is used")
+    return p
+
+
+_CONFIG_FLAGS = {"bias": "bias", "heads": "num_heads", "dim": "dim", "layers": "num_layers", "window": "window",
+                 "sandwich_dim": "sandwich_dim", "t5_buckets": "t5_num_buckets", "t5_max_distance": "t5_max_distance"}
+
+
+def run_export(argv: list[str]) -> int:
+    args = build_export_parser().parse_args(argv)
+    from .checkpoint import load_checkpoint, read_checkpoint
+    from .export import ensure_writable, export_onnx
+    from .model import ModelConfig, build_model
+
+    given = {field: getattr(args, flag) for flag, field in _CONFIG_FLAGS.items() if getattr(args, flag) is not None}
+    if args.bidirectional:
+        given["causal"] = False
+    ensure_writable(args.out)  # fail fast, before loading or tracing anything
+    if args.checkpoint:
+        _, saved_cfg, _ = read_checkpoint(args.checkpoint)
+        if saved_cfg is not None:
+            cfg = ModelConfig.from_dict({**saved_cfg, **given})
+            if cfg != ModelConfig.from_dict(saved_cfg):
+                changed = ", ".join(sorted(given))
+                raise CliError(f"options {changed} contradict the checkpoint's saved config; drop them")
+        else:
+            if "bias" not in given:
+                raise CliError("--bias is required: the checkpoint carries no config")
+            cfg = ModelConfig(**given)
+        model = load_checkpoint(args.checkpoint, cfg, args.arch)
+    else:
+        if "bias" not in given:
+            raise CliError("--bias is required (or --checkpoint with a saved config)")
+        model = build_model(ModelConfig(**given), seed=args.seed, arch=args.arch or "lm")
+    report = export_onnx(model, args.out, opset=args.opset, dtype=args.dtype, trace_len=args.trace_len,
+                         attention_mask=args.attention_mask,
+                         metadata={"seed": args.seed} if not args.checkpoint else {"checkpoint": args.checkpoint})
+    print(report.summary())
+    return 0
+
+
+COMMANDS = {}  # subcommand name -> runner(argv) -> exit code; the default is export
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from .checks import ExportCheckError
+
+    try:
+        if argv and argv[0] in COMMANDS:
+            return COMMANDS[argv[0]](argv[1:])
+        return run_export(argv)
+    except CliError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    except ExportCheckError as err:
+        print(f"{PROG}: export check failed: {err}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""torch -> ONNX with dynamic batch and sequence axes, post-export checks, metadata, atomic save."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import logging
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+import torch
+
+from . import checks
+from .model import BiasedAttention, ModelConfig
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+OPSETS = (18, 23)
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf's hard limit is 2 GB
+METADATA_PREFIX = "posbias."
+INPUT_NAMES = {"lm": ["input_ids"], "block": ["hidden_states"]}
+OUTPUT_NAMES = {"lm": ["logits"], "block": ["output"]}
+
+
+@dataclass
+class ExportReport:
+    path: str
+    arch: str
+    bias: str
+    opset: int
+    dtype: str
+    trace_len: int
+    inputs: dict[str, list]
+    outputs: dict[str, list]
+    op_types: list[str]
+    initializer_bytes: int
+    file_bytes: int
+    seconds: float
+    checks: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        shape = ", ".join(f"{k} {v}" for k, v in self.inputs.items())
+        return (
+            f"wrote {self.path} ({self.file_bytes / 1e6:.2f} MB): {self.arch} with {self.bias} bias, "
+            f"opset {self.opset}, {self.dtype}, inputs {shape}; checks passed: {', '.join(self.checks)}"
+        )
+
+
+def ensure_writable(path: str | os.PathLike) -> Path:
+    """Fail before the (slow) export if the output cannot be written."""
+    path = Path(path)
+    if path.is_dir():
+        raise OSError(f"cannot write {path}: it is a directory")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise OSError(f"cannot write {path}: directory {parent} does not exist")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise OSError(f"cannot write {path}: the existing file is read-only")
+    try:  # the only reliable test (root ignores permission bits; read-only mounts do not)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{path.name}.probe-"):
+            pass
+    except OSError as err:
+        raise OSError(f"cannot write {path}: directory {parent} is not writable ({err.strerror})") from None
+    return path
+
+
+def input_names(arch: str, attention_mask: bool) -> list[str]:
+    return INPUT_NAMES[arch] + (["attention_mask"] if attention_mask else [])
+
+
+def example_inputs(cfg: ModelConfig, arch: str, trace_len: int, dtype: torch.dtype, attention_mask: bool = False, batch: int = 2):
+    """Positional args for forward; a mask input rides as the LM's 2nd / the block's 3rd argument."""
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.ones(batch, trace_len, dtype=torch.int64) if attention_mask else None
+    if arch == "lm":
+        ids = torch.randint(0, cfg.vocab_size, (batch, trace_len), generator=gen)
+        return (ids, mask) if attention_mask else (ids,)
+    hidden = torch.randn(batch, trace_len, cfg.dim, generator=gen).to(dtype)
+    return (hidden, None, mask) if attention_mask else (hidden,)
+
+
+def _prepare(model: torch.nn.Module, dtype: torch.dtype, opset: int) -> torch.nn.Module:
+    model = copy.deepcopy(model).eval().to(dtype)
+    for module in model.modules():
+        if isinstance(module, BiasedAttention):
+            # Opset 23 has the ONNX Attention op, which the exporter emits for SDPA.
+            module.impl = "sdpa" if opset >= 23 else "explicit"
+    return model
+
+
+def trace_to_onnx(model: torch.nn.Module, cfg: ModelConfig, arch: str, trace_len: int, dtype: torch.dtype, opset: int,
+                  attention_mask: bool = False) -> onnx.ModelProto:
+    """One dynamo export with dynamic batch and sequence axes; returns the ModelProto."""
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+    args = example_inputs(cfg, arch, trace_len, dtype, attention_mask)
+    dynamic = tuple(None if a is None else {0: batch, 1: seq} for a in args)
+    # The exporter prints progress and warnings of its own; the report carries what matters.
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        try:
+            program = torch.onnx.export(
+                model, args, dynamo=True, dynamic_shapes=dynamic, opset_version=opset,
+                input_names=input_names(arch, attention_mask), output_names=OUTPUT_NAMES[arch], verbose=False,
+            )
+        except Exception as err:  # the exporter's errors are long; keep the first line
+            first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+            raise checks.ExportCheckError(f"torch.onnx.export failed: {first}") from err
+    return program.model_proto
+
+
+def export_onnx(
+    model: torch.nn.Module,
+    path: str | os.PathLike,
+    opset: int = 18,
+    dtype: str = "float32",
+    trace_len: int = 16,
+    *,
+    check_growth: bool = True,
+    attention_mask: bool = False,
+    metadata: dict | None = None,
+) -> ExportReport:
+    """Export `model` (from build_model) to `path` and check the result; returns a report.
+
+    attention_mask=True adds an `attention_mask` [B, L] input (1 = token, 0 = padding).
+    Raises ValueError for bad arguments, OSError for an unwritable path, and
+    checks.ExportCheckError when the exported model fails a post-export check. On any failure
+    no file is written and an existing file at `path` is left untouched.
+    """
+    start = time.perf_counter()
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if opset not in OPSETS:
+        raise ValueError(f"opset must be one of {OPSETS}, got {opset!r}")
+    if isinstance(trace_len, bool) or not isinstance(trace_len, int) or trace_len < 2:
+        raise ValueError(f"trace_len must be an integer >= 2 (1 would specialize the axis), got {trace_len!r}")
+    cfg: ModelConfig = model.cfg
+    arch = getattr(model, "arch", "lm")
+    path = ensure_writable(path)
+
+    prepared = _prepare(model, DTYPES[dtype], opset)
+    proto = trace_to_onnx(prepared, cfg, arch, trace_len, DTYPES[dtype], opset, attention_mask)
+
+    dynamic = {name: (0, 1) for name in input_names(arch, attention_mask) + OUTPUT_NAMES[arch]}
+    checks.check_symbolic_axes(proto, dynamic)
+    done = ["symbolic batch/seq axes"]
+    checks.check_domains(proto)
+    done.append("standard domain only")
+    if check_growth:
+        other_len = 2 * trace_len + 1
+        other = trace_to_onnx(prepared, cfg, arch, other_len, DTYPES[dtype], opset, attention_mask)
+        checks.check_no_trace_length_growth(proto, other, trace_len, other_len)
+        done.append(f"no initializer grows with trace length ({trace_len} vs {other_len})")
+
+    meta = {
+        "config": json.dumps(cfg.to_dict(), sort_keys=True),
+        "arch": arch,
+        "dtype": dtype,
+        "opset": str(opset),
+        "trace_len": str(trace_len),
+        "attention_mask": str(int(attention_mask)),
+        "format_version": "1",
+    }
+    meta.update({k: str(v) for k, v in (metadata or {}).items()})
+    onnx.helper.set_model_props(proto, {METADATA_PREFIX + k: v for k, v in meta.items()})
+    proto.producer_name = "posbias_export"
+    checks.check_full(proto)
+    done.append("onnx.checker full check")
+
+    file_bytes = save_atomic(proto, path)
+    value_dims = lambda values: {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
+    return ExportReport(
+        path=str(path), arch=arch, bias=cfg.bias, opset=opset, dtype=dtype, trace_len=trace_len,
+        inputs=value_dims(proto.graph.input), outputs=value_dims(proto.graph.output),
+        op_types=sorted({n.op_type for n in proto.graph.node}),
+        initializer_bytes=checks.initializer_bytes(proto), file_bytes=file_bytes,
+        seconds=time.perf_counter() - start, checks=done,
+    )
+
+
+def save_atomic(proto: onnx.ModelProto, path: Path) -> int:
+    """Write to a temporary file in the same directory, then rename: a failure leaves no partial
+    file and never clobbers an existing one. Models over ~2 GB get external data beside them."""
+    path = Path(path)
+    external = proto.ByteSize() > EXTERNAL_DATA_THRESHOLD
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        tmp_model = Path(tmp) / path.name
+        if external:
+            data_name = path.name + ".data"
+            onnx.save_model(proto, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True, location=data_name)
+            os.replace(Path(tmp) / data_name, path.parent / data_name)
+        else:
+            onnx.save_model(proto, tmp_model)
+        size = tmp_model.stat().st_size
+        os.replace(tmp_model, path)
+    return size
+
+
+def read_metadata(model: onnx.ModelProto) -> dict[str, str]:
+    """Our metadata_props, without the prefix."""
+    return {p.key[len(METADATA_PREFIX):]: p.value for p in model.metadata_props if p.key.startswith(METADATA_PREFIX)}

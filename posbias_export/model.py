@@ -1,0 +1,191 @@
+"""Bias-augmented attention, a transformer block and a tiny byte-level decoder LM.
+
+One dataclass config; dimensions unpacked once; shapes commented. Keys sit at positions
+0..Lk-1 and queries are the last Lq of them, so q_len < k_len is the same code path.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .biases import BIASES, create_bias, mask_value, query_key_positions
+from .positions import RotaryEmbedding
+
+ARCHS = ("lm", "block")
+ATTN_IMPLS = ("explicit", "sdpa")
+
+
+@dataclass
+class ModelConfig:
+    bias: str = "alibi"
+    num_heads: int = 4
+    dim: int = 128
+    num_layers: int = 2
+    causal: bool = True
+    vocab_size: int = 256  # byte-level
+    mlp_ratio: int = 4
+    rope: bool | None = None  # None: on for "window" (Su's super-baseline), off otherwise
+    rope_base: float = 10000.0
+    window: int = 64  # keys a query sees, itself included
+    sandwich_dim: int = 128
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+
+    def __post_init__(self):
+        if self.bias not in BIASES:
+            raise ValueError(f"unknown bias {self.bias!r}; choose one of: {', '.join(BIASES)}")
+        for name in ("num_heads", "dim", "num_layers", "vocab_size", "mlp_ratio", "window",
+                     "sandwich_dim", "t5_num_buckets", "t5_max_distance"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim ({self.dim}) must be divisible by num_heads ({self.num_heads})")
+        if self.use_rope and self.head_dim % 2:
+            raise ValueError(f"RoPE needs an even head dimension, got dim/num_heads = {self.head_dim}")
+        if not (self.rope_base > 1.0):
+            raise ValueError(f"rope_base must be > 1, got {self.rope_base}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def use_rope(self) -> bool:
+        return self.bias == "window" if self.rope is None else bool(self.rope)
+
+    def bias_params(self) -> dict:
+        return {
+            "sandwich": {"sin_dim": self.sandwich_dim},
+            "t5": {"num_buckets": self.t5_num_buckets, "max_distance": self.t5_max_distance},
+            "window": {"window": self.window},
+        }.get(self.bias, {})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown model config keys: {', '.join(unknown)}")
+        return cls(**data)
+
+
+class BiasedAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
+        self.out = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.bias = create_bias(cfg.bias, cfg.num_heads, causal=cfg.causal, **cfg.bias_params(),
+                                **({"seed": layer} if cfg.bias in ("kerple_power", "kerple_log", "t5") else {}))
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_base) if cfg.use_rope else None
+        self.impl = "explicit"  # "sdpa": F.scaled_dot_product_attention (opset 23 -> ONNX Attention)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, Lq, D] (queries: the LAST Lq positions of context), context [B, Lk, D] or None,
+        key_mask [B, Lk] (1 = token, 0 = padding) or None. With a mask, positions come from
+        cumsum(mask) - 1, so left padding does not shift anyone's distances."""
+        H, hd = self.cfg.num_heads, self.cfg.head_dim
+        kv_in = x if context is None else context
+        B, Lq, D = x.shape
+        Lk = kv_in.shape[1]
+        w_q, w_k, w_v = self.qkv.weight.chunk(3, dim=0)  # [D, D] each
+        q = F.linear(x, w_q).view(B, Lq, H, hd).transpose(1, 2)  # [B, H, Lq, hd]
+        k = F.linear(kv_in, w_k).view(B, Lk, H, hd).transpose(1, 2)  # [B, H, Lk, hd]
+        v = F.linear(kv_in, w_v).view(B, Lk, H, hd).transpose(1, 2)  # [B, H, Lk, hd]
+        q_idx, k_idx = query_key_positions(Lq, Lk, device=x.device)  # [Lq], [Lk]
+        allowed = (k_idx.unsqueeze(0) <= q_idx.unsqueeze(1)) if self.cfg.causal else None  # [Lq, Lk]
+        if key_mask is None:
+            q_pos, k_pos = q_idx, k_idx
+        else:
+            k_pos = (key_mask.to(torch.int64).cumsum(-1) - 1).clamp_min(0)  # [B, Lk]
+            q_pos = k_pos[:, Lk - Lq:]  # [B, Lq]
+            keep = key_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, Lk]
+            allowed = keep if allowed is None else keep & allowed  # [B, 1, Lq, Lk]
+        if self.rope is not None:
+            q, k = self.rope(q, q_pos), self.rope(k, k_pos)
+        bias = self.bias.from_positions(q_pos, k_pos)  # [H or 1, Lq, Lk] or [B, H or 1, Lq, Lk], float32
+        y = attend(q, k, v, bias, allowed, self.impl)  # [B, H, Lq, hd]
+        return self.out(y.transpose(1, 2).reshape(B, Lq, D))  # [B, Lq, D]
+
+
+def attend(q, k, v, bias, allowed, impl: str = "explicit") -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + bias, masked) v. Scores, bias and softmax in float32 whatever
+    the model dtype: slope * distance overflows fp16 near 131k tokens."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    low = mask_value(torch.float32)
+    if impl == "sdpa":
+        mask = bias if allowed is None else torch.where(allowed, bias, low)  # [H|1, Lq, Lk]
+        mask = mask.clamp_min(mask_value(q.dtype)).to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    scores = (q * scale) @ k.transpose(-1, -2)  # [B, H, Lq, Lk]
+    scores = scores.float() + bias
+    if allowed is not None:
+        scores = torch.where(allowed, scores, low)
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)  # [B, H, Lq, Lk]
+    return probs @ v  # [B, H, Lq, hd]
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.up = nn.Linear(cfg.dim, cfg.mlp_ratio * cfg.dim)
+        self.down = nn.Linear(cfg.mlp_ratio * cfg.dim, cfg.dim)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: hidden [B, Lq, D] (+ context [B, Lk, D]) -> [B, Lq, D]."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        self.ln_attn = nn.LayerNorm(cfg.dim)
+        self.attn = BiasedAttention(cfg, layer)
+        self.ln_mlp = nn.LayerNorm(cfg.dim)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.ln_attn(x)
+        x = x + self.attn(h, None if context is None else self.ln_attn(context), key_mask)
+        return x + self.mlp(self.ln_mlp(x))
+
+
+class DecoderLM(nn.Module):
+    """Byte-level LM: input_ids [B, L] int64 -> logits [B, L, vocab]."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.num_layers))
+        self.ln_f = nn.LayerNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """attention_mask [B, L] (1 = token, 0 = padding) is optional."""
+        x = self.embed(input_ids)  # [B, L, D]
+        for block in self.blocks:
+            x = block(x, None, attention_mask)
+        return self.head(self.ln_f(x))  # [B, L, V]
+
+
+def build_model(cfg: ModelConfig, seed: int = 0, arch: str = "lm") -> nn.Module:
+    """A freshly initialised model in eval mode; the same seed gives the same weights."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose one of: {', '.join(ARCHS)}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = DecoderLM(cfg) if arch == "lm" else Block(cfg)
+    model.arch = arch
+    return model.eval()

@@ -1,0 +1,58 @@
+"""Shared fixtures: exported models are cached per session (exports take seconds each)."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+import posbias_export as pbe
+from posbias_export.cli import main as cli_main
+
+TRACE_LEN = 16
+SMALL = dict(num_heads=4, dim=64, num_layers=2)  # small enough for 4096-token fp64 references
+
+
+def ort_session(path) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def ort_run(session: ort.InferenceSession, *arrays) -> np.ndarray:
+    names = [i.name for i in session.get_inputs()]
+    feeds = {n: (a.numpy() if isinstance(a, torch.Tensor) else a) for n, a in zip(names, arrays)}
+    return session.run(None, feeds)[0]
+
+
+def lm_inputs(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 256, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+class ExportCache:
+    """Exports through the CLI entry point (in-process) once per configuration."""
+
+    def __init__(self, root):
+        self.root = root
+        self.paths = {}
+
+    def cli(self, bias: str, arch: str = "lm", causal: bool = True, extra: tuple = ()):
+        key = (bias, arch, causal, extra)
+        if key not in self.paths:
+            path = self.root / f"{bias}_{arch}_{'causal' if causal else 'bidir'}_{len(self.paths)}.onnx"
+            argv = ["--bias", bias, "--arch", arch, "--out", str(path), "--trace-len", str(TRACE_LEN),
+                    "--heads", str(SMALL["num_heads"]), "--dim", str(SMALL["dim"]), "--layers", str(SMALL["num_layers"])]
+            argv += [] if causal else ["--bidirectional"]
+            assert cli_main(argv + list(extra)) == 0, f"export failed: {argv}"
+            self.paths[key] = path
+        return self.paths[key]
+
+
+@pytest.fixture(scope="session")
+def exports(tmp_path_factory):
+    return ExportCache(tmp_path_factory.mktemp("exports"))
+
+
+def reference_model(bias: str, arch: str = "lm", causal: bool = True):
+    """The PyTorch model the CLI exports for these flags (seed 0)."""
+    return pbe.build_model(pbe.ModelConfig(bias=bias, causal=causal, **SMALL), seed=0, arch=arch)

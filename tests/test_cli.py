@@ -1,0 +1,133 @@
+"""The command line as a user runs it: separate processes, exit codes, one-line errors, and
+files that are either complete or untouched."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import onnx
+import pytest
+import torch
+
+import posbias_export as pbe
+from conftest import SMALL
+
+
+def run_cli(*args, cwd=None):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "posbias_export", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=600)
+
+
+def assert_one_line_error(proc, pattern):
+    assert proc.returncode == 2, proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert pattern in lines[0], lines[0]
+
+
+def test_main_command_exactly_as_documented(tmp_path):
+    proc = run_cli("--bias", "alibi", "--out", "model.onnx", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote model.onnx" in proc.stdout
+    model = onnx.load(str(tmp_path / "model.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+
+
+def test_help_has_examples():
+    proc = run_cli("--help")
+    assert proc.returncode == 0 and "examples:" in proc.stdout and "--checkpoint" in proc.stdout
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (["--bias", "alibx"], "unknown bias 'alibx'; choose one of: alibi, kerple_power, kerple_log, sandwich, t5, window, none"),
+    (["--bias", "alibi", "--heads", "0"], "--heads: expected a positive integer, got 0"),
+    (["--bias", "alibi", "--heads", "3", "--dim", "128"], "dim (128) must be divisible by num_heads (3)"),
+    (["--bias", "alibi", "--opset", "17"], "--opset: invalid choice"),
+    (["--bias", "alibi", "--checkpoint", "missing.safetensors"], "checkpoint missing.safetensors does not exist"),
+    (["--out", "x.onnx"], "--bias is required"),
+])
+def test_errors_are_one_line_exit_2_and_leave_no_file(tmp_path, args, pattern):
+    argv = args if "--out" in args else args + ["--out", "out.onnx"]
+    proc = run_cli(*argv, cwd=tmp_path)
+    assert_one_line_error(proc, pattern)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_location(tmp_path):
+    target = "/sys/posbias_model.onnx" if os.geteuid() == 0 else "/proc/posbias_model.onnx"
+    proc = run_cli("--bias", "alibi", "--out", target)
+    assert_one_line_error(proc, "is not writable")
+    assert not os.path.exists(target)
+
+
+def test_unwritable_output_leaves_existing_file_untouched(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "model.onnx").write_bytes(b"old model")
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user that ignores directory permissions")
+        proc = run_cli("--bias", "alibi", "--out", str(locked / "model.onnx"))
+        assert_one_line_error(proc, "is not writable")
+        assert (locked / "model.onnx").read_bytes() == b"old model"
+    finally:
+        locked.chmod(0o700)
+
+
+def test_output_into_missing_directory(tmp_path):
+    proc = run_cli("--bias", "alibi", "--out", str(tmp_path / "no" / "such" / "m.onnx"))
+    assert_one_line_error(proc, "does not exist")
+
+
+def test_output_path_is_a_directory(tmp_path):
+    proc = run_cli("--bias", "alibi", "--out", str(tmp_path))
+    assert_one_line_error(proc, "it is a directory")
+
+
+def test_kerple_checkpoint_with_r2_above_two_is_rejected(tmp_path):
+    model = pbe.build_model(pbe.ModelConfig(bias="kerple_power", **SMALL), seed=0)
+    pbe.save_checkpoint(model, tmp_path / "k.safetensors")
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+
+    state = load_file(str(tmp_path / "k.safetensors"))
+    with safe_open(str(tmp_path / "k.safetensors"), framework="pt") as f:
+        meta = f.metadata()
+    state["blocks.1.attn.bias.r2"] = torch.tensor([0.5, 1.0, 2.5, 1.0])
+    save_file(state, str(tmp_path / "bad.safetensors"), metadata=meta)
+    (tmp_path / "m.onnx").write_bytes(b"keep")
+    proc = run_cli("--checkpoint", str(tmp_path / "bad.safetensors"), "--out", str(tmp_path / "m.onnx"))
+    assert_one_line_error(proc, "0 < r2 <= 2")
+    assert (tmp_path / "m.onnx").read_bytes() == b"keep"
+
+
+def test_corrupt_checkpoint(tmp_path):
+    (tmp_path / "c.safetensors").write_bytes(b"\x00garbage" * 10)
+    proc = run_cli("--checkpoint", str(tmp_path / "c.safetensors"), "--out", str(tmp_path / "m.onnx"))
+    assert_one_line_error(proc, "cannot read checkpoint")
+
+
+def test_checkpoint_alone_exports_with_its_config(tmp_path):
+    """`--checkpoint ck --out m.onnx` needs no other flag, and the weights are the checkpoint's."""
+    cfg = pbe.ModelConfig(bias="sandwich", num_heads=2, dim=32, num_layers=1, sandwich_dim=16)
+    model = pbe.build_model(cfg, seed=5)
+    pbe.save_checkpoint(model, tmp_path / "ck.safetensors")
+    proc = run_cli("--checkpoint", str(tmp_path / "ck.safetensors"), "--out", str(tmp_path / "m.onnx"))
+    assert proc.returncode == 0, proc.stderr
+    import onnxruntime as ort
+
+    ids = torch.randint(0, 256, (2, 70))
+    got = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"input_ids": ids.numpy()})[0]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(got), model(ids), rtol=1e-4, atol=1e-4)
+
+
+def test_checkpoint_with_contradicting_flag(tmp_path):
+    model = pbe.build_model(pbe.ModelConfig(bias="alibi", **SMALL), seed=0)
+    pbe.save_checkpoint(model, tmp_path / "ck.safetensors")
+    proc = run_cli("--checkpoint", str(tmp_path / "ck.safetensors"), "--heads", "8", "--out", str(tmp_path / "m.onnx"))
+    assert_one_line_error(proc, "contradict the checkpoint's saved config")

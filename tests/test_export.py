@@ -1,0 +1,112 @@
+"""Every bias exports through the CLI, in both archs, causal and bidirectional, and the file
+passes the post-export checks (which export_onnx also enforces)."""
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+import torch
+
+import posbias_export as pbe
+from posbias_export import checks
+from posbias_export.export import read_metadata
+from conftest import SMALL, TRACE_LEN
+
+CASES = [(b, arch, causal) for b in pbe.BIASES for arch in ("lm", "block") for causal in (True, False)]
+ids = [f"{b}-{arch}-{'causal' if c else 'bidir'}" for b, arch, c in CASES]
+
+
+@pytest.mark.parametrize("bias,arch,causal", CASES, ids=ids)
+def test_cli_export_passes_checks(exports, bias, arch, causal):
+    path = exports.cli(bias, arch, causal)
+    model = onnx.load(str(path))
+    in_name, out_name = ("input_ids", "logits") if arch == "lm" else ("hidden_states", "output")
+    checks.check_symbolic_axes(model, {in_name: (0, 1), out_name: (0, 1)})
+    checks.check_domains(model)
+    onnx.checker.check_model(model, full_check=True)
+    assert all(n.domain in ("", "ai.onnx") for n in model.graph.node)
+    meta = read_metadata(model)
+    cfg = pbe.ModelConfig.from_dict(json.loads(meta["config"]))
+    assert (cfg.bias, cfg.causal, meta["arch"], meta["trace_len"]) == (bias, causal, arch, str(TRACE_LEN))
+
+
+@pytest.mark.parametrize("bias", pbe.BIASES)
+def test_file_size_independent_of_trace_length(tmp_path, bias):
+    model = pbe.build_model(pbe.ModelConfig(bias=bias, **SMALL), seed=0)
+    a = pbe.export_onnx(model, tmp_path / "a.onnx", trace_len=8, check_growth=False)
+    b = pbe.export_onnx(model, tmp_path / "b.onnx", trace_len=256, check_growth=False)
+    assert abs(a.file_bytes - b.file_bytes) <= 0.01 * a.file_bytes, (a.file_bytes, b.file_bytes)
+
+
+class _SpecializesLength(torch.nn.Module):
+    """A deliberately bad model: int() on the sequence length, which makes torch.export
+    silently specialize the axis to the trace length (no error from the exporter)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.cfg, self.arch = inner, inner.cfg, "lm"
+
+    def forward(self, input_ids):
+        table = torch.zeros(int(input_ids.shape[1]))  # [trace_len], baked
+        return self.inner(input_ids) + table.sum()
+
+
+def test_specialized_axis_is_caught_and_nothing_written(tmp_path):
+    inner = pbe.build_model(pbe.ModelConfig(bias="alibi", **SMALL), seed=0)
+    existing = tmp_path / "keep.onnx"
+    existing.write_bytes(b"precious")
+    with pytest.raises(checks.ExportCheckError, match="exported static"):
+        pbe.export_onnx(_SpecializesLength(inner), existing)
+    assert existing.read_bytes() == b"precious"  # a failed export never clobbers
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.onnx"]  # and leaves no temp file
+
+
+def _model_with_initializer(length: int) -> onnx.ModelProto:
+    table = onnx.helper.make_tensor("table", onnx.TensorProto.FLOAT, [length], [0.0] * length)
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["table"], ["y"])], "g", [],
+                                   [onnx.helper.make_tensor_value_info("y", 1, [length])], [table])
+    return onnx.helper.make_model(graph)
+
+
+def test_growth_check_catches_trace_length_initializer():
+    checks.check_no_trace_length_growth(_model_with_initializer(5), _model_with_initializer(5), 16, 33)
+    with pytest.raises(checks.ExportCheckError, match="depend on the trace length"):
+        checks.check_no_trace_length_growth(_model_with_initializer(16), _model_with_initializer(33), 16, 33)
+
+
+def test_check_domains_rejects_custom_op():
+    node = onnx.helper.make_node("FusedAlibi", ["x"], ["y"], domain="com.microsoft")
+    graph = onnx.helper.make_graph([node], "g", [onnx.helper.make_tensor_value_info("x", 1, [2])],
+                                   [onnx.helper.make_tensor_value_info("y", 1, [2])])
+    with pytest.raises(checks.ExportCheckError, match="com.microsoft.FusedAlibi"):
+        checks.check_domains(onnx.helper.make_model(graph))
+
+
+def test_check_symbolic_axes_rejects_static_axis():
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g",
+                                   [onnx.helper.make_tensor_value_info("x", 1, ["batch", 16])],
+                                   [onnx.helper.make_tensor_value_info("y", 1, ["batch", 16])])
+    with pytest.raises(checks.ExportCheckError, match="axis 1 of 'x' was exported static"):
+        checks.check_symbolic_axes(onnx.helper.make_model(graph), {"x": (0, 1)})
+
+
+def test_export_report_and_metadata(tmp_path):
+    model = pbe.build_model(pbe.ModelConfig(bias="kerple_log", **SMALL), seed=0)
+    report = pbe.export_onnx(model, tmp_path / "k.onnx", opset=23)
+    assert report.inputs == {"input_ids": ["batch", "seq"]}
+    assert "Attention" in report.op_types  # opset 23: SDPA becomes the ONNX Attention op
+    meta = read_metadata(onnx.load(str(tmp_path / "k.onnx")))
+    assert meta["opset"] == "23" and meta["dtype"] == "float32"
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(dtype="bfloat16"), "dtype must be one of"),
+    (dict(opset=17), "opset must be one of"),
+    (dict(trace_len=1), "trace_len"),
+])
+def test_export_argument_errors(tmp_path, kwargs, message):
+    model = pbe.build_model(pbe.ModelConfig(**SMALL), seed=0)
+    with pytest.raises(ValueError, match=message):
+        pbe.export_onnx(model, tmp_path / "m.onnx", **kwargs)
+    assert not (tmp_path / "m.onnx").exists()

@@ -1,0 +1,87 @@
+"""Model behaviour in PyTorch: causality, q_len < k_len, padding, config validation."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posbias_export as pbe
+from conftest import SMALL, lm_inputs
+
+
+@pytest.mark.parametrize("bias", pbe.BIASES)
+def test_decoder_is_causal(bias):
+    """Changing token t never changes logits before t."""
+    model = pbe.build_model(pbe.ModelConfig(bias=bias, **SMALL), seed=0)
+    ids = lm_inputs(2, 40)
+    t = 23
+    changed = ids.clone()
+    changed[:, t] = (changed[:, t] + 1) % 256
+    with torch.no_grad():
+        a, b = model(ids), model(changed)
+    assert torch.equal(a[:, :t], b[:, :t])
+    assert not torch.allclose(a[:, t:], b[:, t:])  # and the change is seen from t on
+
+
+@pytest.mark.parametrize("bias", pbe.BIASES)
+def test_bidirectional_sees_the_future(bias):
+    model = pbe.build_model(pbe.ModelConfig(bias=bias, causal=False, **SMALL), seed=0)
+    ids = lm_inputs(1, 20)
+    changed = ids.clone()
+    changed[:, 15] = (changed[:, 15] + 1) % 256
+    with torch.no_grad():
+        assert not torch.allclose(model(ids)[:, :15], model(changed)[:, :15])
+
+
+@pytest.mark.parametrize("bias", pbe.BIASES)
+def test_block_queries_fewer_than_keys(bias):
+    """Queries are the last q_len positions: block(x[-q:], context=x) == block(x)[-q:]."""
+    block = pbe.build_model(pbe.ModelConfig(bias=bias, **SMALL), seed=0, arch="block")
+    x = torch.randn(2, 30, SMALL["dim"], generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = block(x)
+        tail = block(x[:, -7:], x)
+    torch.testing.assert_close(tail, full[:, -7:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", pbe.BIASES)
+def test_left_padding_does_not_shift_positions(bias):
+    model = pbe.build_model(pbe.ModelConfig(bias=bias, **SMALL), seed=0)
+    ids = lm_inputs(1, 12)
+    padded = torch.cat([torch.zeros(1, 5, dtype=torch.int64), ids], dim=1)
+    mask = torch.cat([torch.zeros(1, 5), torch.ones(1, 12)], dim=1).to(torch.int64)
+    with torch.no_grad():
+        alone = model(ids)
+        with_pad = model(padded, mask)[:, 5:]
+    torch.testing.assert_close(with_pad, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_same_seed_same_weights():
+    a = pbe.build_model(pbe.ModelConfig(bias="t5", **SMALL), seed=3)
+    b = pbe.build_model(pbe.ModelConfig(bias="t5", **SMALL), seed=3)
+    c = pbe.build_model(pbe.ModelConfig(bias="t5", **SMALL), seed=4)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(bias="nope"), "unknown bias"),
+        (dict(num_heads=0), "num_heads must be a positive integer"),
+        (dict(dim=130, num_heads=4), "divisible"),
+        (dict(bias="window", dim=12, num_heads=4), "even head dimension"),
+        (dict(num_layers=-1), "num_layers"),
+        (dict(window=0), "window"),
+    ],
+)
+def test_config_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        pbe.ModelConfig(**kwargs)
+
+
+def test_config_round_trips_through_dict():
+    cfg = pbe.ModelConfig(bias="sandwich", sandwich_dim=32, causal=False)
+    assert pbe.ModelConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="unknown model config keys: bogus"):
+        pbe.ModelConfig.from_dict({**cfg.to_dict(), "bogus": 1})

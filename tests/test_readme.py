@@ -1,0 +1,23 @@
+"""The README's commands and example are the ones that are run."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci/run").read_text()
+    test_cmd = next(line for line in ci.splitlines() if "pytest" in line and not line.startswith("#"))
+    assert test_cmd in readme
+
+
+def test_python_api_example_runs(tmp_path, monkeypatch):
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Python API\n\n```python\n(.*?)```", readme, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "README.md", "exec"), {})
+    assert (tmp_path / "model.onnx").stat().st_size > 0
+    assert (tmp_path / "model.safetensors").stat().st_size > 0
