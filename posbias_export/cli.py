@@ -64,6 +64,8 @@ def build_export_parser() -> argparse.ArgumentParser:
                    help="add an attention_mask [B, L] input (1 = token, 0 = padding; positions from its cumsum)")
     p.add_argument("--seed", type=int, default=0, help="weight init seed when no --checkpoint (default 0)")
     p.add_argument("--checkpoint", help="safetensors or weights-only torch file; its saved config is used")
+    p.add_argument("--validate", action="store_true",
+                   help="after export, run the parity matrix (ort-cpu, openvino, node, reference); exit 1 on failure")
     return p
 
 
@@ -101,21 +103,134 @@ def run_export(argv: list[str]) -> int:
                          attention_mask=args.attention_mask,
                          metadata={"seed": args.seed} if not args.checkpoint else {"checkpoint": args.checkpoint})
     print(report.summary())
+    if args.validate:
+        from .parity import DEFAULT_RUNTIMES
+
+        return validate_and_report([args.out], DEFAULT_RUNTIMES, None, 3, args.checkpoint)
     return 0
 
 
-COMMANDS = {}  # subcommand name -> runner(argv) -> exit code; the default is export
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+VALIDATE_EXAMPLES = """examples:
+  python -m posbias_export validate model.onnx
+  python -m posbias_export validate model.onnx --runtimes ort-cpu,ort-cuda --lengths 1,17,4096 --batch 3
+  python -m posbias_export validate model.onnx --inputs my_inputs.npz --json report.json
+  python -m posbias_export validate a.onnx b.onnx --markdown benchmarks/parity.md
+
+exit codes: 0 every runtime passed; 1 a failure, an error or an unavailable runtime; 2 bad usage
+"""
+
+
+def build_validate_parser() -> argparse.ArgumentParser:
+    from .parity import DEFAULT_RUNTIMES, RUNTIMES
+
+    p = _Parser(prog=f"{PROG} validate", description="Run an exported model on several runtimes and compare "
+                "each with a float64 PyTorch reference rebuilt from the file's metadata.",
+                epilog=VALIDATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("models", nargs="+", help="ONNX files written by posbias_export")
+    p.add_argument("--runtimes", type=_name_list, default=DEFAULT_RUNTIMES,
+                   help=f"comma-separated, from: {', '.join(RUNTIMES)} (default {','.join(DEFAULT_RUNTIMES)})")
+    p.add_argument("--lengths", type=_int_list, default=None, help="sequence lengths (default 1,17,64x trace length)")
+    p.add_argument("--batch", type=_positive_int, default=3)
+    p.add_argument("--checkpoint", help="trained weights the model was exported from (else metadata/seed)")
+    p.add_argument("--inputs", help="your own inputs (.npz) instead of generated lengths")
+    p.add_argument("--json", help="write the full report as JSON")
+    p.add_argument("--markdown", help="write the matrix as markdown")
+    return p
+
+
+def run_validate(argv: list[str]) -> int:
+    args = build_validate_parser().parse_args(argv)
+    return validate_and_report(args.models, args.runtimes, args.lengths, args.batch, args.checkpoint,
+                               args.inputs, args.json, args.markdown)
+
+
+def validate_and_report(models, runtimes, lengths, batch, checkpoint=None, inputs=None, json_path=None, markdown=None) -> int:
+    import json
+    from pathlib import Path
+
+    import numpy as np
+    from tqdm import tqdm
+
+    from .parity import format_matrix, load_model_file, run_matrix
+
+    feeds = None
+    if inputs:
+        try:
+            with np.load(inputs, allow_pickle=False) as data:
+                feeds = {k: data[k] for k in data.files}
+        except (OSError, ValueError) as err:
+            raise CliError(f"cannot read inputs {inputs}: {err}") from None
+    matrices = []
+    with tqdm(total=len(models) * len(runtimes), desc="validate", unit="runtime", disable=None, file=sys.stderr) as bar:
+        for model in models:
+            _, meta = load_model_file(model)
+            model_lengths = lengths or (1, 17, 64 * int(meta.get("trace_len", 16)))
+            matrices.append(run_matrix(model, tuple(runtimes), model_lengths, batch, checkpoint, feeds, progress=bar.update))
+    for m in matrices:
+        print(format_matrix(m))
+    ok = all(m.ok for m in matrices)
+    if json_path:
+        Path(json_path).write_text(json.dumps({"ok": ok, "models": [m.as_dict() for m in matrices]}, indent=1))
+    if markdown:
+        Path(markdown).write_text(parity_markdown(matrices, runtimes, lengths, batch))
+    return 0 if ok else 1
+
+
+def parity_markdown(matrices, runtimes, lengths, batch) -> str:
+    import platform
+
+    import onnxruntime
+    import torch
+
+    from .parity import format_matrix
+
+    versions = f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}"
+    try:
+        import openvino
+
+        versions += f", openvino {openvino.__version__}"
+    except ImportError:
+        pass
+    command = "python -m posbias_export validate " + " ".join(m.model for m in matrices) + \
+        f" --runtimes {','.join(runtimes)} --batch {batch}" + (f" --lengths {','.join(map(str, lengths))}" if lengths else "")
+    head = ["# Parity matrix", "", f"Generated by `{command}`", "",
+            f"Machine: {platform.machine()}, {platform.system()}, Python {platform.python_version()}; {versions}.",
+            "Each cell: max abs / rel error of the runtime vs a float64 PyTorch reference, and the verdict under",
+            "the parity policy (`posbias_export/validate.py`).", "",
+            f"Overall: {'ALL PASS' if all(m.ok for m in matrices) else 'FAILURES'}", ""]
+    return "\n".join(head) + "\n".join(format_matrix(m, markdown=True) for m in matrices)
+
+
+COMMANDS = {"validate": run_validate}  # subcommand name -> runner(argv) -> exit code; the default is export
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from .checks import ExportCheckError
+    from .parity import ParityInputError
 
     try:
         if argv and argv[0] in COMMANDS:
             return COMMANDS[argv[0]](argv[1:])
         return run_export(argv)
     except CliError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    except ParityInputError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     except ExportCheckError as err:

@@ -34,6 +34,10 @@ FLOAT32 = Tolerance()
 FLOAT16 = Tolerance(factor=2.0, atol=1e-3, rtol=1e-3, why="float16 vs float64, relative to PyTorch float16's own error")
 
 
+# OpenVINO's bf16 mode: judged against PyTorch bfloat16's own error (unit roundoff 2^-8).
+BFLOAT16 = Tolerance(factor=2.0, atol=1e-2, rtol=1e-2, why="bfloat16 inference vs float64, relative to PyTorch bfloat16's error")
+
+
 @dataclass
 class Parity:
     max_abs: float

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Run an ONNX model with ONNX Runtime on the CPU or CUDA execution provider.
+
+    python runtimes/ort/run.py model.onnx inputs/ outputs/ [--provider cpu|cuda] [--threads N]
+
+Needs onnxruntime (or onnxruntime-gpu for cuda) and numpy. A CUDA request fails loudly when
+the CUDA provider is not really active: ONNX Runtime silently falls back to CPU otherwise.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from common.feeds import ONNX_TYPE_TO_NUMPY, InputSpec  # noqa: E402
+from common.runner_cli import parse, run_all  # noqa: E402
+from common.tensor_io import RunnerError  # noqa: E402
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+def create_session(model_path: str, provider: str = "cpu", threads: int = 0):
+    """An InferenceSession on exactly the requested provider, or RunnerError naming the cause."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise RunnerError("onnxruntime is not installed") from None
+    wanted = PROVIDERS[provider]
+    if provider == "cuda":
+        if hasattr(ort, "preload_dlls"):
+            try:
+                ort.preload_dlls()
+            except Exception:
+                pass  # the provider check below reports what matters
+        available = ort.get_available_providers()
+        if wanted not in available:
+            raise RunnerError(
+                f"CUDA requested, but this onnxruntime build has no CUDAExecutionProvider "
+                f"(available: {', '.join(available)}); install onnxruntime-gpu"
+            )
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = threads
+    providers = [wanted] if provider == "cpu" else [wanted, "CPUExecutionProvider"]
+    try:
+        session = ort.InferenceSession(model_path, opts, providers=providers)
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RunnerError(f"cannot load model {model_path}: {first}") from None
+    active = session.get_providers()
+    if active[0] != wanted:
+        raise RunnerError(
+            f"{wanted} did not load (session runs on {active[0]}); check the CUDA and cuDNN libraries"
+        )
+    return session
+
+
+def input_specs(session) -> list[InputSpec]:
+    specs = []
+    for i in session.get_inputs():
+        if i.type not in ONNX_TYPE_TO_NUMPY:
+            raise RunnerError(f"input {i.name!r} has unsupported type {i.type}")
+        specs.append(InputSpec(i.name, np.dtype(ONNX_TYPE_TO_NUMPY[i.type]), tuple(i.shape)))
+    return specs
+
+
+def run(session, feeds):
+    try:
+        values = session.run(None, feeds)
+    except Exception as err:
+        raise RunnerError(f"onnxruntime failed: {str(err).strip().splitlines()[0]}") from None
+    return {o.name: v for o, v in zip(session.get_outputs(), values)}
+
+
+def main(argv=None) -> int:
+    def options(p):
+        p.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
+        p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: runtime default)")
+
+    args = parse(__doc__.splitlines()[0], options, argv)
+    return run_all(args, lambda path: create_session(path, args.provider, args.threads), input_specs, run,
+                   f"ort-{args.provider}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""Every runtime, as a separate process through its runner in runtimes/, against PyTorch
+float64, for every bias and length (ids: bias-runtime-length)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import posbias_export as pbe
+from posbias_export.parity import RUNTIMES_DIR, run_matrix
+from conftest import TRACE_LEN
+
+RUNTIME_NAMES = ["ort-cpu", "openvino", "node", "reference"]
+LENGTHS = [1, 17, 64 * TRACE_LEN]
+SLOW_LENGTHS = [4096]
+
+
+@pytest.fixture(scope="session")
+def matrices(exports):
+    """One runner process per (bias, runtime) for all lengths; each test reads one cell."""
+    cache = {}
+
+    def get(bias, lengths):
+        key = (bias, lengths)
+        if key not in cache:
+            cache[key] = run_matrix(exports.cli(bias), tuple(RUNTIME_NAMES), lengths, batch=3)
+        return cache[key]
+
+    return get
+
+
+def _cell(matrix, runtime, length):
+    return next(c for c in matrix.cells if c.runtime == runtime and c.case == f"L={length} B=3")
+
+
+def _params(lengths, marks=()):
+    return [pytest.param(b, r, n, id=f"{b}-{r}-L{n}", marks=marks) for b in pbe.BIASES for r in RUNTIME_NAMES for n in lengths]
+
+
+@pytest.mark.parametrize("bias,runtime,length", _params(LENGTHS) + _params(SLOW_LENGTHS, pytest.mark.slow))
+def test_runtime_matches_pytorch(matrices, bias, runtime, length):
+    lengths = tuple(LENGTHS) if length in LENGTHS else tuple(SLOW_LENGTHS)
+    cell = _cell(matrices(bias, lengths), runtime, length)
+    assert cell.verdict == "pass", f"{cell.verdict}: {cell.parity}"
+
+
+def test_openvino_bf16_is_measured_separately(exports):
+    """bf16 is OpenVINO's silent CPU default; measured, and judged against PyTorch bf16."""
+    matrix = run_matrix(exports.cli("alibi"), ("openvino", "openvino-bf16"), (64,), batch=1)
+    f32, bf16 = (c.parity for c in matrix.cells)
+    assert f32["max_abs"] < 1e-4 < bf16["max_abs"]  # bf16 really ran, f32 really is f32
+    assert matrix.ok, [c.verdict for c in matrix.cells]
+
+
+# --- runners on bad requests --------------------------------------------------------------
+def runner(name, *args, env=None):
+    script = {"ort": "ort/run.py", "openvino": "openvino/run.py", "reference": "reference/run.py", "node": "node/run.js"}[name]
+    cmd = ["node" if name == "node" else sys.executable, str(RUNTIMES_DIR / script), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def _write_set(folder: Path, arrays: dict):
+    from onnx import numpy_helper
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, (name, a) in enumerate(arrays.items()):
+        (folder / f"input_{i}.pb").write_bytes(numpy_helper.from_array(a, name).SerializeToString())
+
+
+BAD_INPUTS = {
+    "wrong-name": ({"tokens": np.zeros((2, 5), np.int64)}, "input names do not match"),
+    "wrong-rank": ({"input_ids": np.zeros((2, 5, 1), np.int64)}, "expected rank 2"),
+    "wrong-dtype": ({"input_ids": np.zeros((2, 5), np.float32)}, "expected dtype"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+@pytest.mark.parametrize("name", ["ort", "openvino", "reference", "node"])
+def test_runner_rejects_bad_inputs_before_running(exports, tmp_path, name, case):
+    arrays, message = BAD_INPUTS[case]
+    _write_set(tmp_path / "in", arrays)
+    proc = runner(name, exports.cli("alibi"), tmp_path / "in", tmp_path / "out")
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["ort", "openvino", "reference", "node"])
+def test_runner_rejects_corrupt_model(tmp_path, name):
+    (tmp_path / "bad.onnx").write_bytes(b"\x08\x07garbage" * 50)
+    _write_set(tmp_path / "in", {"input_ids": np.zeros((1, 3), np.int64)})
+    proc = runner(name, tmp_path / "bad.onnx", tmp_path / "in", tmp_path / "out")
+    assert proc.returncode == 2 and "cannot load model" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_runner_reads_and_writes_npz(exports, tmp_path):
+    np.savez(tmp_path / "in.npz", input_ids=np.arange(10, dtype=np.int64).reshape(2, 5))
+    proc = runner("ort", exports.cli("alibi"), tmp_path / "in.npz", tmp_path / "out.npz")
+    assert proc.returncode == 0, proc.stderr
+    with np.load(tmp_path / "out.npz") as out:
+        assert out["logits"].shape == (2, 5, 256)
+
+
+def test_cuda_request_without_cuda_provider_is_an_error(exports, tmp_path):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has a CUDA provider; the GPU tests cover it")
+    _write_set(tmp_path / "in", {"input_ids": np.zeros((1, 3), np.int64)})
+    proc = runner("ort", exports.cli("alibi"), tmp_path / "in", tmp_path / "out", "--provider", "cuda")
+    assert proc.returncode == 2
+    assert "CUDA requested, but this onnxruntime build has no CUDAExecutionProvider" in proc.stderr
+    assert not (tmp_path / "out").exists()  # never a silent CPU run
+
+
+def _cuda_active() -> str | None:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return "onnxruntime has no CUDAExecutionProvider here (CPU-only build or no GPU)"
+    return None
+
+
+@pytest.mark.skipif(_cuda_active() is not None, reason=str(_cuda_active()))
+@pytest.mark.parametrize("bias", pbe.BIASES)
+def test_ort_cuda_matches_pytorch(exports, bias):
+    matrix = run_matrix(exports.cli(bias), ("ort-cuda",), (1, 17, 1024), batch=3)
+    assert matrix.ok, [(c.case, c.verdict, c.parity) for c in matrix.cells]
+
+
+def _validate(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "posbias_export", "validate", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=900)
+
+
+def test_validate_command_prints_matrix_and_exits_0(exports, tmp_path):
+    proc = _validate(exports.cli("kerple_log"), "--lengths", "1,17,300", "--json", tmp_path / "r.json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for runtime in RUNTIME_NAMES:
+        assert runtime in proc.stdout
+    assert "ALL PASS" in proc.stdout and "L=300 B=3" in proc.stdout
+    import json
+
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["ok"] and len(report["models"][0]["cells"]) == 4 * 3
+
+
+def test_validate_corrupt_model(tmp_path, exports):
+    data = bytearray(Path(exports.cli("alibi")).read_bytes())
+    data[len(data) // 2: len(data) // 2 + 64] = b"\xff" * 64  # damage the middle
+    (tmp_path / "broken.onnx").write_bytes(bytes(data[: len(data) // 2 + 64]))
+    proc = _validate(tmp_path / "broken.onnx")
+    assert proc.returncode == 2 and "is not a valid ONNX file" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_validate_bad_user_inputs(exports, tmp_path, case):
+    arrays, message = BAD_INPUTS[case]
+    np.savez(tmp_path / "in.npz", **arrays)
+    proc = _validate(exports.cli("alibi"), "--inputs", tmp_path / "in.npz")
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_validate_with_user_inputs(exports, tmp_path):
+    np.savez(tmp_path / "in.npz", input_ids=np.arange(40, dtype=np.int64).reshape(2, 20))
+    proc = _validate(exports.cli("t5"), "--inputs", tmp_path / "in.npz", "--runtimes", "ort-cpu,reference")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_validate_missing_runtime_is_a_failing_verdict(exports):
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # python only: no node
+    proc = _validate(exports.cli("alibi"), "--runtimes", "ort-cpu,node", "--lengths", "5", env=env)
+    assert proc.returncode == 1
+    assert "unavailable: node is not on PATH" in proc.stdout
+
+
+def test_validate_cuda_without_provider_is_a_failing_verdict(exports):
+    if _cuda_active() is None:
+        pytest.skip("CUDA provider present")
+    proc = _validate(exports.cli("alibi"), "--runtimes", "ort-cuda", "--lengths", "5")
+    assert proc.returncode == 1
+    assert "error: CUDA requested" in proc.stdout
+
+
+def test_validate_unknown_runtime_is_usage_error(exports):
+    proc = _validate(exports.cli("alibi"), "--runtimes", "tensorrt")
+    assert proc.returncode == 2 and "unknown runtime" in proc.stderr
