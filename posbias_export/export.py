@@ -16,7 +16,8 @@ from pathlib import Path
 import onnx
 import torch
 
-from . import checks
+from . import checks, functions
+from .biases import AttentionBias
 from .model import BiasedAttention, ModelConfig
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -90,6 +91,8 @@ def _prepare(model: torch.nn.Module, dtype: torch.dtype, opset: int) -> torch.nn
         if isinstance(module, BiasedAttention):
             # Opset 23 has the ONNX Attention op, which the exporter emits for SDPA.
             module.impl = "sdpa" if opset >= 23 else "explicit"
+        if isinstance(module, AttentionBias):
+            module.emit_function = True  # one posbias.* node per layer, body attached after
     return model
 
 
@@ -111,7 +114,9 @@ def trace_to_onnx(model: torch.nn.Module, cfg: ModelConfig, arch: str, trace_len
         except Exception as err:  # the exporter's errors are long; keep the first line
             first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
             raise checks.ExportCheckError(f"torch.onnx.export failed: {first}") from err
-    return program.model_proto
+    proto = program.model_proto
+    functions.attach(proto, opset)
+    return proto
 
 
 def export_onnx(
@@ -123,10 +128,13 @@ def export_onnx(
     *,
     check_growth: bool = True,
     attention_mask: bool = False,
+    inline_functions: bool = False,
     metadata: dict | None = None,
 ) -> ExportReport:
     """Export `model` (from build_model) to `path` and check the result; returns a report.
 
+    The bias of every layer is one `posbias.*` node whose body is a model-local function;
+    inline_functions=True expands them into a flat graph of standard ops instead.
     attention_mask=True adds an `attention_mask` [B, L] input (1 = token, 0 = padding).
     Raises ValueError for bad arguments, OSError for an unwritable path, and
     checks.ExportCheckError when the exported model fails a post-export check. On any failure
@@ -146,11 +154,13 @@ def export_onnx(
     prepared = _prepare(model, DTYPES[dtype], opset)
     proto = trace_to_onnx(prepared, cfg, arch, trace_len, DTYPES[dtype], opset, attention_mask)
 
+    if inline_functions:
+        proto = functions.inline(proto)
     dynamic = {name: (0, 1) for name in input_names(arch, attention_mask) + OUTPUT_NAMES[arch]}
     checks.check_symbolic_axes(proto, dynamic)
     done = ["symbolic batch/seq axes"]
     checks.check_domains(proto)
-    done.append("standard domain only")
+    done.append("standard domain only" if inline_functions else "standard ops + posbias local functions")
     if check_growth:
         other_len = 2 * trace_len + 1
         other = trace_to_onnx(prepared, cfg, arch, other_len, DTYPES[dtype], opset, attention_mask)
@@ -164,6 +174,7 @@ def export_onnx(
         "opset": str(opset),
         "trace_len": str(trace_len),
         "attention_mask": str(int(attention_mask)),
+        "functions": "inlined" if inline_functions else "local",
         "format_version": "1",
     }
     meta.update({k: str(v) for k, v in (metadata or {}).items()})

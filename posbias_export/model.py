@@ -112,7 +112,7 @@ class BiasedAttention(nn.Module):
             allowed = keep if allowed is None else keep & allowed  # [B, 1, Lq, Lk]
         if self.rope is not None:
             q, k = self.rope(q, q_pos), self.rope(k, k_pos)
-        bias = self.bias.from_positions(q_pos, k_pos)  # [H or 1, Lq, Lk] or [B, H or 1, Lq, Lk], float32
+        bias = self.bias.compute(q_pos, k_pos)  # [H or 1, Lq, Lk] or [B, H or 1, Lq, Lk], float32
         y = attend(q, k, v, bias, allowed, self.impl)  # [B, H, Lq, hd]
         return self.out(y.transpose(1, 2).reshape(B, Lq, D))  # [B, Lq, D]
 

@@ -25,7 +25,9 @@ def test_cli_export_passes_checks(exports, bias, arch, causal):
     checks.check_symbolic_axes(model, {in_name: (0, 1), out_name: (0, 1)})
     checks.check_domains(model)
     onnx.checker.check_model(model, full_check=True)
-    assert all(n.domain in ("", "ai.onnx") for n in model.graph.node)
+    posbias_nodes = [n for n in model.graph.node if n.domain == "posbias"]
+    assert posbias_nodes and all(n.domain in ("", "ai.onnx", "posbias") for n in model.graph.node)
+    assert {n.op_type for n in posbias_nodes} <= {f.name for f in model.functions}
     meta = read_metadata(model)
     cfg = pbe.ModelConfig.from_dict(json.loads(meta["config"]))
     assert (cfg.bias, cfg.causal, meta["arch"], meta["trace_len"]) == (bias, causal, arch, str(TRACE_LEN))

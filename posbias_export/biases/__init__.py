@@ -4,14 +4,14 @@ from __future__ import annotations
 from .alibi import AlibiBias, alibi_slopes
 from .base import AttentionBias, mask_value, query_key_positions, relative_distance
 from .kerple import KerpleLogBias, KerplePowerBias
-from .none import NoBias
+from .none import NoPositionalBias
 from .sandwich import SandwichBias
 from .t5 import T5Bias, t5_relative_bucket
 from .window import WindowBias
 
 _FAMILIES = {
     cls.name: cls
-    for cls in (AlibiBias, KerplePowerBias, KerpleLogBias, SandwichBias, T5Bias, WindowBias, NoBias)
+    for cls in (AlibiBias, KerplePowerBias, KerpleLogBias, SandwichBias, T5Bias, WindowBias, NoPositionalBias)
 }
 BIASES: tuple[str, ...] = tuple(_FAMILIES)
 

@@ -41,6 +41,12 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 class AlibiBias(AttentionBias):
     name = "alibi"
 
+    def onnx_function(self):
+        return Alibi
+
+    def function_inputs(self):
+        return [self.slopes], {}
+
     def __init__(self, num_heads: int, causal: bool = True):
         super().__init__(num_heads, causal)
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)  # [H]
@@ -59,3 +65,20 @@ def reference_bias(num_heads: int, q_len: int, k_len: int) -> np.ndarray:
     i = np.arange(k_len - q_len, k_len, dtype=np.float64)[:, None]
     j = np.arange(k_len, dtype=np.float64)[None, :]
     return -np.asarray(slopes)[:, None, None] * np.abs(i - j)[None]
+
+
+from onnxscript import FLOAT, INT64, script  # noqa: E402
+from onnxscript import opset18 as op  # noqa: E402
+
+from .onnx_domain import RelativeDistance, posbias  # noqa: E402
+
+
+@script(posbias, default_opset=op)
+def Alibi(q_pos: INT64, k_pos: INT64, slopes: FLOAT) -> FLOAT:
+    """ALiBi bias: -slope_h * |i - j|, [..., Lq] x [..., Lk] x [H] -> [..., H, Lq, Lk].
+
+    PyTorch: -slopes.view(-1, 1, 1) * (q_pos[..., :, None] - k_pos[..., None, :]).abs().float().unsqueeze(-3)
+    """
+    distance = op.Unsqueeze(op.Abs(RelativeDistance(q_pos, k_pos)), [-3])  # [..., 1, Lq, Lk]
+    per_head = op.Reshape(slopes, [-1, 1, 1])  # [H, 1, 1]
+    return op.Mul(op.Neg(per_head), distance)  # [..., H, Lq, Lk]

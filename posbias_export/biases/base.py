@@ -30,6 +30,8 @@ class AttentionBias(nn.Module):
     """
 
     name: str = ""
+    # Export sets this: one posbias.* node (with its FunctionProto) instead of the traced body.
+    emit_function: bool = False
 
     def __init__(self, num_heads: int, causal: bool = True):
         super().__init__()
@@ -44,6 +46,34 @@ class AttentionBias(nn.Module):
 
     def from_positions(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def compute(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """from_positions, or during ONNX export (emit_function set) a single posbias.* node."""
+        if self.emit_function and torch.onnx.is_in_onnx_export():
+            tensors, attrs = self.function_inputs()
+            # float32 whatever the model dtype: the bias is computed and added in float32
+            tensors = [t.float() if t.is_floating_point() else t for t in tensors]
+            shape = [*q_pos.shape[:-1], self.output_heads, q_pos.shape[-1], k_pos.shape[-1]]
+            return torch.onnx.ops.symbolic(
+                f"posbias::{self.onnx_function().name}", [q_pos, k_pos, *tensors], attrs,
+                dtype=torch.float32, shape=shape, version=1,
+            )
+        return self.from_positions(q_pos, k_pos)
+
+    # --- the ONNX Script twin ------------------------------------------------------------
+    output_heads_is_one: bool = False
+
+    @property
+    def output_heads(self) -> int:
+        return 1 if self.output_heads_is_one else self.num_heads
+
+    def onnx_function(self):
+        """The @onnxscript.script function in domain posbias computing this bias."""
+        raise NotImplementedError
+
+    def function_inputs(self) -> tuple[list[torch.Tensor], dict]:
+        """Tensors after (q_pos, k_pos), and attributes, for onnx_function()."""
+        return [], {}
 
     def hyper_parameters(self) -> dict:
         """Fixed (non-learned) settings, recorded in exported models' metadata."""

@@ -45,6 +45,9 @@ class _KerpleBase(AttentionBias):
         self.register_state_dict_post_hook(_natural_state_dict_hook)
         self.register_load_state_dict_pre_hook(_natural_load_pre_hook)
 
+    def function_inputs(self):
+        return [self.r1(), self.r2()], {}  # natural values: the function needs no reparametrization
+
     # --- constrained values ---------------------------------------------------------------
     def r1(self) -> torch.Tensor:
         return F.softplus(self.raw_r1).clamp_min(EPS)  # [H]
@@ -96,6 +99,9 @@ class KerplePowerBias(_KerpleBase):
     name = "kerple_power"
     r2_max = 2.0
 
+    def onnx_function(self):
+        return KerplePower
+
     def r2(self) -> torch.Tensor:
         return (2.0 * torch.sigmoid(self.raw_r2)).clamp(EPS, 2.0)  # [H]
 
@@ -111,6 +117,9 @@ class KerplePowerBias(_KerpleBase):
 
 class KerpleLogBias(_KerpleBase):
     name = "kerple_log"
+
+    def onnx_function(self):
+        return KerpleLog
 
     def r2(self) -> torch.Tensor:
         return F.softplus(self.raw_r2).clamp_min(EPS)  # [H]
@@ -143,3 +152,37 @@ def _reference_distance(q_len, k_len):
     i = np.arange(k_len - q_len, k_len, dtype=np.float64)[:, None]
     j = np.arange(k_len, dtype=np.float64)[None, :]
     return np.abs(i - j)
+
+
+from onnxscript import FLOAT, INT64, script  # noqa: E402
+from onnxscript import opset18 as op  # noqa: E402
+
+from .onnx_domain import RelativeDistance, posbias  # noqa: E402
+
+
+@script(posbias, default_opset=op)
+def KerplePower(q_pos: INT64, k_pos: INT64, r1: FLOAT, r2: FLOAT) -> FLOAT:
+    """KERPLE power: -r1_h * |i - j|^r2_h, [..., Lq] x [..., Lk] x [H] x [H] -> [..., H, Lq, Lk].
+    r1, r2 are the constrained (natural) values, as KerplePowerBias.r1() / .r2() give them.
+
+    PyTorch: -r1.view(-1, 1, 1) * torch.pow(distance.unsqueeze(-3), r2.view(-1, 1, 1))
+    """
+    distance = op.Unsqueeze(op.Abs(RelativeDistance(q_pos, k_pos)), [-3])  # [..., 1, Lq, Lk]
+    r1_h = op.Reshape(r1, [-1, 1, 1])  # [H, 1, 1]
+    r2_h = op.Reshape(r2, [-1, 1, 1])  # [H, 1, 1]
+    return op.Mul(op.Neg(r1_h), op.Pow(distance, r2_h))  # [..., H, Lq, Lk]
+
+
+@script(posbias, default_opset=op)
+def KerpleLog(q_pos: INT64, k_pos: INT64, r1: FLOAT, r2: FLOAT) -> FLOAT:
+    """KERPLE log: -r1_h * log(1 + r2_h |i - j|), [..., Lq] x [..., Lk] x [H] x [H] -> [..., H, Lq, Lk].
+
+    PyTorch: -r1.view(-1, 1, 1) * torch.log1p(r2.view(-1, 1, 1) * distance.unsqueeze(-3))
+    """
+    distance = op.Unsqueeze(op.Abs(RelativeDistance(q_pos, k_pos)), [-3])  # [..., 1, Lq, Lk]
+    r1_h = op.Reshape(r1, [-1, 1, 1])  # [H, 1, 1]
+    r2_h = op.Reshape(r2, [-1, 1, 1])  # [H, 1, 1]
+    one = op.Constant(value_float=1.0)
+    # 1 + r2 d >= 1: Log never sees 0. (ONNX has no log1p; for d >= 1 and r2 of O(1) the
+    # argument is >= 1 + r2 and plain Log loses nothing that matters in float32.)
+    return op.Mul(op.Neg(r1_h), op.Log(op.Add(one, op.Mul(r2_h, distance))))  # [..., H, Lq, Lk]

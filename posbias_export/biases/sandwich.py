@@ -34,6 +34,12 @@ def sandwich_head_scales(num_heads: int) -> torch.Tensor:
 class SandwichBias(AttentionBias):
     name = "sandwich"
 
+    def onnx_function(self):
+        return Sandwich
+
+    def function_inputs(self):
+        return [self.frequencies, self.head_scales], {}
+
     def __init__(self, num_heads: int, causal: bool = True, sin_dim: int = 128):
         super().__init__(num_heads, causal)
         if int(sin_dim) < 2 or int(sin_dim) % 2:
@@ -66,3 +72,25 @@ def reference_bias(num_heads: int, q_len: int, k_len: int, sin_dim: int = 128) -
         inner += np.cos(rel * wk)
     scales = num_heads / (8.0 * np.arange(1, num_heads + 1, dtype=np.float64))
     return scales[:, None, None] * (inner - sin_dim / 2)[None]
+
+
+from onnxscript import FLOAT, INT64, script  # noqa: E402
+from onnxscript import opset18 as op  # noqa: E402
+
+from .onnx_domain import posbias  # noqa: E402
+
+
+@script(posbias, default_opset=op)
+def Sandwich(q_pos: INT64, k_pos: INT64, frequencies: FLOAT, head_scales: FLOAT) -> FLOAT:
+    """Sandwich: lambda_h (<p_i, p_j> - d'/2), [..., Lq] x [..., Lk] x [d'/2] x [H] -> [..., H, Lq, Lk].
+
+    PyTorch: p = cat(sin(pos * w), cos(pos * w)); lambda.view(-1, 1, 1) * (p_q @ p_k.mT - d'/2).unsqueeze(-3)
+    """
+    q_angle = op.Mul(op.Unsqueeze(op.Cast(q_pos, to=1), [-1]), frequencies)  # [..., Lq, K]
+    k_angle = op.Mul(op.Unsqueeze(op.Cast(k_pos, to=1), [-1]), frequencies)  # [..., Lk, K]
+    p_q = op.Concat(op.Sin(q_angle), op.Cos(q_angle), axis=-1)  # [..., Lq, 2K]
+    p_k = op.Concat(op.Sin(k_angle), op.Cos(k_angle), axis=-1)  # [..., Lk, 2K]
+    half = op.Cast(op.Shape(frequencies), to=1)  # [1]: d'/2
+    # Einsum with an ellipsis: a transpose of the last two axes for 1-D and batched positions
+    inner = op.Sub(op.Einsum(p_q, p_k, equation="...qd,...kd->...qk"), half)  # [..., Lq, Lk]
+    return op.Mul(op.Reshape(head_scales, [-1, 1, 1]), op.Unsqueeze(inner, [-3]))  # [..., H, Lq, Lk]

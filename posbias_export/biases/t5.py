@@ -50,6 +50,12 @@ def t5_relative_bucket(
 class T5Bias(AttentionBias):
     name = "t5"
 
+    def onnx_function(self):
+        return T5
+
+    def function_inputs(self):
+        return [self.bucket_of_offset, self.relative_attention_bias.weight], {"max_distance": self.max_distance}
+
     def __init__(self, num_heads: int, causal: bool = True, num_buckets: int = 32, max_distance: int = 128, seed: int = 0):
         super().__init__(num_heads, causal)
         if int(num_buckets) < 4 or int(max_distance) <= int(num_buckets) // 2:
@@ -71,3 +77,25 @@ class T5Bias(AttentionBias):
         buckets = self.bucket_of_offset[offset + self.max_distance]  # [..., Lq, Lk]
         values = self.relative_attention_bias(buckets).to(torch.float32)  # [..., Lq, Lk, H]
         return values.movedim(-1, -3)  # [..., H, Lq, Lk]
+
+
+from onnxscript import FLOAT, INT64, script  # noqa: E402
+from onnxscript import opset18 as op  # noqa: E402
+
+from .onnx_domain import posbias  # noqa: E402
+
+
+@script(posbias, default_opset=op)
+def T5(q_pos: INT64, k_pos: INT64, bucket_of_offset: INT64, weight: FLOAT, max_distance: int) -> FLOAT:
+    """T5 bias: weight[bucket(j - i), h], via the per-offset bucket table,
+    [..., Lq] x [..., Lk] x [2M+1] x [n, H] -> [..., H, Lq, Lk] (M = max_distance attribute).
+
+    PyTorch: buckets = bucket_of_offset[(j - i).clamp(-M, M) + M]; weight[buckets].movedim(-1, -3)
+    """
+    m = op.Constant(value_int=max_distance)
+    offset = op.Sub(op.Unsqueeze(k_pos, [-2]), op.Unsqueeze(q_pos, [-1]))  # j - i, [..., Lq, Lk]
+    index = op.Add(op.Clip(offset, op.Neg(m), m), m)  # [..., Lq, Lk] in [0, 2M]
+    buckets = op.Gather(bucket_of_offset, index, axis=0)  # [..., Lq, Lk]
+    values = op.Gather(weight, buckets, axis=0)  # [..., Lq, Lk, H]
+    # head axis from last to third-from-last, for 1-D and batched positions alike
+    return op.Einsum(values, equation="...qkh->...hqk")  # [..., H, Lq, Lk]

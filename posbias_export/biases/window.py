@@ -19,6 +19,13 @@ from .base import AttentionBias, mask_value, relative_distance
 
 class WindowBias(AttentionBias):
     name = "window"
+    output_heads_is_one = True
+
+    def onnx_function(self):
+        return Window
+
+    def function_inputs(self):
+        return [], {"window": self.window, "causal": int(self.causal)}
 
     def __init__(self, num_heads: int, causal: bool = True, window: int = 64):
         super().__init__(num_heads, causal)
@@ -44,3 +51,28 @@ def reference_bias(q_len: int, k_len: int, window: int, causal: bool) -> np.ndar
     rel = np.arange(k_len - q_len, k_len)[:, None] - np.arange(k_len)[None]
     inside = (rel >= 0) & (rel < window) if causal else np.abs(rel) < window
     return np.where(inside, 0.0, float(np.finfo(np.float32).min))[None]
+
+
+from onnxscript import FLOAT, INT64, script  # noqa: E402
+from onnxscript import opset18 as op  # noqa: E402
+
+from .onnx_domain import posbias  # noqa: E402
+
+
+@script(posbias, default_opset=op)
+def Window(q_pos: INT64, k_pos: INT64, window: int, causal: int) -> FLOAT:
+    """Local window: 0 where the key is inside the window (which counts the query itself),
+    float32 lowest elsewhere, [..., Lq] x [..., Lk] -> [..., 1, Lq, Lk]. Attributes: window,
+    causal (1: 0 <= i - j < window; 0: |i - j| < window).
+
+    PyTorch: inside = ((i - j).abs() < w) & ((i - j) >= 0 or not causal); where(inside, 0, lowest)
+    """
+    w = op.Constant(value_int=window)
+    is_causal = op.Constant(value_int=causal)
+    rel = op.Sub(op.Unsqueeze(q_pos, [-1]), op.Unsqueeze(k_pos, [-2]))  # i - j, [..., Lq, Lk]
+    zero = op.Constant(value_int=0)
+    ahead_ok = op.Or(op.GreaterOrEqual(rel, zero), op.Equal(is_causal, zero))  # [..., Lq, Lk]
+    inside = op.And(op.Less(op.Abs(rel), w), ahead_ok)
+    low = op.Constant(value_float=-3.4028234663852886e38)  # float32 lowest finite, never -inf
+    bias = op.Where(inside, op.Constant(value_float=0.0), low)  # [..., Lq, Lk]
+    return op.Unsqueeze(bias, [-3])  # [..., 1, Lq, Lk]
