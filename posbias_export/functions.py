@@ -13,6 +13,9 @@ from .biases.sandwich import Sandwich
 from .biases.t5 import T5
 from .biases.window import Window
 
+__all__ = ["Alibi", "KerpleLog", "KerplePower", "NoBias", "RelativeDistance", "Sandwich", "T5", "Window",
+           "attach", "function_protos", "inline"]
+
 # Callees before callers.
 ALL_FUNCTIONS = (RelativeDistance, Alibi, KerplePower, KerpleLog, Sandwich, T5, Window, NoBias)
 BY_NAME = {f.name: f for f in ALL_FUNCTIONS}

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,3 +23,13 @@ def test_python_api_example_runs(tmp_path, monkeypatch):
     exec(compile(block, "README.md", "exec"), {})
     assert (tmp_path / "model.onnx").stat().st_size > 0
     assert (tmp_path / "model.safetensors").stat().st_size > 0
+
+
+def test_onnxscript_function_example_runs(tmp_path):
+    """Run as a file: onnxscript reads a @script function's source with inspect."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"### Calling a posbias function from your own ONNX Script model\n\n```python\n(.*?)```", readme, re.S).group(1)
+    (tmp_path / "example.py").write_text(block)
+    proc = subprocess.run([sys.executable, str(tmp_path / "example.py")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "(1, 8, 5, 5)" in proc.stdout

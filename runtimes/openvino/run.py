@@ -8,7 +8,10 @@ f32 measured here), so the precision is always passed: f32 for parity, bf16 to m
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,14 +39,41 @@ def compile_model(model_path: str, precision: str = "f32", threads: int = 0):
     if not frontend.supported(model_path):
         raise RunnerError(f"cannot load model {model_path}: not a valid ONNX model")
     try:
-        model = frontend.convert(frontend.load(model_path))
+        with _without_local_functions(model_path) as readable_path:
+            model = frontend.convert(frontend.load(readable_path))
         compiled = core.compile_model(model, "CPU", config)
+    except RunnerError:
+        raise
     except Exception as err:
         raise RunnerError(f"cannot load model {model_path}: {_message(err)}") from None
     actual = str(compiled.get_property("INFERENCE_PRECISION_HINT")).lower()
     if not any(name in actual for name in PRECISION_NAMES[precision]):
         raise RunnerError(f"OpenVINO ignored the precision hint: asked {precision}, got {actual}")
     return compiled
+
+
+@contextlib.contextmanager
+def _without_local_functions(model_path: str):
+    """OpenVINO (2026.4) cannot convert model-local ONNX functions ("No conversion rule found
+    for operations: posbias.Alibi"), so expand them with onnx's inliner first."""
+    try:
+        import onnx
+        import onnx.inliner
+    except ImportError:
+        yield model_path  # nothing to inline without onnx; OpenVINO reports what it lacks
+        return
+    try:
+        proto = onnx.load(model_path, load_external_data=False)
+    except Exception as err:
+        raise RunnerError(f"cannot load model {model_path}: {str(err).splitlines()[0]}") from None
+    if not proto.functions:
+        yield model_path
+        return
+    flat = onnx.inliner.inline_local_functions(onnx.load(model_path))
+    with tempfile.TemporaryDirectory(prefix="posbias-ov-") as tmp:
+        path = os.path.join(tmp, "inlined.onnx")
+        onnx.save(flat, path)
+        yield path
 
 
 PRECISION_NAMES = {"f32": ("f32", "float32"), "bf16": ("bf16", "bfloat16")}
