@@ -60,6 +60,9 @@ def build_export_parser() -> argparse.ArgumentParser:
     p.add_argument("--opset", type=int, choices=(18, 23), default=18, help="18 (portable) or 23 (ONNX Attention op)")
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
     p.add_argument("--trace-len", type=_positive_int, default=16, help="sequence length used to trace (default 16)")
+    p.add_argument("--kv-cache", action="store_true",
+                   help="cached decoder for generation: input_ids, attention_mask, past_key.N/past_value.N in; "
+                   "logits, present_key.N/present_value.N out (prefill and decode in one file)")
     p.add_argument("--inline-functions", action="store_true",
                    help="expand the posbias.* functions into a flat graph of standard ops")
     p.add_argument("--attention-mask", action="store_true",
@@ -102,7 +105,8 @@ def run_export(argv: list[str]) -> int:
             raise CliError("--bias is required (or --checkpoint with a saved config)")
         model = build_model(ModelConfig(**given), seed=args.seed, arch=args.arch or "lm")
     report = export_onnx(model, args.out, opset=args.opset, dtype=args.dtype, trace_len=args.trace_len,
-                         attention_mask=args.attention_mask, inline_functions=args.inline_functions,
+                         attention_mask=args.attention_mask, kv_cache=args.kv_cache,
+                         inline_functions=args.inline_functions,
                          metadata={"seed": args.seed} if not args.checkpoint else {"checkpoint": args.checkpoint})
     print(report.summary())
     if args.validate:

@@ -18,7 +18,7 @@ import torch
 
 from . import checks, functions
 from .biases import AttentionBias
-from .model import BiasedAttention, ModelConfig
+from .model import BiasedAttention, KVCacheLM, ModelConfig
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 OPSETS = (18, 23)
@@ -70,19 +70,50 @@ def ensure_writable(path: str | os.PathLike) -> Path:
     return path
 
 
-def input_names(arch: str, attention_mask: bool) -> list[str]:
-    return INPUT_NAMES[arch] + (["attention_mask"] if attention_mask else [])
+@dataclass
+class Signature:
+    """What one trace needs: the module, example args, dynamic shapes and the I/O names."""
+
+    module: torch.nn.Module
+    args: tuple
+    dynamic_shapes: tuple
+    input_names: list[str]
+    output_names: list[str]
+    dynamic_axes: dict[str, tuple[int, ...]]  # name -> axes that must come out symbolic
 
 
-def example_inputs(cfg: ModelConfig, arch: str, trace_len: int, dtype: torch.dtype, attention_mask: bool = False, batch: int = 2):
-    """Positional args for forward; a mask input rides as the LM's 2nd / the block's 3rd argument."""
+def signature(model: torch.nn.Module, cfg: ModelConfig, arch: str, trace_len: int, dtype: torch.dtype,
+              attention_mask: bool = False, kv_cache: bool = False, batch: int = 2) -> Signature:
     gen = torch.Generator().manual_seed(0)
+    b, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+    if kv_cache:
+        # Distinct example sizes for past and new tokens, so no axis gets unified with another.
+        past_len = trace_len // 2 + 1
+        ids = torch.randint(0, cfg.vocab_size, (batch, trace_len), generator=gen)
+        mask = torch.ones(batch, past_len + trace_len, dtype=torch.int64)
+        past = [torch.randn(batch, cfg.num_heads, past_len, cfg.head_dim, generator=gen).to(dtype)
+                for _ in range(2 * cfg.num_layers)]
+        past_dim, total = torch.export.Dim("past"), torch.export.Dim("total")
+        layers = range(cfg.num_layers)
+        past_names = [f"past_{kind}.{i}" for i in layers for kind in ("key", "value")]
+        present_names = [f"present_{kind}.{i}" for i in layers for kind in ("key", "value")]
+        return Signature(
+            KVCacheLM(model), (ids, mask, *past),
+            ({0: b, 1: seq}, {0: b, 1: total}, tuple({0: b, 2: past_dim} for _ in past)),
+            ["input_ids", "attention_mask", *past_names], ["logits", *present_names],
+            {"input_ids": (0, 1), "attention_mask": (0, 1), "logits": (0, 1),
+             **{n: (0, 2) for n in past_names + present_names}},
+        )
     mask = torch.ones(batch, trace_len, dtype=torch.int64) if attention_mask else None
     if arch == "lm":
-        ids = torch.randint(0, cfg.vocab_size, (batch, trace_len), generator=gen)
-        return (ids, mask) if attention_mask else (ids,)
-    hidden = torch.randn(batch, trace_len, cfg.dim, generator=gen).to(dtype)
-    return (hidden, None, mask) if attention_mask else (hidden,)
+        first = torch.randint(0, cfg.vocab_size, (batch, trace_len), generator=gen)
+        args = (first, mask) if attention_mask else (first,)
+    else:
+        first = torch.randn(batch, trace_len, cfg.dim, generator=gen).to(dtype)
+        args = (first, None, mask) if attention_mask else (first,)
+    names = INPUT_NAMES[arch] + (["attention_mask"] if attention_mask else [])
+    return Signature(model, args, tuple(None if a is None else {0: b, 1: seq} for a in args), names,
+                     OUTPUT_NAMES[arch], {n: (0, 1) for n in names + OUTPUT_NAMES[arch]})
 
 
 def _prepare(model: torch.nn.Module, dtype: torch.dtype, opset: int) -> torch.nn.Module:
@@ -96,20 +127,16 @@ def _prepare(model: torch.nn.Module, dtype: torch.dtype, opset: int) -> torch.nn
     return model
 
 
-def trace_to_onnx(model: torch.nn.Module, cfg: ModelConfig, arch: str, trace_len: int, dtype: torch.dtype, opset: int,
-                  attention_mask: bool = False) -> onnx.ModelProto:
-    """One dynamo export with dynamic batch and sequence axes; returns the ModelProto."""
-    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
-    args = example_inputs(cfg, arch, trace_len, dtype, attention_mask)
-    dynamic = tuple(None if a is None else {0: batch, 1: seq} for a in args)
+def trace_to_onnx(sig: Signature, opset: int) -> onnx.ModelProto:
+    """One dynamo export with the signature's dynamic axes; returns the ModelProto."""
     # The exporter prints progress and warnings of its own; the report carries what matters.
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         try:
             program = torch.onnx.export(
-                model, args, dynamo=True, dynamic_shapes=dynamic, opset_version=opset,
-                input_names=input_names(arch, attention_mask), output_names=OUTPUT_NAMES[arch], verbose=False,
+                sig.module, sig.args, dynamo=True, dynamic_shapes=sig.dynamic_shapes, opset_version=opset,
+                input_names=sig.input_names, output_names=sig.output_names, verbose=False,
             )
         except Exception as err:  # the exporter's errors are long; keep the first line
             first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
@@ -128,6 +155,7 @@ def export_onnx(
     *,
     check_growth: bool = True,
     attention_mask: bool = False,
+    kv_cache: bool = False,
     inline_functions: bool = False,
     metadata: dict | None = None,
 ) -> ExportReport:
@@ -135,6 +163,9 @@ def export_onnx(
 
     The bias of every layer is one `posbias.*` node whose body is a model-local function;
     inline_functions=True expands them into a flat graph of standard ops instead.
+    kv_cache=True exports a cached decoder (inputs input_ids, attention_mask, past_key.N,
+    past_value.N; outputs logits, present_key.N, present_value.N); one file serves prefill
+    (past length 0) and decode (one new token).
     attention_mask=True adds an `attention_mask` [B, L] input (1 = token, 0 = padding).
     Raises ValueError for bad arguments, OSError for an unwritable path, and
     checks.ExportCheckError when the exported model fails a post-export check. On any failure
@@ -151,19 +182,21 @@ def export_onnx(
     arch = getattr(model, "arch", "lm")
     path = ensure_writable(path)
 
+    if kv_cache and arch != "lm":
+        raise ValueError("kv_cache needs the lm arch")
     prepared = _prepare(model, DTYPES[dtype], opset)
-    proto = trace_to_onnx(prepared, cfg, arch, trace_len, DTYPES[dtype], opset, attention_mask)
+    sig = signature(prepared, cfg, arch, trace_len, DTYPES[dtype], attention_mask, kv_cache)
+    proto = trace_to_onnx(sig, opset)
 
     if inline_functions:
         proto = functions.inline(proto)
-    dynamic = {name: (0, 1) for name in input_names(arch, attention_mask) + OUTPUT_NAMES[arch]}
-    checks.check_symbolic_axes(proto, dynamic)
+    checks.check_symbolic_axes(proto, sig.dynamic_axes)
     done = ["symbolic batch/seq axes"]
     checks.check_domains(proto)
     done.append("standard domain only" if inline_functions else "standard ops + posbias local functions")
     if check_growth:
         other_len = 2 * trace_len + 1
-        other = trace_to_onnx(prepared, cfg, arch, other_len, DTYPES[dtype], opset, attention_mask)
+        other = trace_to_onnx(signature(prepared, cfg, arch, other_len, DTYPES[dtype], attention_mask, kv_cache), opset)
         checks.check_no_trace_length_growth(proto, other, trace_len, other_len)
         done.append(f"no initializer grows with trace length ({trace_len} vs {other_len})")
 
@@ -173,7 +206,8 @@ def export_onnx(
         "dtype": dtype,
         "opset": str(opset),
         "trace_len": str(trace_len),
-        "attention_mask": str(int(attention_mask)),
+        "attention_mask": str(int(attention_mask or kv_cache)),
+        "kv_cache": str(int(kv_cache)),
         "functions": "inlined" if inline_functions else "local",
         "format_version": "1",
     }

@@ -89,18 +89,24 @@ class BiasedAttention(nn.Module):
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_base) if cfg.use_rope else None
         self.impl = "explicit"  # "sdpa": F.scaled_dot_product_attention (opset 23 -> ONNX Attention)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, key_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x [B, Lq, D] (queries: the LAST Lq positions of context), context [B, Lk, D] or None,
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """x [B, Lq, D] (queries: the LAST Lq positions of the keys), context [B, Lk, D] or None,
         key_mask [B, Lk] (1 = token, 0 = padding) or None. With a mask, positions come from
-        cumsum(mask) - 1, so left padding does not shift anyone's distances."""
+        cumsum(mask) - 1, so left padding does not shift anyone's distances.
+
+        past: (k, v) [B, H, P, hd] each, keys already rotated: x then holds only the Lq new
+        tokens, the keys are past + new (Lk = P + Lq), and the return value is
+        (out [B, Lq, D], (k, v) [B, H, P + Lq, hd]) instead of out alone.
+        """
         H, hd = self.cfg.num_heads, self.cfg.head_dim
         kv_in = x if context is None else context
         B, Lq, D = x.shape
-        Lk = kv_in.shape[1]
         w_q, w_k, w_v = self.qkv.weight.chunk(3, dim=0)  # [D, D] each
         q = F.linear(x, w_q).view(B, Lq, H, hd).transpose(1, 2)  # [B, H, Lq, hd]
-        k = F.linear(kv_in, w_k).view(B, Lk, H, hd).transpose(1, 2)  # [B, H, Lk, hd]
-        v = F.linear(kv_in, w_v).view(B, Lk, H, hd).transpose(1, 2)  # [B, H, Lk, hd]
+        k = F.linear(kv_in, w_k).view(B, -1, H, hd).transpose(1, 2)  # [B, H, Lnew, hd]
+        v = F.linear(kv_in, w_v).view(B, -1, H, hd).transpose(1, 2)  # [B, H, Lnew, hd]
+        Lk = k.shape[2] if past is None else past[0].shape[2] + Lq
         q_idx, k_idx = query_key_positions(Lq, Lk, device=x.device)  # [Lq], [Lk]
         allowed = (k_idx.unsqueeze(0) <= q_idx.unsqueeze(1)) if self.cfg.causal else None  # [Lq, Lk]
         if key_mask is None:
@@ -111,10 +117,15 @@ class BiasedAttention(nn.Module):
             keep = key_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, Lk]
             allowed = keep if allowed is None else keep & allowed  # [B, 1, Lq, Lk]
         if self.rope is not None:
-            q, k = self.rope(q, q_pos), self.rope(k, k_pos)
+            q = self.rope(q, q_pos)
+            k = self.rope(k, q_pos if past is not None else k_pos)  # new keys sit at the query positions
+        if past is not None:
+            k = torch.cat([past[0].to(k.dtype), k], dim=2)  # [B, H, P + Lq, hd]
+            v = torch.cat([past[1].to(v.dtype), v], dim=2)
         bias = self.bias.compute(q_pos, k_pos)  # [H or 1, Lq, Lk] or [B, H or 1, Lq, Lk], float32
         y = attend(q, k, v, bias, allowed, self.impl)  # [B, H, Lq, hd]
-        return self.out(y.transpose(1, 2).reshape(B, Lq, D))  # [B, Lq, D]
+        out = self.out(y.transpose(1, 2).reshape(B, Lq, D))  # [B, Lq, D]
+        return out if past is None else (out, (k, v))
 
 
 def attend(q, k, v, bias, allowed, impl: str = "explicit") -> torch.Tensor:
@@ -155,10 +166,15 @@ class Block(nn.Module):
         self.ln_mlp = nn.LayerNorm(cfg.dim)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """Returns out [B, Lq, D], or (out, present (k, v)) when `past` is given."""
         h = self.ln_attn(x)
-        x = x + self.attn(h, None if context is None else self.ln_attn(context), key_mask)
-        return x + self.mlp(self.ln_mlp(x))
+        attn = self.attn(h, None if context is None else self.ln_attn(context), key_mask, past)
+        attn, present = attn if past is not None else (attn, None)
+        x = x + attn
+        x = x + self.mlp(self.ln_mlp(x))
+        return x if past is None else (x, present)
 
 
 class DecoderLM(nn.Module):
@@ -172,12 +188,39 @@ class DecoderLM(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """attention_mask [B, L] (1 = token, 0 = padding) is optional."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, past: list | None = None):
+        """input_ids [B, L]; attention_mask [B, P + L] (1 = token, 0 = padding), optional;
+        past: one (k, v) [B, H, P, hd] pair per layer (P may be 0), or None.
+        Returns logits [B, L, V], or (logits, presents) when `past` is given."""
         x = self.embed(input_ids)  # [B, L, D]
-        for block in self.blocks:
-            x = block(x, None, attention_mask)
-        return self.head(self.ln_f(x))  # [B, L, V]
+        presents = []
+        for index, block in enumerate(self.blocks):
+            if past is None:
+                x = block(x, None, attention_mask)
+            else:
+                x, present = block(x, None, attention_mask, past[index])
+                presents.append(present)
+        logits = self.head(self.ln_f(x))  # [B, L, V]
+        return logits if past is None else (logits, presents)
+
+    def empty_past(self, batch: int, dtype: torch.dtype = torch.float32) -> list:
+        shape = (batch, self.cfg.num_heads, 0, self.cfg.head_dim)
+        return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in self.blocks]
+
+
+class KVCacheLM(nn.Module):
+    """The export signature of a cached decoder: flat tensors in and out.
+    (input_ids [B, L], attention_mask [B, P+L], past_key.0, past_value.0, ...) ->
+    (logits [B, L, V], present_key.0, present_value.0, ...), past/present [B, H, P(+L), hd]."""
+
+    def __init__(self, lm: DecoderLM):
+        super().__init__()
+        self.lm, self.cfg, self.arch = lm, lm.cfg, "lm"
+
+    def forward(self, input_ids, attention_mask, *past_flat):
+        past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
+        logits, presents = self.lm(input_ids, attention_mask, past)
+        return (logits, *[t for kv in presents for t in kv])
 
 
 def build_model(cfg: ModelConfig, seed: int = 0, arch: str = "lm") -> nn.Module:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import onnx
 import pytest
@@ -131,3 +132,10 @@ def test_checkpoint_with_contradicting_flag(tmp_path):
     pbe.save_checkpoint(model, tmp_path / "ck.safetensors")
     proc = run_cli("--checkpoint", str(tmp_path / "ck.safetensors"), "--heads", "8", "--out", str(tmp_path / "m.onnx"))
     assert_one_line_error(proc, "contradict the checkpoint's saved config")
+
+
+def test_console_script_installed():
+    script = Path(sys.executable).parent / "posbias-export"
+    assert script.exists(), "pip install -e . installs the posbias-export console script"
+    proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "examples:" in proc.stdout
