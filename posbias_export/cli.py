@@ -221,7 +221,22 @@ def parity_markdown(matrices, runtimes, lengths, batch) -> str:
     return "\n".join(head) + "\n".join(format_matrix(m, markdown=True) for m in matrices)
 
 
-COMMANDS = {"validate": run_validate}  # subcommand name -> runner(argv) -> exit code; the default is export
+def run_generate(argv: list[str]) -> int:
+    """Delegates to runtimes/ort/generate.py: generation needs only onnxruntime and numpy."""
+    import importlib.util
+
+    from .parity import RUNTIMES_DIR
+
+    path = RUNTIMES_DIR / "ort" / "generate.py"
+    if not path.is_file():
+        raise CliError(f"{path} not found (generate runs from a source checkout)")
+    spec = importlib.util.spec_from_file_location("posbias_generate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(argv)
+
+
+COMMANDS = {"validate": run_validate, "generate": run_generate}  # subcommand name -> runner(argv) -> exit code; the default is export
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Byte-level text generation with an exported KV-cache decoder on ONNX Runtime.
+
+    python runtimes/ort/generate.py model.onnx --prompt "To be" --max-new-tokens 64 [--provider cpu|cuda]
+        [--temperature T --seed S] [--max-context N] [--output out.bin]
+
+onnxruntime and numpy only. Greedy by default. Several prompts are left-padded into one
+batch; positions come from the attention mask, so each row equals that prompt run alone.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import importlib.util  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
+from common.tensor_io import RunnerError  # noqa: E402
+
+# The sibling runner, loaded by path (a bare `import run` could pick up another module).
+_spec = importlib.util.spec_from_file_location("posbias_ort_run", Path(__file__).resolve().parent / "run.py")
+_run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_run)
+create_session = _run.create_session
+
+
+class CachedDecoder:
+    """A session over a --kv-cache export, with its cache layout read from the model."""
+
+    def __init__(self, model_path: str, provider: str = "cpu", threads: int = 0):
+        self.session = create_session(model_path, provider, threads)
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        if "attention_mask" not in inputs or "past_key.0" not in inputs:
+            raise RunnerError(f"{model_path} has no KV cache inputs; export it with --kv-cache")
+        self.layers = sum(1 for name in inputs if name.startswith("past_key."))
+        first = inputs["past_key.0"]
+        self.heads, self.head_dim = first.shape[1], first.shape[3]
+        self.dtype = np.dtype(ONNX_TYPE_TO_NUMPY[first.type])
+        meta = self.session.get_modelmeta().custom_metadata_map
+        # A learned absolute position table (if any) bounds the context; biases do not.
+        self.max_positions = int(meta["posbias.max_positions"]) if "posbias.max_positions" in meta else None
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def empty_past(self, batch: int) -> list[np.ndarray]:
+        shape = (batch, self.heads, 0, self.head_dim)
+        return [np.zeros(shape, self.dtype) for _ in range(2 * self.layers)]
+
+    def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, past: list[np.ndarray]):
+        """input_ids [B, L], attention_mask [B, P+L], past: 2*layers arrays [B, H, P, d]
+        -> (logits [B, L, V], presents [B, H, P+L, d])."""
+        if input_ids.ndim != 2 or input_ids.dtype != np.int64:
+            raise RunnerError(f"input_ids must be int64 [B, L], got {input_ids.dtype} {list(input_ids.shape)}")
+        batch, new = input_ids.shape
+        if len(past) != 2 * self.layers:
+            raise RunnerError(f"expected {2 * self.layers} past tensors, got {len(past)}")
+        expected = (batch, self.heads, past[0].shape[2] if past[0].ndim == 4 else -1, self.head_dim)
+        for index, tensor in enumerate(past):
+            if tensor.shape != expected or tensor.dtype != self.dtype:
+                kind = "key" if index % 2 == 0 else "value"
+                raise RunnerError(f"past_{kind}.{index // 2} has shape {list(tensor.shape)} {tensor.dtype}; "
+                                  f"all past tensors must be {list(expected)} {self.dtype}")
+        if attention_mask.shape != (batch, expected[2] + new):
+            raise RunnerError(f"attention_mask must be [{batch}, past + new = {expected[2] + new}], "
+                              f"got {list(attention_mask.shape)}")
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask.astype(np.int64)}
+        for i in range(self.layers):
+            feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = past[2 * i], past[2 * i + 1]
+        try:
+            outputs = self.session.run(None, feeds)
+        except Exception as err:
+            raise RunnerError(f"onnxruntime failed: {str(err).strip().splitlines()[0]}") from None
+        return outputs[0], outputs[1:]
+
+
+def left_pad(prompts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """Byte prompts -> input_ids [B, Lmax] and attention_mask [B, Lmax], padding on the left."""
+    width = max(len(p) for p in prompts)
+    ids = np.zeros((len(prompts), width), np.int64)
+    mask = np.zeros((len(prompts), width), np.int64)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = np.frombuffer(prompt, np.uint8)
+        mask[row, width - len(prompt):] = 1
+    return ids, mask
+
+
+def check_request(prompts: list[bytes], max_new_tokens: int, max_context: int | None, max_positions: int | None) -> None:
+    if not prompts:
+        raise RunnerError("no prompt given")
+    for index, prompt in enumerate(prompts):
+        if not isinstance(prompt, (bytes, bytearray)) or len(prompt) == 0:
+            raise RunnerError(f"prompt {index} is empty: generation needs at least one byte of context")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise RunnerError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    needed = max(len(p) for p in prompts) + max_new_tokens
+    for limit, what in ((max_positions, "the model's position table"), (max_context, "--max-context")):
+        if limit is not None and needed > limit:
+            raise RunnerError(f"prompt + max_new_tokens = {needed} tokens exceeds {what} ({limit})")
+
+
+def choose(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> np.ndarray:
+    """Next byte per row from logits [B, V]: argmax, or a sample at `temperature`."""
+    if temperature <= 0:
+        return logits.argmax(-1).astype(np.int64)
+    scaled = logits.astype(np.float64) / temperature
+    probs = np.exp(scaled - scaled.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.array([rng.choice(len(p), p=p) for p in probs], np.int64)
+
+
+def generate(decoder: CachedDecoder, prompts: list[bytes], max_new_tokens: int, temperature: float = 0.0,
+             seed: int = 0, max_context: int | None = None) -> list[bytes]:
+    """New bytes per prompt (the prompt itself not included)."""
+    check_request(prompts, max_new_tokens, max_context, decoder.max_positions)
+    if temperature < 0:
+        raise RunnerError(f"temperature must be >= 0, got {temperature}")
+    rng = np.random.default_rng(seed)
+    ids, mask = left_pad(prompts)
+    new_tokens = np.zeros((len(prompts), max_new_tokens), np.int64)
+    past = decoder.empty_past(len(prompts))
+    for step in range(max_new_tokens):
+        logits, past = decoder.step(ids, mask, past)  # prefill at step 0, then one token at a time
+        ids = choose(logits[:, -1], temperature, rng)[:, None]  # [B, 1]
+        new_tokens[:, step] = ids[:, 0]
+        mask = np.concatenate([mask, np.ones((len(prompts), 1), np.int64)], axis=1)
+    return [bytes(row.astype(np.uint8).tolist()) for row in new_tokens]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="generate", description=__doc__.splitlines()[0])
+    p.add_argument("model")
+    p.add_argument("--prompt", action="append", help="text prompt (UTF-8); repeat for a batch")
+    p.add_argument("--prompt-file", action="append", help="a file whose raw bytes are a prompt; repeatable")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-context", type=int, default=None, help="refuse requests longer than this many tokens")
+    p.add_argument("--output", help="write the generated bytes of the first prompt here (raw)")
+    args = p.parse_args(argv)
+    try:
+        prompts = [t.encode("utf-8") for t in args.prompt or []]
+        for file in args.prompt_file or []:
+            try:
+                prompts.append(Path(file).read_bytes())
+            except OSError as err:
+                raise RunnerError(f"cannot read prompt file {file}: {err.strerror}") from None
+        check_request(prompts, args.max_new_tokens, args.max_context, None)
+        decoder = CachedDecoder(args.model, args.provider)
+        outputs = generate(decoder, prompts, args.max_new_tokens, args.temperature, args.seed, args.max_context)
+    except RunnerError as err:
+        print(f"generate: error: {err}", file=sys.stderr)
+        return 2
+    for prompt, out in zip(prompts, outputs):
+        # Generated bytes need not be valid UTF-8: shown with escapes, written raw with --output.
+        print((prompt + out).decode("utf-8", errors="backslashreplace"))
+    if args.output:
+        Path(args.output).write_bytes(outputs[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Serving: the --kv-cache export generates on ONNX Runtime exactly what PyTorch generates."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import posbias_export as pbe
+from posbias_export.generation import greedy_generate
+from posbias_export.parity import RUNTIMES_DIR
+from posbias_export.validate import compare, torch_outputs
+from conftest import reference_model
+
+_spec = importlib.util.spec_from_file_location("posbias_generate", RUNTIMES_DIR / "ort" / "generate.py")
+gen = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gen)
+
+
+def prompt(length: int, seed: int = 0) -> bytes:
+    return bytes(np.random.default_rng(seed).integers(0, 256, length, dtype=np.uint8).tolist())
+
+
+@pytest.fixture(scope="session")
+def decoders(exports):
+    cache = {}
+
+    def get(bias):
+        if bias not in cache:
+            cache[bias] = gen.CachedDecoder(str(exports.cli(bias, extra=("--kv-cache",))))
+        return cache[bias]
+
+    return get
+
+
+# 300 + 64 tokens = 364 > 8 x the trace length (128)
+@pytest.mark.parametrize("length", [1, 7, 300], ids=lambda n: f"prompt{n}")
+@pytest.mark.parametrize("bias", pbe.BIASES)
+def test_greedy_tokens_equal_pytorch(decoders, bias, length):
+    """64 new tokens; the 300-byte prompt takes the context to 364 > 8x the trace length."""
+    p = prompt(length, seed=length)
+    ours = gen.generate(decoders(bias), [p], 64)
+    theirs = greedy_generate(reference_model(bias), [p], 64)
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("bias", pbe.BIASES)
+def test_prefill_plus_decode_equals_full_forward(decoders, bias):
+    decoder = decoders(bias)
+    tokens = np.frombuffer(prompt(60, seed=3), np.uint8).astype(np.int64)[None]  # [1, 60]
+    past = decoder.empty_past(1)
+    logits, past = decoder.step(tokens[:, :40], np.ones((1, 40), np.int64), past)
+    chunks = [logits]
+    for t in range(40, 60):  # 20 single-token decode steps
+        logits, past = decoder.step(tokens[:, t:t + 1], np.ones((1, t + 1), np.int64), past)
+        chunks.append(logits)
+    cached = np.concatenate(chunks, axis=1)  # [1, 60, V]
+    model = reference_model(bias)
+    ids = torch.from_numpy(tokens)
+    parity = compare(cached, torch_outputs(model, (ids,), torch.float64), torch_outputs(model, (ids,), torch.float32))
+    assert parity.passed, str(parity)
+
+
+@pytest.mark.parametrize("bias", pbe.BIASES)
+def test_left_padded_batch_equals_each_prompt_alone(decoders, bias):
+    prompts = [prompt(5, 1), prompt(17, 2), prompt(40, 3)]
+    batch = gen.generate(decoders(bias), prompts, 24)
+    alone = [gen.generate(decoders(bias), [p], 24)[0] for p in prompts]
+    assert batch == alone
+
+
+def test_sampling_is_reproducible_with_a_seed(decoders):
+    d = decoders("alibi")
+    a = gen.generate(d, [b"hello"], 16, temperature=0.8, seed=5)
+    b = gen.generate(d, [b"hello"], 16, temperature=0.8, seed=5)
+    c = gen.generate(d, [b"hello"], 16, temperature=0.8, seed=6)
+    assert a == b and a != c
+
+
+@pytest.mark.parametrize("prompts,n,message", [
+    ([b""], 4, "prompt 0 is empty"),
+    ([], 4, "no prompt given"),
+    ([b"ab"], -1, "max_new_tokens must be an integer >= 0"),
+])
+def test_bad_requests(decoders, prompts, n, message):
+    with pytest.raises(gen.RunnerError, match=message):
+        gen.generate(decoders("alibi"), prompts, n)
+
+
+def test_context_limit(decoders):
+    with pytest.raises(gen.RunnerError, match="exceeds --max-context"):
+        gen.generate(decoders("alibi"), [b"abcdef"], 10, max_context=12)
+
+
+def test_mismatched_past_shapes(decoders):
+    d = decoders("t5")
+    past = d.empty_past(1)
+    past[3] = np.zeros((1, d.heads, 2, d.head_dim), np.float32)  # past_value.1 longer than the rest
+    with pytest.raises(gen.RunnerError, match="past_value.1 has shape"):
+        d.step(np.zeros((1, 1), np.int64), np.ones((1, 1), np.int64), past)
+    with pytest.raises(gen.RunnerError, match="attention_mask must be"):
+        d.step(np.zeros((1, 1), np.int64), np.ones((1, 5), np.int64), d.empty_past(1))
+
+
+def test_generate_command_with_non_utf8_prompt(exports, tmp_path):
+    (tmp_path / "p.bin").write_bytes(b"\xff\xfe\x00abc")
+    cmd = [sys.executable, "-m", "posbias_export", "generate", str(exports.cli("alibi", extra=("--kv-cache",))),
+           "--prompt-file", str(tmp_path / "p.bin"), "--max-new-tokens", "8", "--output", str(tmp_path / "o.bin")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("\\xff\\xfe\x00abc")  # invalid bytes escaped, valid ones as they are
+    expected = greedy_generate(reference_model("alibi"), [b"\xff\xfe\x00abc"], 8)[0]
+    assert (tmp_path / "o.bin").read_bytes() == expected
+
+
+def test_generate_command_errors_are_one_line(exports):
+    cmd = [sys.executable, "-m", "posbias_export", "generate", str(exports.cli("alibi", extra=("--kv-cache",))),
+           "--prompt", "", "--max-new-tokens", "3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip() == "generate: error: prompt 0 is empty: generation needs at least one byte of context"
