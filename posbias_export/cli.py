@@ -236,7 +236,32 @@ def run_generate(argv: list[str]) -> int:
     return module.main(argv)
 
 
-COMMANDS = {"validate": run_validate, "generate": run_generate}  # subcommand name -> runner(argv) -> exit code; the default is export
+def run_bench_decode(argv: list[str]) -> int:
+    from .biases import BIASES
+
+    p = _Parser(prog=f"{PROG} bench-decode", description="Per-token decode latency: ONNX Runtime vs PyTorch eager "
+                "with the same KV cache, side by side; writes decode.md and decode.json.")
+    p.add_argument("--biases", type=_name_list, default=BIASES)
+    p.add_argument("--contexts", type=_int_list, default=(512, 4096))
+    p.add_argument("--steps", type=_positive_int, default=32, help="decode steps timed per context")
+    p.add_argument("--out-dir", default="benchmarks")
+    args = p.parse_args(argv)
+    unknown = [b for b in args.biases if b not in BIASES]
+    if unknown:
+        raise CliError(f"unknown bias {unknown[0]!r}; choose one of: {', '.join(BIASES)}")
+    from tqdm import tqdm
+
+    from .bench_decode import run
+
+    with tqdm(total=len(args.biases), desc="bench-decode", unit="bias", disable=None, file=sys.stderr) as bar:
+        rows = run(args.biases, args.contexts, args.steps, args.out_dir, progress=bar.update)
+    for r in rows:
+        print(f"{r['bias']:>13} context {r['context']:>5}: ORT {r['ort_ms_median']:.2f} ms/token, "
+              f"PyTorch {r['torch_ms_median']:.2f} ms/token, ratio {r['ort_over_torch']:.2f}")
+    return 0
+
+
+COMMANDS = {"validate": run_validate, "generate": run_generate, "bench-decode": run_bench_decode}  # subcommand name -> runner(argv) -> exit code; the default is export
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,3 +121,16 @@ def test_generate_command_errors_are_one_line(exports):
            "--prompt", "", "--max-new-tokens", "3"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip() == "generate: error: prompt 0 is empty: generation needs at least one byte of context"
+
+
+def test_bench_decode_smoke(tmp_path):
+    """The decode benchmark end to end at toy sizes (no timing thresholds: timings are noisy)."""
+    cmd = [sys.executable, "-m", "posbias_export", "bench-decode", "--biases", "kerple_log", "--contexts", "20",
+           "--steps", "2", "--out-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    rows = json.loads((tmp_path / "decode.json").read_text())["rows"]
+    assert rows[0]["bias"] == "kerple_log" and rows[0]["ort_ms_median"] > 0 and rows[0]["torch_ms_median"] > 0
+    assert "| kerple_log | 20 |" in (tmp_path / "decode.md").read_text()
