@@ -68,6 +68,9 @@ def build_export_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention-mask", action="store_true",
                    help="add an attention_mask [B, L] input (1 = token, 0 = padding; positions from its cumsum)")
     p.add_argument("--seed", type=int, default=0, help="weight init seed when no --checkpoint (default 0)")
+    p.add_argument("--resize-positions", type=_positive_int,
+                   help="learned positions: resize the table to N rows before export (else longer inputs are refused)")
+    p.add_argument("--resize-method", choices=("interpolate", "copy"), default="interpolate")
     p.add_argument("--checkpoint", help="safetensors or weights-only torch file; its saved config is used")
     p.add_argument("--validate", action="store_true",
                    help="after export, run the parity matrix (ort-cpu, openvino, node, reference); exit 1 on failure")
@@ -104,6 +107,10 @@ def run_export(argv: list[str]) -> int:
         if "bias" not in given:
             raise CliError("--bias is required (or --checkpoint with a saved config)")
         model = build_model(ModelConfig(**given), seed=args.seed, arch=args.arch or "lm")
+    if args.resize_positions:
+        from .model import resize_positions
+
+        resize_positions(model, args.resize_positions, args.resize_method)
     report = export_onnx(model, args.out, opset=args.opset, dtype=args.dtype, trace_len=args.trace_len,
                          attention_mask=args.attention_mask, kv_cache=args.kv_cache,
                          inline_functions=args.inline_functions,
@@ -261,7 +268,110 @@ def run_bench_decode(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"validate": run_validate, "generate": run_generate, "bench-decode": run_bench_decode}  # subcommand name -> runner(argv) -> exit code; the default is export
+SCHEMES = {  # the names models/ uses: a bias family, or bias "none" plus a position encoding
+    "rope": {"bias": "none", "rope": True}, "sinusoidal": {"bias": "none", "position": "sinusoidal"},
+    "learned": {"bias": "none", "position": "learned"},
+}
+
+
+def run_train(argv: list[str]) -> int:
+    from .biases import BIASES
+
+    p = _Parser(prog=f"{PROG} train", description="Train a byte-level decoder on a text corpus (CPU, deterministic "
+                "for a seed); writes OUT.safetensors and OUT.md (model card).",
+                epilog="example:\n  python -m posbias_export train --bias alibi --corpus ../shared/data/tinyshakespeare.txt "
+                "--train-len 64 --steps 600 --out models/alibi", formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bias", required=True, help=f"a bias ({', '.join(BIASES)}) or a scheme ({', '.join(SCHEMES)})")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--out", required=True, help="output path without extension")
+    p.add_argument("--train-len", type=_positive_int, default=64)
+    p.add_argument("--steps", type=_positive_int, default=600)
+    p.add_argument("--batch", type=_positive_int, default=32)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--heads", type=_positive_int, default=4)
+    p.add_argument("--dim", type=_positive_int, default=128)
+    p.add_argument("--layers", type=_positive_int, default=2)
+    args = p.parse_args(argv)
+    from pathlib import Path
+
+    from .export import ensure_writable
+    from .model import ModelConfig
+    from .train import save_trained, train
+
+    if args.bias in SCHEMES:
+        fields = dict(SCHEMES[args.bias])
+    elif args.bias in BIASES:
+        fields = {"bias": args.bias}
+    else:
+        raise CliError(f"unknown bias or scheme {args.bias!r}; choose one of: {', '.join(BIASES + tuple(SCHEMES))}")
+    if fields.get("position") == "learned":
+        fields["max_positions"] = args.train_len  # a table as long as training: beyond it, resize or refuse
+    if fields["bias"] == "window":
+        fields["window"] = args.train_len  # Su's super-baseline: a window no longer than training
+    ensure_writable(Path(args.out).with_suffix(".safetensors"))
+    cfg = ModelConfig(num_heads=args.heads, dim=args.dim, num_layers=args.layers, **fields)
+    model, card = train(cfg, args.corpus, args.train_len, args.steps, args.batch, args.lr, args.seed)
+    command = "python -m posbias_export train " + " ".join(argv)
+    save_trained(model, card, args.out, command)
+    print(f"wrote {Path(args.out).with_suffix('.safetensors')} and .md: final loss {card['final_loss']:.4f}")
+    return 0
+
+
+def run_evaluate(argv: list[str]) -> int:
+    p = _Parser(prog=f"{PROG} evaluate", description="Perplexity vs evaluation length through ONNX Runtime over "
+                "non-overlapping windows of the corpus's held-out split (its last 10%), checked against PyTorch.")
+    p.add_argument("model", help="an lm export (e.g. python -m posbias_export --checkpoint models/alibi.safetensors --out m.onnx)")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--lengths", type=_int_list, default=(64, 128, 256, 512, 1024))
+    p.add_argument("--max-tokens", type=_positive_int, default=16384, help="held-out tokens per length")
+    p.add_argument("--checkpoint", help="weights for the PyTorch cross-check (default: the file's metadata)")
+    p.add_argument("--json", help="write the results as JSON")
+    args = p.parse_args(argv)
+    from tqdm import tqdm
+
+    from .evaluate import as_json, evaluate
+
+    with tqdm(total=len(args.lengths), desc="evaluate", unit="length", disable=None, file=sys.stderr) as bar:
+        results = evaluate(args.model, args.corpus, args.lengths, args.max_tokens, args.checkpoint, progress=bar.update)
+    print(f"{'length':>7} {'windows':>7} {'ORT ppl':>9} {'torch ppl':>9} {'rel diff':>9} {'ORT tok/s':>10}")
+    for r in results:
+        if r.ort_ppl is None:
+            print(f"{r.length:>7} {'-':>7} {r.note}")
+        else:
+            print(f"{r.length:>7} {r.windows:>7} {r.ort_ppl:>9.4f} {r.torch_ppl:>9.4f} {r.rel_diff:>9.1e} {r.ort_tokens_per_s:>10.0f}")
+    if args.json:
+        import json
+        from pathlib import Path
+
+        Path(args.json).write_text(json.dumps(as_json(results), indent=1))
+    return 0
+
+
+def run_extrapolation(argv: list[str]) -> int:
+    p = _Parser(prog=f"{PROG} extrapolation", description="Export every checkpoint in --models, evaluate perplexity "
+                "vs length on ONNX Runtime (checked against PyTorch); write extrapolation.md/.json/.png.")
+    p.add_argument("--models", default="models")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--lengths", type=_int_list, default=(64, 128, 256, 512, 1024))
+    p.add_argument("--max-tokens", type=_positive_int, default=16384)
+    p.add_argument("--out-dir", default="benchmarks")
+    args = p.parse_args(argv)
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from .extrapolation import run
+
+    count = len(list(Path(args.models).glob("*.safetensors")))
+    with tqdm(total=count, desc="extrapolation", unit="model", disable=None, file=sys.stderr) as bar:
+        run(args.models, args.corpus, args.lengths, args.max_tokens, args.out_dir, progress=bar.update)
+    print((Path(args.out_dir) / "extrapolation.md").read_text())
+    return 0
+
+
+COMMANDS = {"validate": run_validate, "generate": run_generate, "bench-decode": run_bench_decode, "train": run_train,
+            "evaluate": run_evaluate, "extrapolation": run_extrapolation}  # subcommand name -> runner(argv) -> exit code; the default is export
 
 
 def main(argv: list[str] | None = None) -> int:

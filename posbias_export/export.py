@@ -211,6 +211,8 @@ def export_onnx(
         "functions": "inlined" if inline_functions else "local",
         "format_version": "1",
     }
+    if cfg.position == "learned":
+        meta["max_positions"] = str(cfg.max_positions)  # runners refuse longer inputs with a clear error
     meta.update({k: str(v) for k, v in (metadata or {}).items()})
     onnx.helper.set_model_props(proto, {METADATA_PREFIX + k: v for k, v in meta.items()})
     proto.producer_name = "posbias_export"

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .biases import BIASES, create_bias, mask_value, query_key_positions
-from .positions import RotaryEmbedding
+from .positions import POSITIONS, ROPE_SCALINGS, RotaryEmbedding, logn_scale, sinusoidal_embedding
 
 ARCHS = ("lm", "block")
 ATTN_IMPLS = ("explicit", "sdpa")
@@ -35,12 +35,17 @@ class ModelConfig:
     sandwich_dim: int = 128
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
+    position: str = "none"  # absolute encoding added to the embeddings: none, sinusoidal, learned
+    max_positions: int = 1024  # learned table size
+    rope_scaling: str = "none"  # none, linear (position interpolation), ntk (base scaling)
+    rope_factor: float = 1.0
+    logn_train_len: int = 0  # > 0: scale queries by max(1, log_{L_train}(n))
 
     def __post_init__(self):
         if self.bias not in BIASES:
             raise ValueError(f"unknown bias {self.bias!r}; choose one of: {', '.join(BIASES)}")
         for name in ("num_heads", "dim", "num_layers", "vocab_size", "mlp_ratio", "window",
-                     "sandwich_dim", "t5_num_buckets", "t5_max_distance"):
+                     "sandwich_dim", "t5_num_buckets", "t5_max_distance", "max_positions"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -50,6 +55,16 @@ class ModelConfig:
             raise ValueError(f"RoPE needs an even head dimension, got dim/num_heads = {self.head_dim}")
         if not (self.rope_base > 1.0):
             raise ValueError(f"rope_base must be > 1, got {self.rope_base}")
+        if self.position not in POSITIONS:
+            raise ValueError(f"position must be one of {', '.join(POSITIONS)}, got {self.position!r}")
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ValueError(f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)}, got {self.rope_scaling!r}")
+        if not (self.rope_factor >= 1.0):
+            raise ValueError(f"rope_factor must be >= 1, got {self.rope_factor}")
+        if self.logn_train_len < 0 or self.logn_train_len == 1:
+            raise ValueError(f"logn_train_len must be 0 (off) or >= 2, got {self.logn_train_len}")
+        if self.position == "sinusoidal" and self.dim % 2:
+            raise ValueError(f"sinusoidal positions need an even dim, got {self.dim}")
 
     @property
     def head_dim(self) -> int:
@@ -86,7 +101,7 @@ class BiasedAttention(nn.Module):
         self.out = nn.Linear(cfg.dim, cfg.dim, bias=False)
         self.bias = create_bias(cfg.bias, cfg.num_heads, causal=cfg.causal, **cfg.bias_params(),
                                 **({"seed": layer} if cfg.bias in ("kerple_power", "kerple_log", "t5") else {}))
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_base) if cfg.use_rope else None
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_base, cfg.rope_scaling, cfg.rope_factor) if cfg.use_rope else None
         self.impl = "explicit"  # "sdpa": F.scaled_dot_product_attention (opset 23 -> ONNX Attention)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
@@ -116,6 +131,8 @@ class BiasedAttention(nn.Module):
             q_pos = k_pos[:, Lk - Lq:]  # [B, Lq]
             keep = key_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, Lk]
             allowed = keep if allowed is None else keep & allowed  # [B, 1, Lq, Lk]
+        if self.cfg.logn_train_len:
+            q = q * logn_scale(q_pos, self.cfg.logn_train_len).unsqueeze(-1).unsqueeze(-3).to(q.dtype)  # [.., 1, Lq, 1]
         if self.rope is not None:
             q = self.rope(q, q_pos)
             k = self.rope(k, q_pos if past is not None else k_pos)  # new keys sit at the query positions
@@ -184,6 +201,7 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.pos_embed = nn.Embedding(cfg.max_positions, cfg.dim) if cfg.position == "learned" else None
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.num_layers))
         self.ln_f = nn.LayerNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
@@ -193,6 +211,8 @@ class DecoderLM(nn.Module):
         past: one (k, v) [B, H, P, hd] pair per layer (P may be 0), or None.
         Returns logits [B, L, V], or (logits, presents) when `past` is given."""
         x = self.embed(input_ids)  # [B, L, D]
+        if self.cfg.position != "none":
+            x = x + self.absolute_positions(input_ids, attention_mask, past).to(x.dtype)
         presents = []
         for index, block in enumerate(self.blocks):
             if past is None:
@@ -202,6 +222,18 @@ class DecoderLM(nn.Module):
                 presents.append(present)
         logits = self.head(self.ln_f(x))  # [B, L, V]
         return logits if past is None else (logits, presents)
+
+    def absolute_positions(self, input_ids, attention_mask, past) -> torch.Tensor:
+        """Position embeddings of the new tokens, [L, D] or [B, L, D]."""
+        L = input_ids.shape[1]
+        if attention_mask is not None:
+            pos = (attention_mask.to(torch.int64).cumsum(-1) - 1).clamp_min(0)[:, -L:]  # [B, L]
+        else:
+            start = 0 if past is None else past[0][0].shape[2]
+            pos = torch.arange(start, start + L, device=input_ids.device)  # [L]
+        if self.pos_embed is not None:
+            return self.pos_embed(pos)  # beyond the table: IndexError here, a Gather error in ONNX
+        return sinusoidal_embedding(pos, self.cfg.dim)
 
     def empty_past(self, batch: int, dtype: torch.dtype = torch.float32) -> list:
         shape = (batch, self.cfg.num_heads, 0, self.cfg.head_dim)
@@ -221,6 +253,18 @@ class KVCacheLM(nn.Module):
         past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
         logits, presents = self.lm(input_ids, attention_mask, past)
         return (logits, *[t for kv in presents for t in kv])
+
+
+def resize_positions(model: DecoderLM, new_len: int, method: str = "interpolate") -> DecoderLM:
+    """Give a learned-position model a table of `new_len` rows (interpolated or copied)."""
+    from .positions import resize_learned_table
+
+    if model.pos_embed is None:
+        raise ValueError("only a model with learned positions has a table to resize")
+    table = resize_learned_table(model.pos_embed.weight.data, new_len, method)
+    model.pos_embed = nn.Embedding.from_pretrained(table, freeze=False)
+    model.cfg.max_positions = new_len
+    return model
 
 
 def build_model(cfg: ModelConfig, seed: int = 0, arch: str = "lm") -> nn.Module:
