@@ -113,5 +113,5 @@ def test_extrapolation_command_smoke(tmp_path, corpus):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     table = (tmp_path / "extrapolation.md").read_text()
-    assert "| alibi |" in table and "learned (table 64 interpolated to 64)" in table
+    assert "| alibi |" in table and "| learned | " in table and "learned (table 64 interpolated to 64)" in table
     assert (tmp_path / "extrapolation.png").stat().st_size > 1000
