@@ -46,9 +46,10 @@ def build_export_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--bias", help=f"bias family: {', '.join(BIASES)} (taken from --checkpoint when given)")
     p.add_argument("--out", required=True, help="output .onnx path (written atomically)")
-    p.add_argument("--arch", choices=("lm", "block"), default=None,
+    p.add_argument("--arch", choices=("lm", "block", "attention"), default=None,
                    help="lm: byte-level decoder, input_ids [B, L] -> logits [B, L, 256]; "
-                   "block: one transformer block, hidden [B, L, dim] in and out (default lm)")
+                   "block: one transformer block, hidden [B, L, dim] in and out; "
+                   "attention: attention alone, query/key/value [B, heads, L, dim/heads] -> same (default lm)")
     p.add_argument("--heads", type=_positive_int, help="attention heads (default 4)")
     p.add_argument("--dim", type=_positive_int, help="model width, divisible by --heads (default 128)")
     p.add_argument("--layers", type=_positive_int, help="transformer layers (default 2)")
@@ -63,6 +64,10 @@ def build_export_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache", action="store_true",
                    help="cached decoder for generation: input_ids, attention_mask, past_key.N/past_value.N in; "
                    "logits, present_key.N/present_value.N out (prefill and decode in one file)")
+    p.add_argument("--attention", choices=("blocked", "plain"), default=None,
+                   help="blocked: a Loop over query blocks, memory linear in L (default for causal opset-18 "
+                   "exports); plain: the whole [heads, L, L] bias and scores at once (default otherwise)")
+    p.add_argument("--block", type=_positive_int, default=None, help="blocked form: query rows per block (default 256)")
     p.add_argument("--inline-functions", action="store_true",
                    help="expand the posbias.* functions into a flat graph of standard ops")
     p.add_argument("--attention-mask", action="store_true",
@@ -113,7 +118,8 @@ def run_export(argv: list[str]) -> int:
         resize_positions(model, args.resize_positions, args.resize_method)
     report = export_onnx(model, args.out, opset=args.opset, dtype=args.dtype, trace_len=args.trace_len,
                          attention_mask=args.attention_mask, kv_cache=args.kv_cache,
-                         inline_functions=args.inline_functions,
+                         inline_functions=args.inline_functions, attention=args.attention,
+                         **({"block": args.block} if args.block else {}),
                          metadata={"seed": args.seed} if not args.checkpoint else {"checkpoint": args.checkpoint})
     print(report.summary())
     if args.validate:
@@ -268,6 +274,44 @@ def run_bench_decode(argv: list[str]) -> int:
     return 0
 
 
+def run_bench(argv: list[str]) -> int:
+    from . import bench
+
+    p = _Parser(prog=f"{PROG} bench", description="Long-context attention: our export on ONNX Runtime CPU (blocked "
+                "and plain forms) and OpenVINO vs PyTorch eager with the same bias and PyTorch fused causal SDPA "
+                "without a bias; one process per configuration. Writes attention.md/.json/.png.",
+                epilog="examples:\n  python -m posbias_export bench\n  python -m posbias_export bench --biases alibi "
+                "--lengths 512,2048 --repeats 2 --out-dir /tmp/bench", formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--biases", type=_name_list, default=bench.BIASES)
+    p.add_argument("--lengths", type=_int_list, default=bench.LENGTHS)
+    p.add_argument("--configs", type=_name_list, default=bench.CONFIGS, help=f"from: {', '.join(bench.CONFIGS)}")
+    p.add_argument("--repeats", type=_positive_int, default=3, help="timed forwards per configuration (after a warm-up)")
+    p.add_argument("--heads", type=_positive_int, default=8)
+    p.add_argument("--head-dim", type=_positive_int, default=64)
+    p.add_argument("--timeout", type=_positive_int, default=900, help="seconds per configuration")
+    p.add_argument("--profile-length", type=int, default=8192,
+                   help="also profile ORT (blocked form) at this length for alibi and kerple_log; 0: no profile")
+    p.add_argument("--out-dir", default="benchmarks")
+    args = p.parse_args(argv)
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CliError(f"--out-dir {out_dir} is a file")
+    with tqdm(total=bench.count(args.biases, args.lengths, args.configs), desc="bench", unit="config",
+              disable=None, file=sys.stderr) as bar:
+        cells = bench.run(args.biases, args.lengths, args.configs, args.repeats, args.heads, args.head_dim,
+                          args.timeout, progress=bar.update)
+    paths = bench.write(cells, out_dir, args.heads, args.head_dim)
+    if args.profile_length:
+        paths.append(bench.write_profile(args.biases, args.profile_length, args.heads, args.head_dim, out_dir))
+    print(paths[1].read_text())
+    print("wrote " + ", ".join(str(x) for x in paths))
+    return 0
+
+
 SCHEMES = {  # the names models/ uses: a bias family, or bias "none" plus a position encoding
     "rope": {"bias": "none", "rope": True}, "sinusoidal": {"bias": "none", "position": "sinusoidal"},
     "learned": {"bias": "none", "position": "learned"},
@@ -370,7 +414,8 @@ def run_extrapolation(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"validate": run_validate, "generate": run_generate, "bench-decode": run_bench_decode, "train": run_train,
+COMMANDS = {"validate": run_validate, "generate": run_generate, "bench": run_bench, "bench-decode": run_bench_decode,
+            "train": run_train,
             "evaluate": run_evaluate, "extrapolation": run_extrapolation}  # subcommand name -> runner(argv) -> exit code; the default is export
 
 

@@ -16,16 +16,16 @@ from pathlib import Path
 import onnx
 import torch
 
-from . import checks, functions
+from . import blocked, checks, functions
 from .biases import AttentionBias
-from .model import BiasedAttention, KVCacheLM, ModelConfig
+from .model import AttentionCore, BiasedAttention, KVCacheLM, ModelConfig
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 OPSETS = (18, 23)
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf's hard limit is 2 GB
 METADATA_PREFIX = "posbias."
-INPUT_NAMES = {"lm": ["input_ids"], "block": ["hidden_states"]}
-OUTPUT_NAMES = {"lm": ["logits"], "block": ["output"]}
+INPUT_NAMES = {"lm": ["input_ids"], "block": ["hidden_states"], "attention": ["query", "key", "value"]}
+OUTPUT_NAMES = {"lm": ["logits"], "block": ["output"], "attention": ["output"]}
 
 
 @dataclass
@@ -104,6 +104,14 @@ def signature(model: torch.nn.Module, cfg: ModelConfig, arch: str, trace_len: in
             {"input_ids": (0, 1), "attention_mask": (0, 1), "logits": (0, 1),
              **{n: (0, 2) for n in past_names + present_names}},
         )
+    if arch == "attention":
+        if attention_mask:
+            raise ValueError("the attention arch takes no attention_mask")
+        shape = (batch, cfg.num_heads, trace_len, cfg.head_dim)
+        args = tuple(torch.randn(shape, generator=gen).to(dtype) for _ in range(3))
+        names = INPUT_NAMES[arch]
+        return Signature(model, args, tuple({0: b, 2: seq} for _ in args), names, OUTPUT_NAMES[arch],
+                         {**{n: (0, 2) for n in names}, "output": (0, 2)})
     mask = torch.ones(batch, trace_len, dtype=torch.int64) if attention_mask else None
     if arch == "lm":
         first = torch.randint(0, cfg.vocab_size, (batch, trace_len), generator=gen)
@@ -116,18 +124,42 @@ def signature(model: torch.nn.Module, cfg: ModelConfig, arch: str, trace_len: in
                      OUTPUT_NAMES[arch], {n: (0, 1) for n in names + OUTPUT_NAMES[arch]})
 
 
-def _prepare(model: torch.nn.Module, dtype: torch.dtype, opset: int) -> torch.nn.Module:
+def attention_form(cfg: ModelConfig, opset: int, requested: str | None) -> str:
+    """blocked for causal opset-18 exports unless the plain form is asked for."""
+    if requested is None:
+        return "blocked" if cfg.causal and opset < 23 else "plain"
+    if requested not in blocked.ATTENTION_FORMS:
+        raise ValueError(f"attention must be one of {', '.join(blocked.ATTENTION_FORMS)}, got {requested!r}")
+    if requested == "blocked" and not cfg.causal:
+        raise ValueError("the blocked attention form needs a causal model (bidirectional exports are plain)")
+    if requested == "blocked" and opset >= 23:
+        raise ValueError("opset 23 exports use the ONNX Attention op (the plain form); use opset 18 for blocked")
+    return requested
+
+
+def _prepare(model: torch.nn.Module, dtype: torch.dtype, opset: int, form: str, block: int) -> torch.nn.Module:
     model = copy.deepcopy(model).eval().to(dtype)
     for module in model.modules():
-        if isinstance(module, BiasedAttention):
+        if isinstance(module, (BiasedAttention, AttentionCore)):
             # Opset 23 has the ONNX Attention op, which the exporter emits for SDPA.
             module.impl = "sdpa" if opset >= 23 else "explicit"
+            module.form, module.block = form, block
         if isinstance(module, AttentionBias):
             module.emit_function = True  # one posbias.* node per layer, body attached after
     return model
 
 
-def trace_to_onnx(sig: Signature, opset: int) -> onnx.ModelProto:
+def generated_functions(model: torch.nn.Module, dtype: torch.dtype, opset: int) -> list[onnx.FunctionProto]:
+    """The blocked-attention functions this model's layers emit (built per export: block size baked in)."""
+    protos = {}
+    for module in model.modules():
+        if isinstance(module, (BiasedAttention, AttentionCore)) and module.form == "blocked":
+            proto = blocked.function_proto(module.bias, module.block, dtype, opset)
+            protos[proto.name] = proto
+    return list(protos.values())
+
+
+def trace_to_onnx(sig: Signature, opset: int, generated: list[onnx.FunctionProto] = ()) -> onnx.ModelProto:
     """One dynamo export with the signature's dynamic axes; returns the ModelProto."""
     # The exporter prints progress and warnings of its own; the report carries what matters.
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
@@ -142,7 +174,7 @@ def trace_to_onnx(sig: Signature, opset: int) -> onnx.ModelProto:
             first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
             raise checks.ExportCheckError(f"torch.onnx.export failed: {first}") from err
     proto = program.model_proto
-    functions.attach(proto, opset)
+    functions.attach(proto, opset, generated)
     return proto
 
 
@@ -157,6 +189,8 @@ def export_onnx(
     attention_mask: bool = False,
     kv_cache: bool = False,
     inline_functions: bool = False,
+    attention: str | None = None,
+    block: int = blocked.DEFAULT_BLOCK,
     metadata: dict | None = None,
 ) -> ExportReport:
     """Export `model` (from build_model) to `path` and check the result; returns a report.
@@ -167,6 +201,8 @@ def export_onnx(
     past_value.N; outputs logits, present_key.N, present_value.N); one file serves prefill
     (past length 0) and decode (one new token).
     attention_mask=True adds an `attention_mask` [B, L] input (1 = token, 0 = padding).
+    attention: "blocked" (the default for causal opset-18 exports: a Loop over query blocks of
+    `block` rows, memory linear in L) or "plain" (the whole [H, L, L] bias and scores at once).
     Raises ValueError for bad arguments, OSError for an unwritable path, and
     checks.ExportCheckError when the exported model fails a post-export check. On any failure
     no file is written and an existing file at `path` is left untouched.
@@ -180,13 +216,17 @@ def export_onnx(
         raise ValueError(f"trace_len must be an integer >= 2 (1 would specialize the axis), got {trace_len!r}")
     cfg: ModelConfig = model.cfg
     arch = getattr(model, "arch", "lm")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be a positive integer, got {block!r}")
+    form = attention_form(cfg, opset, attention)
     path = ensure_writable(path)
 
     if kv_cache and arch != "lm":
         raise ValueError("kv_cache needs the lm arch")
-    prepared = _prepare(model, DTYPES[dtype], opset)
+    prepared = _prepare(model, DTYPES[dtype], opset, form, block)
+    generated = generated_functions(prepared, DTYPES[dtype], opset)
     sig = signature(prepared, cfg, arch, trace_len, DTYPES[dtype], attention_mask, kv_cache)
-    proto = trace_to_onnx(sig, opset)
+    proto = trace_to_onnx(sig, opset, generated)
 
     if inline_functions:
         proto = functions.inline(proto)
@@ -196,7 +236,8 @@ def export_onnx(
     done.append("standard domain only" if inline_functions else "standard ops + posbias local functions")
     if check_growth:
         other_len = 2 * trace_len + 1
-        other = trace_to_onnx(signature(prepared, cfg, arch, other_len, DTYPES[dtype], attention_mask, kv_cache), opset)
+        other = trace_to_onnx(signature(prepared, cfg, arch, other_len, DTYPES[dtype], attention_mask, kv_cache), opset,
+                              generated)
         checks.check_no_trace_length_growth(proto, other, trace_len, other_len)
         done.append(f"no initializer grows with trace length ({trace_len} vs {other_len})")
 
@@ -209,8 +250,11 @@ def export_onnx(
         "attention_mask": str(int(attention_mask or kv_cache)),
         "kv_cache": str(int(kv_cache)),
         "functions": "inlined" if inline_functions else "local",
+        "attention": form,
         "format_version": "1",
     }
+    if form == "blocked":
+        meta["attention_block"] = str(block)
     if cfg.position == "learned":
         meta["max_positions"] = str(cfg.max_positions)  # runners refuse longer inputs with a clear error
     meta.update({k: str(v) for k, v in (metadata or {}).items()})

@@ -13,10 +13,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .biases import BIASES, create_bias, mask_value, query_key_positions
+from .biases import BIASES, AttentionBias, create_bias, mask_value, query_key_positions
+from .blocked import ATTENTION_FORMS, DEFAULT_BLOCK, blocked_attention, keep_mask
 from .positions import POSITIONS, ROPE_SCALINGS, RotaryEmbedding, logn_scale, sinusoidal_embedding
 
-ARCHS = ("lm", "block")
+ARCHS = ("lm", "block", "attention")
 ATTN_IMPLS = ("explicit", "sdpa")
 
 
@@ -99,10 +100,11 @@ class BiasedAttention(nn.Module):
         self.cfg = cfg
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
         self.out = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        self.bias = create_bias(cfg.bias, cfg.num_heads, causal=cfg.causal, **cfg.bias_params(),
-                                **({"seed": layer} if cfg.bias in ("kerple_power", "kerple_log", "t5") else {}))
+        self.bias = layer_bias(cfg, layer)
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_base, cfg.rope_scaling, cfg.rope_factor) if cfg.use_rope else None
         self.impl = "explicit"  # "sdpa": F.scaled_dot_product_attention (opset 23 -> ONNX Attention)
+        self.form = "plain"  # "blocked": query blocks, memory linear in L (causal only; export's default)
+        self.block = DEFAULT_BLOCK
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
                 past: tuple[torch.Tensor, torch.Tensor] | None = None):
@@ -123,14 +125,11 @@ class BiasedAttention(nn.Module):
         v = F.linear(kv_in, w_v).view(B, -1, H, hd).transpose(1, 2)  # [B, H, Lnew, hd]
         Lk = k.shape[2] if past is None else past[0].shape[2] + Lq
         q_idx, k_idx = query_key_positions(Lq, Lk, device=x.device)  # [Lq], [Lk]
-        allowed = (k_idx.unsqueeze(0) <= q_idx.unsqueeze(1)) if self.cfg.causal else None  # [Lq, Lk]
         if key_mask is None:
             q_pos, k_pos = q_idx, k_idx
         else:
             k_pos = (key_mask.to(torch.int64).cumsum(-1) - 1).clamp_min(0)  # [B, Lk]
             q_pos = k_pos[:, Lk - Lq:]  # [B, Lq]
-            keep = key_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, Lk]
-            allowed = keep if allowed is None else keep & allowed  # [B, 1, Lq, Lk]
         if self.cfg.logn_train_len:
             q = q * logn_scale(q_pos, self.cfg.logn_train_len).unsqueeze(-1).unsqueeze(-3).to(q.dtype)  # [.., 1, Lq, 1]
         if self.rope is not None:
@@ -139,15 +138,43 @@ class BiasedAttention(nn.Module):
         if past is not None:
             k = torch.cat([past[0].to(k.dtype), k], dim=2)  # [B, H, P + Lq, hd]
             v = torch.cat([past[1].to(v.dtype), v], dim=2)
-        bias = self.bias.compute(q_pos, k_pos)  # [H or 1, Lq, Lk] or [B, H or 1, Lq, Lk], float32
-        y = attend(q, k, v, bias, allowed, self.impl)  # [B, H, Lq, hd]
+        y = attention_heads(q, k, v, q_pos, k_pos, key_mask, self.bias, self.cfg.causal, self.form, self.block,
+                            self.impl)  # [B, H, Lq, hd]
         out = self.out(y.transpose(1, 2).reshape(B, Lq, D))  # [B, Lq, D]
         return out if past is None else (out, (k, v))
 
 
+def layer_bias(cfg: ModelConfig, layer: int = 0) -> AttentionBias:
+    """The bias module of one layer (learned families get a per-layer init seed)."""
+    return create_bias(cfg.bias, cfg.num_heads, causal=cfg.causal, **cfg.bias_params(),
+                       **({"seed": layer} if cfg.bias in ("kerple_power", "kerple_log", "t5") else {}))
+
+
+def attention_heads(q, k, v, q_pos, k_pos, key_mask, bias: AttentionBias, causal: bool, form: str = "plain",
+                    block: int = DEFAULT_BLOCK, impl: str = "explicit") -> torch.Tensor:
+    """Bias-augmented attention on split heads: q [B, H, Lq, hd], k/v [B, H, Lk, hd] (queries are
+    the last Lq key positions), q_pos [..., Lq], k_pos [..., Lk], key_mask [B, Lk] or None.
+    form "plain" builds the whole [.., H, Lq, Lk] bias; "blocked" one query block at a time."""
+    if form not in ATTENTION_FORMS:
+        raise ValueError(f"attention form must be one of {', '.join(ATTENTION_FORMS)}, got {form!r}")
+    Lq, Lk = q.shape[2], k.shape[2]
+    if form == "blocked":
+        if not causal:
+            raise ValueError("the blocked attention form is for causal models; use the plain form")
+        return blocked_attention(q, k, v, q_pos, k_pos, keep_mask(key_mask, Lk, q.device), bias, block)
+    q_idx, k_idx = query_key_positions(Lq, Lk, device=q.device)  # [Lq], [Lk]
+    allowed = (k_idx.unsqueeze(0) <= q_idx.unsqueeze(1)) if causal else None  # [Lq, Lk]
+    if key_mask is not None:
+        keep = key_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, Lk]
+        allowed = keep if allowed is None else keep & allowed  # [B, 1, Lq, Lk]
+    scores_bias = bias.compute(q_pos, k_pos)  # [H or 1, Lq, Lk] or [B, H or 1, Lq, Lk], float32
+    return attend(q, k, v, scores_bias, allowed, impl)  # [B, H, Lq, hd]
+
+
 def attend(q, k, v, bias, allowed, impl: str = "explicit") -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + bias, masked) v. Scores, bias and softmax in float32 whatever
-    the model dtype: slope * distance overflows fp16 near 131k tokens."""
+    the model dtype (slope * distance overflows fp16 near 131k tokens); float64 stays float64
+    (the reference)."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     low = mask_value(torch.float32)
     if impl == "sdpa":
@@ -155,7 +182,7 @@ def attend(q, k, v, bias, allowed, impl: str = "explicit") -> torch.Tensor:
         mask = mask.clamp_min(mask_value(q.dtype)).to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     scores = (q * scale) @ k.transpose(-1, -2)  # [B, H, Lq, Lk]
-    scores = scores.float() + bias
+    scores = scores.to(torch.promote_types(q.dtype, torch.float32)) + bias
     if allowed is not None:
         scores = torch.where(allowed, scores, low)
     probs = torch.softmax(scores, dim=-1).to(v.dtype)  # [B, H, Lq, Lk]
@@ -255,6 +282,21 @@ class KVCacheLM(nn.Module):
         return (logits, *[t for kv in presents for t in kv])
 
 
+class AttentionCore(nn.Module):
+    """Bias-augmented attention alone, no projections: (query, key, value) [B, H, L, hd] ->
+    [B, H, L, hd], keys at 0..L-1. What the attention benchmark exports and times."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.bias = layer_bias(cfg)
+        self.impl, self.form, self.block = "explicit", "plain", DEFAULT_BLOCK
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q_pos, k_pos = query_key_positions(q.shape[2], k.shape[2], device=q.device)  # [Lq], [Lk]
+        return attention_heads(q, k, v, q_pos, k_pos, None, self.bias, self.cfg.causal, self.form, self.block, self.impl)
+
+
 def resize_positions(model: DecoderLM, new_len: int, method: str = "interpolate") -> DecoderLM:
     """Give a learned-position model a table of `new_len` rows (interpolated or copied)."""
     from .positions import resize_learned_table
@@ -273,6 +315,6 @@ def build_model(cfg: ModelConfig, seed: int = 0, arch: str = "lm") -> nn.Module:
         raise ValueError(f"unknown arch {arch!r}; choose one of: {', '.join(ARCHS)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = DecoderLM(cfg) if arch == "lm" else Block(cfg)
+        model = {"lm": DecoderLM, "block": Block, "attention": AttentionCore}[arch](cfg)
     model.arch = arch
     return model.eval()

@@ -121,10 +121,14 @@ def reference_model(meta: dict, checkpoint: str | None = None) -> torch.nn.Modul
         model = load_checkpoint(checkpoint, cfg, arch)
     else:
         model = build_model(cfg, seed=int(meta.get("seed", 0)), arch=arch)
-    if int(meta.get("opset", 18)) >= 23:
-        for module in model.modules():
-            if hasattr(module, "impl"):
+    for module in model.modules():
+        if hasattr(module, "impl"):
+            if int(meta.get("opset", 18)) >= 23:
                 module.impl = "sdpa"
+            # The file's own attention form: equal math on real tokens, and the same (arbitrary)
+            # output on fully padded query rows; in blocks the float64 reference fits at 16k too.
+            module.form = meta.get("attention", "plain")
+            module.block = int(meta.get("attention_block", module.block))
     return model
 
 
@@ -134,6 +138,10 @@ def generated_inputs(meta: dict, length: int, batch: int, seed: int) -> dict[str
     gen = torch.Generator().manual_seed(seed)
     if arch == "lm":
         feeds = {"input_ids": torch.randint(0, cfg.vocab_size, (batch, length), generator=gen).numpy()}
+    elif arch == "attention":
+        dtype = np.float16 if meta.get("dtype") == "float16" else np.float32
+        shape = (batch, cfg.num_heads, length, cfg.head_dim)
+        return {name: torch.randn(shape, generator=gen).numpy().astype(dtype) for name in ("query", "key", "value")}
     else:
         dtype = np.float16 if meta.get("dtype") == "float16" else np.float32
         feeds = {"hidden_states": torch.randn(batch, length, cfg.dim, generator=gen).numpy().astype(dtype)}
@@ -163,6 +171,8 @@ def check_user_inputs(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> N
 
 def _torch_args(meta: dict, feeds: dict[str, np.ndarray]) -> tuple:
     arch = meta.get("arch", "lm")
+    if arch == "attention":
+        return tuple(torch.from_numpy(feeds[name]) for name in INPUT_NAMES[arch])
     first = torch.from_numpy(feeds[INPUT_NAMES[arch][0]])
     if "attention_mask" not in feeds:
         return (first,)

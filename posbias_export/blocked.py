@@ -1,0 +1,137 @@
+"""Query-blocked causal attention: memory linear in L per block instead of H * L^2.
+
+The default form of causal exports. Queries are cut into blocks of `block` rows; each block
+sees only the keys at or before its last row (causality skips everything above the
+diagonal), and a local window only the keys it can reach. Its bias is built for that block
+alone, inside the loop, by the family's own posbias function, so nothing ever holds the
+[H, L, L] bias or score matrix.
+
+- eager: blocked_attention() runs the same loop in PyTorch (any dtype: with float64 it is the
+  reference we judge long inputs against, where the plain fp64 form would need 17 GB at 16k);
+- export: the layer emits ONE posbias.BlockedAttention<Family> node; function_proto() builds
+  its body (an ONNX Loop over blocks calling the ONNX Script pieces of blocked_script.py).
+
+Causal ALiBi takes a shortcut that is exact under the causal mask: a key-only bias row per
+block (see AlibiKeyRow), so the per-block bias is H*W values instead of H*Bq*W.
+"""
+from __future__ import annotations
+
+import math
+
+import onnx
+import torch
+from onnx import TensorProto, helper
+
+from .biases import AttentionBias, mask_value
+from .biases.onnx_domain import DOMAIN, VERSION
+
+DEFAULT_BLOCK = 256  # query rows per block: fastest of 32..512 at L=8192 on ORT CPU (benchmarks/attention.md)
+ATTENTION_FORMS = ("blocked", "plain")
+_UNBOUNDED = 1 << 40  # "look back as far as you like" (more keys than any input has)
+_ELEM_TYPES = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.float64: TensorProto.DOUBLE}
+
+
+def lookback(bias: AttentionBias) -> int | None:
+    """How many keys before its own position a query can attend to (None: all)."""
+    window = getattr(bias, "window", None)
+    return None if window is None else window - 1
+
+
+def keep_mask(key_mask: torch.Tensor | None, k_len, device=None) -> torch.Tensor:
+    """Key-padding mask as bool [B|1, 1, 1, Lk]; all true without a mask."""
+    if key_mask is None:
+        return torch.ones(1, 1, 1, k_len, dtype=torch.bool, device=device)
+    return key_mask.to(torch.bool)[:, None, None, :]
+
+
+def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: int = DEFAULT_BLOCK) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + bias, causal & keep) v, one query block at a time.
+
+    q [B, H, Lq, d], k/v [B, H, Lk, d] (queries are the last Lq key positions), q_pos [..., Lq],
+    k_pos [..., Lk], keep bool [B|1, 1, 1, Lk]. During ONNX export (bias.emit_function set)
+    this is one posbias.BlockedAttention<Family> node. Returns [B, H, Lq, d].
+    """
+    if bias.emit_function and torch.onnx.is_in_onnx_export():
+        tensors, _ = bias.function_inputs()
+        tensors = [t.float() if t.is_floating_point() else t for t in tensors]
+        return torch.onnx.ops.symbolic(
+            f"posbias::{function_name(bias)}", [q, k, v, q_pos, k_pos, keep, *tensors], {},
+            dtype=q.dtype, shape=q.shape, version=VERSION,
+        )
+    Lq, Lk = q.shape[2], k.shape[2]
+    offset = Lk - Lq
+    reach = lookback(bias)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    low = mask_value(torch.float32)
+    outputs = []
+    for start in range(0, Lq, block):
+        stop = min(start + block, Lq)
+        lo = 0 if reach is None else max(0, offset + start - reach)
+        end = offset + stop
+        q_idx = torch.arange(offset + start, offset + stop, device=q.device)[:, None]  # [Bq, 1]
+        k_idx = torch.arange(lo, end, device=q.device)  # [W]
+        scores = (q[:, :, start:stop] * scale) @ k[:, :, lo:end].transpose(-1, -2)  # [B, H, Bq, W]
+        work = torch.float64 if q.dtype == torch.float64 else torch.float32
+        scores = scores.to(work) + bias.from_positions(q_pos[..., start:stop], k_pos[..., lo:end]).to(work)
+        allowed = (k_idx <= q_idx) & keep[..., lo:end]  # [B|1, 1, Bq, W]
+        probs = torch.softmax(torch.where(allowed, scores, low), dim=-1)  # [B, H, Bq, W]
+        outputs.append(probs.to(v.dtype) @ v[:, :, lo:end])  # [B, H, Bq, d]
+    return torch.cat(outputs, dim=2)  # [B, H, Lq, d]
+
+
+def function_name(bias: AttentionBias) -> str:
+    return "BlockedAttention" + bias.onnx_function().name
+
+
+def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: int) -> onnx.FunctionProto:
+    """posbias.BlockedAttention<Family>(q, k, v, q_pos, k_pos, keep, *bias tensors) -> out.
+
+    Block size, look-back and the family's attributes are baked in (one model, one config);
+    learned bias tensors stay inputs, so every layer calls the same function.
+    """
+    tensors, attrs = bias.function_inputs()
+    params = [f"bias_input_{i}" for i in range(len(tensors))]
+    reach = lookback(bias)
+
+    def call(op_type, inputs, outputs, **attributes):
+        return helper.make_node(op_type, inputs, outputs, domain=DOMAIN, **attributes)
+
+    if bias.name == "alibi" and bias.causal:
+        bias_node = call("AlibiKeyRow", ["q_pos_b", "k_pos_b", *params], ["bias_b"])
+    else:
+        bias_node = call(bias.onnx_function().name, ["q_pos_b", "k_pos_b", *params], ["bias_b"], **attrs)
+    body = helper.make_graph(
+        [
+            call("BlockQueries", ["it", "q_pad", "q_pos_pad", "block", "offset"], ["q_b", "q_pos_b", "q_idx"]),
+            call("BlockKeys", ["it", "k_t", "v", "k_pos", "keep", "block", "offset", "lookback"],
+                 ["k_t_b", "v_b", "k_pos_b", "k_idx", "keep_b"]),
+            bias_node,
+            call("BlockAttend", ["q_b", "k_t_b", "v_b", "bias_b", "q_idx", "k_idx", "keep_b"], ["attended_b"]),
+            # a leading 1-axis: see BlockAssemble for why
+            helper.make_node("Constant", [], ["axis0"], value=helper.make_tensor("axis0", TensorProto.INT64, [1], [0])),
+            helper.make_node("Unsqueeze", ["attended_b", "axis0"], ["out_b"]),  # [1, B, H, Bq, d]
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "query_block",
+        [helper.make_tensor_value_info("it", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("out_b", _ELEM_TYPES[dtype], None)],
+    )
+
+    def scalar(name, value, elem=TensorProto.INT64):
+        return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, elem, [], [value]))
+
+    nodes = [
+        scalar("max_block", block),
+        scalar("lookback", _UNBOUNDED if reach is None else reach),
+        scalar("go", True, TensorProto.BOOL),
+        call("BlockPrepare", ["q", "k", "v", "q_pos", "max_block"],
+             ["q_pad", "k_t", "q_pos_pad", "block", "n_blocks", "offset"]),
+        helper.make_node("Loop", ["n_blocks", "go"], ["blocks"], body=body),  # [n, 1, B, H, Bq, d] (or [n, B, ...])
+        call("BlockAssemble", ["blocks", "q", "block"], ["out"]),
+    ]
+    return helper.make_function(
+        DOMAIN, function_name(bias), ["q", "k", "v", "q_pos", "k_pos", "keep", *params], ["out"], nodes,
+        [helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, VERSION)],
+    )

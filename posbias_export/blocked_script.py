@@ -1,0 +1,130 @@
+"""The pieces of query-blocked causal attention, as ONNX Script functions in domain posbias.
+
+blocked.py strings them together: BlockPrepare, then a Loop over query blocks whose body is
+BlockQueries -> BlockKeys -> (the family's bias function on the block) -> BlockAttend, then
+BlockAssemble. Only standard opset-18 ops. Per block, memory is H * block * (keys it sees):
+linear in L, never H * L^2. Causality skips the key blocks above the diagonal.
+"""
+from __future__ import annotations
+
+from onnxscript import BOOL, FLOAT, INT64, script
+from onnxscript import opset18 as op
+
+from .biases.onnx_domain import posbias
+
+
+@script(posbias, default_opset=op)
+def BlockPrepare(q: FLOAT, k: FLOAT, v: FLOAT, q_pos: INT64, max_block: INT64):
+    """Scale and pad the queries once, transpose the keys once.
+
+    q [B, H, Lq, d], k/v [B, H, Lk, d], q_pos [..., Lq] -> q_pad [B, H, n*Bq, d] (scaled by
+    1/sqrt(d)), k_t [B, H, d, Lk], q_pos_pad [..., n*Bq], block Bq = min(max_block, Lq),
+    n_blocks, offset = Lk - Lq (queries are the last Lq key positions).
+
+    PyTorch: Bq = min(max_block, Lq); n = ceil(Lq / Bq); q_pad = F.pad(q / sqrt(d), (0, 0, 0, n*Bq - Lq))
+    """
+    q_len = op.Shape(q, start=2, end=3)  # [1]
+    k_len = op.Shape(k, start=2, end=3)  # [1]
+    head_dim = op.CastLike(op.Shape(q, start=3, end=4), q)  # [1]
+    block = op.Min(op.Reshape(max_block, [1]), q_len)  # [1]
+    n_blocks = op.Div(op.Sub(op.Add(q_len, block), [1]), block)  # [1], ceil division
+    pad = op.Sub(op.Mul(n_blocks, block), q_len)  # [1]
+    zero = op.Constant(value_ints=[0])
+    q_scaled = op.Div(q, op.Sqrt(head_dim))  # [B, H, Lq, d]
+    q_pad = op.Pad(q_scaled, op.Concat(zero, pad, axis=0), None, [2])  # [B, H, n*Bq, d]
+    q_pos_pad = op.Pad(q_pos, op.Concat(zero, pad, axis=0), None, [-1], mode="edge")  # [..., n*Bq], last position repeated
+    k_t = op.Transpose(k, perm=[0, 1, 3, 2])  # [B, H, d, Lk]
+    offset = op.Sub(k_len, q_len)  # [1]
+    return q_pad, k_t, q_pos_pad, op.Squeeze(block), op.Squeeze(n_blocks), op.Squeeze(offset)
+
+
+@script(posbias, default_opset=op)
+def BlockQueries(it: INT64, q_pad: FLOAT, q_pos_pad: INT64, block: INT64, offset: INT64):
+    """Query block `it`: q_b [B, H, Bq, d], q_pos_b [..., Bq], and each row's index on the key
+    axis, q_idx [Bq, 1] (= offset + row), which the causal mask compares with.
+
+    PyTorch: rows = slice(it*Bq, (it+1)*Bq); q_pad[:, :, rows], q_pos_pad[..., rows], offset + arange(it*Bq, (it+1)*Bq)[:, None]
+    """
+    start = op.Reshape(op.Mul(it, block), [1])  # [1]
+    stop = op.Add(start, op.Reshape(block, [1]))  # [1]
+    q_b = op.Slice(q_pad, start, stop, [2])  # [B, H, Bq, d]
+    q_pos_b = op.Slice(q_pos_pad, start, stop, [-1])  # [..., Bq]
+    first = op.Squeeze(op.Add(start, offset))  # scalar
+    q_idx = op.Unsqueeze(op.Range(first, op.Add(first, block), op.Constant(value_int=1)), [1])  # [Bq, 1]
+    return q_b, q_pos_b, q_idx
+
+
+@script(posbias, default_opset=op)
+def BlockKeys(it: INT64, k_t: FLOAT, v: FLOAT, k_pos: INT64, keep: BOOL, block: INT64, offset: INT64,
+              lookback: INT64):
+    """The keys query block `it` can see: [lo, end) with end = offset + (it+1)*Bq (causal:
+    nothing above the diagonal) and lo = max(0, offset + it*Bq - lookback) (a local window
+    sees at most `lookback` keys before its first query; others pass a lookback >= Lk).
+
+    Returns k_t_b [B, H, d, W], v_b [B, H, W, d], k_pos_b [..., W], k_idx [W], keep_b [B|1, 1, 1, W].
+
+    PyTorch: keys = slice(lo, end); k_t[..., keys], v[:, :, keys], k_pos[..., keys], arange(lo, end), keep[..., keys]
+    """
+    k_len = op.Shape(k_t, start=3, end=4)  # [1]
+    first = op.Reshape(op.Add(op.Mul(it, block), offset), [1])  # [1] key index of the first query
+    end = op.Min(op.Add(first, op.Reshape(block, [1])), k_len)  # [1]
+    lo = op.Max(op.Sub(first, op.Reshape(lookback, [1])), op.Constant(value_ints=[0]))  # [1]
+    k_t_b = op.Slice(k_t, lo, end, [3])  # [B, H, d, W]
+    v_b = op.Slice(v, lo, end, [2])  # [B, H, W, d]
+    k_pos_b = op.Slice(k_pos, lo, end, [-1])  # [..., W]
+    keep_b = op.Slice(keep, lo, end, [-1])  # [B|1, 1, 1, W]
+    k_idx = op.Range(op.Squeeze(lo), op.Squeeze(end), op.Constant(value_int=1))  # [W]
+    return k_t_b, v_b, k_pos_b, k_idx, keep_b
+
+
+@script(posbias, default_opset=op)
+def BlockAttend(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, bias: FLOAT, q_idx: INT64, k_idx: INT64, keep_b: BOOL) -> FLOAT:
+    """softmax(q_b k_b^T + bias, causal and key-padding mask) v_b for one block, [B, H, Bq, d].
+    Scores, bias and softmax in float32 whatever the model dtype (as the plain form).
+
+    PyTorch: s = (q_b @ k_t_b).float() + bias; s = where((k_idx <= q_idx) & keep_b, s, lowest); softmax(s, -1).to(v_b.dtype) @ v_b
+    """
+    scores = op.Add(op.Cast(op.MatMul(q_b, k_t_b), to=1), bias)  # [B, H, Bq, W] float32
+    allowed = op.And(op.LessOrEqual(k_idx, q_idx), keep_b)  # [B|1, 1, Bq, W]
+    low = op.Constant(value_float=-3.4028234663852886e38)  # float32 lowest: a masked row stays finite
+    probs = op.Softmax(op.Where(allowed, scores, low), axis=-1)  # [B, H, Bq, W]
+    return op.MatMul(op.CastLike(probs, v_b), v_b)  # [B, H, Bq, d]
+
+
+@script(posbias, default_opset=op)
+def AlibiKeyRow(q_pos_b: INT64, k_pos_b: INT64, slopes: FLOAT) -> FLOAT:
+    """Causal ALiBi for one query block as ONE row per head: slope_h * (j - p0), p0 the position
+    of the block's middle row. Under a causal mask -m(i - j) = m(j - p0) - m(i - p0), and
+    softmax ignores the per-row constant m(i - p0), so the H*Bq*W bias becomes H*W values.
+    p0 inside the block (not 0) keeps the values small where they matter, near the diagonal:
+    |m(i - p0)| <= m*Bq/2, so float32 rounding of the scores stays a few 1e-6 (measured) instead
+    of growing with L.
+
+    [..., Bq] x [..., W] x [H] -> [..., H, 1, W]
+    PyTorch: slopes.view(-1, 1, 1) * (k_pos_b[..., None, :] - q_pos_b[..., Bq//2, None, None]).float().unsqueeze(-3)
+    """
+    middle = op.Div(op.Shape(q_pos_b, start=-1), [2])  # [1]
+    p0 = op.Slice(q_pos_b, middle, op.Add(middle, [1]), [-1])  # [..., 1]
+    rel = op.Cast(op.Sub(op.Unsqueeze(k_pos_b, [-2]), op.Unsqueeze(p0, [-1])), to=1)  # [..., 1, W]
+    return op.Mul(op.Reshape(slopes, [-1, 1, 1]), op.Unsqueeze(rel, [-3]))  # [..., H, 1, W]
+
+
+@script(posbias, default_opset=op)
+def BlockAssemble(blocks: FLOAT, q: FLOAT, block: INT64) -> FLOAT:
+    """Loop scan output -> [B, H, Lq, d] (padding rows dropped). Each iteration emits
+    [1, B, H, Bq, d]: ONNX Runtime stacks those on a new axis ([n, 1, B, H, Bq, d]), the ONNX
+    reference evaluator concatenates them ([n, B, H, Bq, d]); the spec's wording allows both
+    (onnx/onnx#3122). Same elements in the same order, so an explicit reshape serves both.
+
+    PyTorch: blocks.reshape(n, B, H, Bq, d).permute(1, 2, 0, 3, 4).reshape(B, H, n*Bq, d)[:, :, :Lq]
+    """
+    batch_heads = op.Shape(q, start=0, end=2)  # [2]
+    head_dim = op.Shape(q, start=3, end=4)  # [1]
+    per_block = op.Concat(op.Constant(value_ints=[-1]), batch_heads, op.Reshape(block, [1]), head_dim, axis=0)  # [5]
+    stacked = op.Reshape(blocks, per_block)  # [n, B, H, Bq, d]
+    joined_shape = op.Concat(batch_heads, op.Constant(value_ints=[-1]), head_dim, axis=0)  # [4]
+    joined = op.Reshape(op.Transpose(stacked, perm=[1, 2, 0, 3, 4]), joined_shape)  # [B, H, n*Bq, d]
+    return op.Slice(joined, [0], op.Shape(q, start=2, end=3), [2])  # [B, H, Lq, d]
+
+
+BLOCK_FUNCTIONS = (BlockPrepare, BlockQueries, BlockKeys, BlockAttend, AlibiKeyRow, BlockAssemble)
