@@ -67,7 +67,7 @@ def build_export_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", choices=("blocked", "plain"), default=None,
                    help="blocked: a Loop over query blocks, memory linear in L (default for causal opset-18 "
                    "exports); plain: the whole [heads, L, L] bias and scores at once (default otherwise)")
-    p.add_argument("--block", type=_positive_int, default=None, help="blocked form: query rows per block (default 256)")
+    p.add_argument("--block", type=_positive_int, default=None, help="blocked form: query rows per block (default 128)")
     p.add_argument("--inline-functions", action="store_true",
                    help="expand the posbias.* functions into a flat graph of standard ops")
     p.add_argument("--attention-mask", action="store_true",

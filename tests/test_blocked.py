@@ -13,7 +13,7 @@ from onnx.reference import ReferenceEvaluator
 
 import posbias_export as pbe
 from posbias_export import functions
-from posbias_export.blocked import keep_mask
+from posbias_export.blocked import DEFAULT_BLOCK, keep_mask
 from posbias_export.export import read_metadata
 from posbias_export.model import attention_heads, layer_bias
 from posbias_export.validate import FLOAT32, compare
@@ -105,7 +105,7 @@ def test_reference_evaluator_runs_the_loop_as_functions_and_inlined(tmp_path, bi
 def test_causal_lm_export_defaults_to_blocked(exports):
     model = onnx.load(exports.cli("alibi", "lm", True))
     meta = read_metadata(model)
-    assert meta["attention"] == "blocked" and meta["attention_block"] == "256"
+    assert meta["attention"] == "blocked" and meta["attention_block"] == str(DEFAULT_BLOCK)
     names = {f.name for f in model.functions}
     assert "BlockedAttentionAlibi" in names and {"BlockQueries", "BlockKeys", "BlockAttend", "AlibiKeyRow"} <= names
     blocked_fn = next(f for f in model.functions if f.name == "BlockedAttentionAlibi")
@@ -167,10 +167,10 @@ def test_lm_blocked_and_plain_exports_with_left_padding(tmp_path):
 
 
 def _long_parity(tmp_path, bias, length):
-    core, path = _export_core(tmp_path, bias, 256, BENCH_SHAPE)
+    core, path = _export_core(tmp_path, bias, DEFAULT_BLOCK, BENCH_SHAPE)
     q, k, v = _qkv(1, 8, length, length, 64, seed=length, dtype=torch.float32)
     got = ort_session(path).run(None, {"query": q.numpy(), "key": k.numpy(), "value": v.numpy()})[0]
-    parity = compare(got, *_reference(core, q, k, v, 256), FLOAT32)
+    parity = compare(got, *_reference(core, q, k, v, DEFAULT_BLOCK), FLOAT32)
     assert parity.passed, str(parity)
     assert np.isfinite(got).all()
 
