@@ -22,11 +22,12 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-from .biases import AttentionBias, mask_value
+from .biases import AttentionBias
 from .biases.onnx_domain import DOMAIN, VERSION
 
 DEFAULT_BLOCK = 128  # query rows per block: at L=8192 within 5% of the fastest (256) at ~half its peak RSS (README)
 ATTENTION_FORMS = ("blocked", "plain")
+MASK_PENALTY = -1e30  # added to masked scores (blocked_script.BlockAttend explains the value)
 _UNBOUNDED = 1 << 40  # "look back as far as you like" (more keys than any input has)
 _ELEM_TYPES = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.float64: TensorProto.DOUBLE}
 
@@ -60,9 +61,8 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
         )
     Lq, Lk = q.shape[2], k.shape[2]
     offset = Lk - Lq
-    reach = lookback(bias)
+    reach = lookback(bias) if Lq > block else None  # one block: every key, as the ONNX If's direct branch
     scale = 1.0 / math.sqrt(q.shape[-1])
-    low = mask_value(torch.float32)
     outputs = []
     for start in range(0, Lq, block):
         stop = min(start + block, Lq)
@@ -72,9 +72,10 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
         k_idx = torch.arange(lo, end, device=q.device)  # [W]
         scores = (q[:, :, start:stop] * scale) @ k[:, :, lo:end].transpose(-1, -2)  # [B, H, Bq, W]
         work = torch.float64 if q.dtype == torch.float64 else torch.float32
-        scores = scores.to(work) + bias.from_positions(q_pos[..., start:stop], k_pos[..., lo:end]).to(work)
         allowed = (k_idx <= q_idx) & keep[..., lo:end]  # [B|1, 1, Bq, W]
-        probs = torch.softmax(torch.where(allowed, scores, low), dim=-1)  # [B, H, Bq, W]
+        penalty = torch.where(allowed, 0.0, MASK_PENALTY).to(work)  # [B|1, 1, Bq, W], see BlockAttend
+        block_bias = bias.from_positions(q_pos[..., start:stop], k_pos[..., lo:end]).to(work)  # [.., H|1, Bq, W]
+        probs = torch.softmax(scores.to(work) + (block_bias + penalty), dim=-1)  # [B, H, Bq, W]
         outputs.append(probs.to(v.dtype) @ v[:, :, lo:end])  # [B, H, Bq, d]
     return torch.cat(outputs, dim=2)  # [B, H, Lq, d]
 
@@ -96,16 +97,21 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
     def call(op_type, inputs, outputs, **attributes):
         return helper.make_node(op_type, inputs, outputs, domain=DOMAIN, **attributes)
 
-    if bias.name == "alibi" and bias.causal:
-        bias_node = call("AlibiKeyRow", ["q_pos_b", "k_pos_b", *params], ["bias_b"])
-    else:
-        bias_node = call(bias.onnx_function().name, ["q_pos_b", "k_pos_b", *params], ["bias_b"], **attrs)
+    def bias_node(q_pos, k_pos, out):
+        if bias.name == "alibi" and bias.causal:
+            return call("AlibiKeyRow", [q_pos, k_pos, *params], [out])
+        return call(bias.onnx_function().name, [q_pos, k_pos, *params], [out], **attrs)
+
+    def scalar(name, value, elem=TensorProto.INT64):
+        return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, elem, [], [value]))
+
+    out_type = _ELEM_TYPES[dtype]
     body = helper.make_graph(
         [
             call("BlockQueries", ["it", "q_pad", "q_pos_pad", "block", "offset"], ["q_b", "q_pos_b", "q_idx"]),
             call("BlockKeys", ["it", "k_t", "v", "k_pos", "keep", "block", "offset", "lookback"],
                  ["k_t_b", "v_b", "k_pos_b", "k_idx", "keep_b"]),
-            bias_node,
+            bias_node("q_pos_b", "k_pos_b", "bias_b"),
             call("BlockAttend", ["q_b", "k_t_b", "v_b", "bias_b", "q_idx", "k_idx", "keep_b"], ["attended_b"]),
             # a leading 1-axis: see BlockAssemble for why
             helper.make_node("Constant", [], ["axis0"], value=helper.make_tensor("axis0", TensorProto.INT64, [1], [0])),
@@ -116,20 +122,33 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
         [helper.make_tensor_value_info("it", TensorProto.INT64, []),
          helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
         [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("out_b", _ELEM_TYPES[dtype], None)],
+         helper.make_tensor_value_info("out_b", out_type, None)],
     )
-
-    def scalar(name, value, elem=TensorProto.INT64):
-        return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, elem, [], [value]))
-
+    blocks = helper.make_graph(
+        [
+            scalar("lookback", _UNBOUNDED if reach is None else reach),
+            scalar("go", True, TensorProto.BOOL),
+            call("BlockPrepare", ["q", "k", "v", "q_pos", "max_block"],
+                 ["q_pad", "k_t", "q_pos_pad", "block", "n_blocks", "offset"]),
+            helper.make_node("Loop", ["n_blocks", "go"], ["blocks"], body=body),  # [n, 1, B, H, Bq, d] (or [n, B, ...])
+            call("BlockAssemble", ["blocks", "q", "block"], ["out_blocks"]),
+        ],
+        "query_blocks", [], [helper.make_tensor_value_info("out_blocks", out_type, None)],
+    )
+    # One block's worth of queries (decode steps, short prompts): the same math without the
+    # Loop, its padding and its copies of the key cache; a decode step costs what the plain form does.
+    direct = helper.make_graph(
+        [
+            call("DirectPrepare", ["q", "k"], ["q_scaled", "k_t_all", "q_idx_all", "k_idx_all"]),
+            bias_node("q_pos", "k_pos", "bias_all"),
+            call("BlockAttend", ["q_scaled", "k_t_all", "v", "bias_all", "q_idx_all", "k_idx_all", "keep"], ["out_direct"]),
+        ],
+        "one_block", [], [helper.make_tensor_value_info("out_direct", out_type, None)],
+    )
     nodes = [
         scalar("max_block", block),
-        scalar("lookback", _UNBOUNDED if reach is None else reach),
-        scalar("go", True, TensorProto.BOOL),
-        call("BlockPrepare", ["q", "k", "v", "q_pos", "max_block"],
-             ["q_pad", "k_t", "q_pos_pad", "block", "n_blocks", "offset"]),
-        helper.make_node("Loop", ["n_blocks", "go"], ["blocks"], body=body),  # [n, 1, B, H, Bq, d] (or [n, B, ...])
-        call("BlockAssemble", ["blocks", "q", "block"], ["out"]),
+        call("FitsOneBlock", ["q", "max_block"], ["fits"]),
+        helper.make_node("If", ["fits"], ["out"], then_branch=direct, else_branch=blocks),
     ]
     return helper.make_function(
         DOMAIN, function_name(bias), ["q", "k", "v", "q_pos", "k_pos", "keep", *params], ["out"], nodes,

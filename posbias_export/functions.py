@@ -15,20 +15,20 @@ from .biases.window import Window
 from .blocked_script import BLOCK_FUNCTIONS
 
 __all__ = ["Alibi", "KerpleLog", "KerplePower", "NoBias", "RelativeDistance", "Sandwich", "T5", "Window",
-           "attach", "function_protos", "inline"]
+           "all_nodes", "attach", "function_protos", "inline"]
 
 # Callees before callers.
 ALL_FUNCTIONS = (RelativeDistance, Alibi, KerplePower, KerpleLog, Sandwich, T5, Window, NoBias, *BLOCK_FUNCTIONS)
 BY_NAME = {f.name: f for f in ALL_FUNCTIONS}
 
 
-def _nodes(nodes):
+def all_nodes(nodes):
     """Every node, those inside subgraph attributes (a Loop body) included."""
     for node in nodes:
         yield node
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _nodes(attr.g.node)
+                yield from all_nodes(attr.g.node)
 
 
 def function_protos(names: set[str], opset: int, generated=()) -> list[onnx.FunctionProto]:
@@ -45,7 +45,7 @@ def function_protos(names: set[str], opset: int, generated=()) -> list[onnx.Func
             raise ValueError(f"unknown posbias function {name!r}")
         needed.add(name)
         proto = made[name] if name in made else BY_NAME[name].to_function_proto()
-        for node in _nodes(proto.node):
+        for node in all_nodes(proto.node):
             if node.domain == DOMAIN:
                 visit(node.op_type)
 

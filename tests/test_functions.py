@@ -107,8 +107,9 @@ def test_default_export_has_functions_inline_export_has_none(exports, name, arch
     model = onnx.load(str(exports.cli(name, arch)))
     nodes = [n for n in model.graph.node if n.domain == "posbias"]
     learned = name in ("kerple_power", "kerple_log", "t5")
-    # learned biases: one node per layer; fixed ones are identical in every layer and the
-    # exporter's common-subexpression pass shares one node among all layers.
+    # Causal lm/block exports are blocked: one posbias.BlockedAttention* node per layer (its
+    # Loop calls the bias function per block). Bidirectional ones are plain: learned biases one
+    # node per layer, fixed ones one node the exporter's CSE shares among all layers.
     assert len(nodes) == (SMALL["num_layers"] if learned and arch == "lm" else len(nodes)) and nodes
     local = {f.name for f in model.functions}
     assert {n.op_type for n in nodes} <= local and all(f.domain == "posbias" for f in model.functions)

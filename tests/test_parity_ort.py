@@ -53,7 +53,8 @@ def test_ort_cpu_opset23_attention_op(exports, bias, length):
     _judge(session, reference_model(bias), (lm_inputs(3, length, seed=length),))
 
 
-@pytest.mark.parametrize("bias", pbe.BIASES)
+# ALiBi in the default run; every bias with -m slow (each is ~10 s of fp64 reference).
+@pytest.mark.parametrize("bias", [b if b == "alibi" else pytest.param(b, marks=pytest.mark.slow) for b in pbe.BIASES])
 def test_ort_cpu_float16_at_2048(exports, bias):
     """fp16 export: within FLOAT16's data-derived budget of the float64 reference."""
     session = ort_session(exports.cli(bias, "lm", True, ("--dtype", "float16", "--attention-mask")))

@@ -1,0 +1,70 @@
+"""Smoke test of the long-context benchmark (tiny lengths; no timing is judged here) and its
+bookkeeping: skip rules, failure reporting, the targets table."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posbias_export import bench
+from posbias_export.cli import main as cli_main
+
+
+def test_bench_command_end_to_end(tmp_path, capsys):
+    out = tmp_path / "bench"
+    # 200 > the 128-row block: the Loop runs (64 takes the If's one-block branch)
+    argv = ["bench", "--biases", "alibi,kerple_log", "--lengths", "64,200", "--repeats", "1",
+            "--profile-length", "200", "--out-dir", str(out)]
+    assert cli_main(argv) == 0
+    data = json.loads((out / "attention.json").read_text())
+    cells = data["cells"]
+    # 2 biases x 2 lengths x 4 per-bias configs + torch-sdpa once per length
+    assert len(cells) == 2 * 2 * 4 + 2
+    for cell in cells:
+        assert cell["skipped"] is None, cell
+        assert len(cell["times"]) == 1 and cell["times"][0] > 0
+        assert cell["peak_rss"] >= cell["loaded_rss"] > 0
+    assert {c["config"] for c in cells} == set(bench.CONFIGS)
+    assert [t["target"] for t in data["targets"]][0].startswith("ALiBi L=8192")
+    md = (out / "attention.md").read_text()
+    assert "## Targets (ALiBi)" in md and "| kerple_log | 200 |" in md
+    assert (out / "attention.png").stat().st_size > 10_000
+    profile = (out / "attention_profile.md").read_text()
+    # the profiler sees the kernels inside the Loop body, not just the Loop node
+    for op in ("MatMul", "Softmax"):
+        assert f"| {op} |" in profile
+    assert "Loop " in profile and "If " in profile
+    assert "attention.md" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "--biases", "alibi,bogus"], "unknown bench configs or biases: bogus"),
+    (["bench", "--configs", "ort-gpu"], "unknown bench configs or biases: ort-gpu"),
+    (["bench", "--lengths", "0"], "positive"),
+])
+def test_bench_bad_arguments_exit_2_with_one_line(argv, message, capsys, tmp_path):
+    assert cli_main(argv + ["--out-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_plain_forms_are_skipped_when_they_cannot_fit(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "memory_budget", lambda: 10_000_000)  # 10 MB
+    cells = bench.run(["alibi"], [512], ("ort-plain", "torch-eager"), repeats=1, workdir=tmp_path)
+    assert all(c.skipped and c.skipped.startswith("skipped: needs") for c in cells)
+    assert bench.predicted_peak("ort-blocked", 8, 16384) == 0
+    assert bench.predicted_peak("torch-eager", 8, 8192) == pytest.approx(18 * 8 * 8192**2)
+
+
+def test_a_failing_worker_is_reported_not_raised(tmp_path):
+    cell = bench.run_cell(bench.Cell("alibi", "ort-blocked", 16), tmp_path / "missing.onnx", 8, 64, 1, 60)
+    assert not cell.ok and cell.skipped.startswith("failed (exit 1)")
+
+
+def test_targets_judge_the_measured_ratios():
+    cells = [bench.Cell("alibi", "ort-blocked", 8192, [1.5], 900 << 20, 1),
+             bench.Cell("-", "torch-sdpa", 8192, [1.0], 1, 1),
+             bench.Cell("alibi", "ort-blocked", 2048, [0.2], 1, 1),
+             bench.Cell("alibi", "torch-eager", 2048, [0.1], 1, 1)]
+    met = [t["met"] for t in bench.targets(cells)]
+    assert met == [True, True, False]  # 1.5x SDPA, 0.9 GB, but 2x eager
