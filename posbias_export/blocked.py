@@ -9,7 +9,8 @@ alone, inside the loop, by the family's own posbias function, so nothing ever ho
 - eager: blocked_attention() runs the same loop in PyTorch (any dtype: with float64 it is the
   reference we judge long inputs against, where the plain fp64 form would need 17 GB at 16k);
 - export: the layer emits ONE posbias.BlockedAttention<Family> node; function_proto() builds
-  its body (an ONNX Loop over blocks calling the ONNX Script pieces of blocked_script.py).
+  its body (an ONNX Loop over blocks calling the ONNX Script pieces of blocked_script.py;
+  an If skips the Loop when all queries fit one block, as in a decode step).
 
 Causal ALiBi takes a shortcut that is exact under the causal mask: a key-only bias row per
 block (see AlibiKeyRow), so the per-block bias is H*W values instead of H*Bq*W.
