@@ -64,6 +64,7 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
     offset = Lk - Lq
     reach = lookback(bias) if Lq > block else None  # one block: every key, as the ONNX If's direct branch
     scale = 1.0 / math.sqrt(q.shape[-1])
+    work = torch.promote_types(q.dtype, torch.float32)  # float32 scores, as the plain form; float64 stays
     outputs = []
     for start in range(0, Lq, block):
         stop = min(start + block, Lq)
@@ -72,7 +73,6 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
         q_idx = torch.arange(offset + start, offset + stop, device=q.device)[:, None]  # [Bq, 1]
         k_idx = torch.arange(lo, end, device=q.device)  # [W]
         scores = (q[:, :, start:stop] * scale) @ k[:, :, lo:end].transpose(-1, -2)  # [B, H, Bq, W]
-        work = torch.float64 if q.dtype == torch.float64 else torch.float32
         allowed = (k_idx <= q_idx) & keep[..., lo:end]  # [B|1, 1, Bq, W]
         penalty = torch.where(allowed, 0.0, MASK_PENALTY).to(work)  # [B|1, 1, Bq, W], see BlockAttend
         block_bias = bias.from_positions(q_pos[..., start:stop], k_pos[..., lo:end]).to(work)  # [.., H|1, Bq, W]

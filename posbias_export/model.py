@@ -165,7 +165,7 @@ def attention_heads(q, k, v, q_pos, k_pos, key_mask, bias: AttentionBias, causal
     q_idx, k_idx = query_key_positions(Lq, Lk, device=q.device)  # [Lq], [Lk]
     allowed = (k_idx.unsqueeze(0) <= q_idx.unsqueeze(1)) if causal else None  # [Lq, Lk]
     if key_mask is not None:
-        keep = key_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, Lk]
+        keep = keep_mask(key_mask, Lk)  # [B, 1, 1, Lk]
         allowed = keep if allowed is None else keep & allowed  # [B, 1, Lq, Lk]
     scores_bias = bias.compute(q_pos, k_pos)  # [H or 1, Lq, Lk] or [B, H or 1, Lq, Lk], float32
     return attend(q, k, v, scores_bias, allowed, impl)  # [B, H, Lq, hd]
