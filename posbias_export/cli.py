@@ -1,4 +1,6 @@
-"""Command line: parse, call the API, print, exit codes. Errors are one line on stderr, exit 2."""
+"""Command line: one parser builder and one runner per command; parse, call the API, print,
+return an exit code. Errors are one line on stderr, exit 2. Heavy imports happen inside the
+runners, after the arguments parsed."""
 from __future__ import annotations
 
 import argparse
@@ -9,9 +11,19 @@ PROG = "posbias-export"
 EXPORT_EXAMPLES = """examples:
   python -m posbias_export --bias alibi --out model.onnx
   python -m posbias_export --bias kerple_log --heads 8 --dim 256 --layers 4 --out kerple.onnx
+  python -m posbias_export --bias window --bias-param window=128 --out window.onnx
   python -m posbias_export --bias t5 --bidirectional --arch block --out t5_block.onnx
   python -m posbias_export --bias alibi --opset 23 --dtype float16 --out alibi_fp16.onnx
   python -m posbias_export --checkpoint models/alibi.safetensors --out alibi.onnx
+"""
+
+VALIDATE_EXAMPLES = """examples:
+  python -m posbias_export validate model.onnx
+  python -m posbias_export validate model.onnx --runtimes ort-cpu,ort-cuda --lengths 1,17,4096 --batch 3
+  python -m posbias_export validate model.onnx --inputs my_inputs.npz --json report.json
+  python -m posbias_export validate a.onnx b.onnx --markdown benchmarks/parity.md
+
+exit codes: 0 every runtime passed; 1 a failure, an error or an unavailable runtime; 2 bad usage
 """
 
 
@@ -24,6 +36,7 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(message)
 
 
+# --- argument types ------------------------------------------------------------------------
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -32,101 +45,6 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
-
-
-def build_export_parser() -> argparse.ArgumentParser:
-    from .biases import BIASES
-
-    p = _Parser(
-        prog=PROG,
-        description="Export a transformer with a positional attention bias to ONNX with dynamic "
-        "batch and sequence axes, and check the result.",
-        epilog=EXPORT_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--bias", help=f"bias family: {', '.join(BIASES)} (taken from --checkpoint when given)")
-    p.add_argument("--out", required=True, help="output .onnx path (written atomically)")
-    p.add_argument("--arch", choices=("lm", "block", "attention"), default=None,
-                   help="lm: byte-level decoder, input_ids [B, L] -> logits [B, L, 256]; "
-                   "block: one transformer block, hidden [B, L, dim] in and out; "
-                   "attention: attention alone, query/key/value [B, heads, L, dim/heads] -> same (default lm)")
-    p.add_argument("--heads", type=_positive_int, help="attention heads (default 4)")
-    p.add_argument("--dim", type=_positive_int, help="model width, divisible by --heads (default 128)")
-    p.add_argument("--layers", type=_positive_int, help="transformer layers (default 2)")
-    p.add_argument("--bidirectional", action="store_true", default=None, help="no causal mask; symmetric bias")
-    p.add_argument("--window", type=_positive_int, help="window bias: keys per query, itself included (default 64)")
-    p.add_argument("--sandwich-dim", type=_positive_int, help="sandwich: sinusoid dimension d' (default 128)")
-    p.add_argument("--t5-buckets", type=_positive_int, help="t5: number of buckets (default 32)")
-    p.add_argument("--t5-max-distance", type=_positive_int, help="t5: max distance (default 128)")
-    p.add_argument("--opset", type=int, choices=(18, 23), default=18, help="18 (portable) or 23 (ONNX Attention op)")
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
-    p.add_argument("--trace-len", type=_positive_int, default=16, help="sequence length used to trace (default 16)")
-    p.add_argument("--kv-cache", action="store_true",
-                   help="cached decoder for generation: input_ids, attention_mask, past_key.N/past_value.N in; "
-                   "logits, present_key.N/present_value.N out (prefill and decode in one file)")
-    p.add_argument("--attention", choices=("blocked", "plain"), default=None,
-                   help="blocked: a Loop over query blocks, memory linear in L (default for causal opset-18 "
-                   "exports); plain: the whole [heads, L, L] bias and scores at once (default otherwise)")
-    p.add_argument("--block", type=_positive_int, default=None, help="blocked form: query rows per block (default 128)")
-    p.add_argument("--inline-functions", action="store_true",
-                   help="expand the posbias.* functions into a flat graph of standard ops")
-    p.add_argument("--attention-mask", action="store_true",
-                   help="add an attention_mask [B, L] input (1 = token, 0 = padding; positions from its cumsum)")
-    p.add_argument("--seed", type=int, default=0, help="weight init seed when no --checkpoint (default 0)")
-    p.add_argument("--resize-positions", type=_positive_int,
-                   help="learned positions: resize the table to N rows before export (else longer inputs are refused)")
-    p.add_argument("--resize-method", choices=("interpolate", "copy"), default="interpolate")
-    p.add_argument("--checkpoint", help="safetensors or weights-only torch file; its saved config is used")
-    p.add_argument("--validate", action="store_true",
-                   help="after export, run the parity matrix (ort-cpu, openvino, node, reference); exit 1 on failure")
-    return p
-
-
-_CONFIG_FLAGS = {"bias": "bias", "heads": "num_heads", "dim": "dim", "layers": "num_layers", "window": "window",
-                 "sandwich_dim": "sandwich_dim", "t5_buckets": "t5_num_buckets", "t5_max_distance": "t5_max_distance"}
-
-
-def run_export(argv: list[str]) -> int:
-    args = build_export_parser().parse_args(argv)
-    from .checkpoint import load_checkpoint, read_checkpoint
-    from .export import ensure_writable, export_onnx
-    from .model import ModelConfig, build_model
-
-    given = {field: getattr(args, flag) for flag, field in _CONFIG_FLAGS.items() if getattr(args, flag) is not None}
-    if args.bidirectional:
-        given["causal"] = False
-    ensure_writable(args.out)  # fail fast, before loading or tracing anything
-    if args.checkpoint:
-        _, saved_cfg, _ = read_checkpoint(args.checkpoint)
-        if saved_cfg is not None:
-            cfg = ModelConfig.from_dict({**saved_cfg, **given})
-            if cfg != ModelConfig.from_dict(saved_cfg):
-                changed = ", ".join(sorted(given))
-                raise CliError(f"options {changed} contradict the checkpoint's saved config; drop them")
-        else:
-            if "bias" not in given:
-                raise CliError("--bias is required: the checkpoint carries no config")
-            cfg = ModelConfig(**given)
-        model = load_checkpoint(args.checkpoint, cfg, args.arch)
-    else:
-        if "bias" not in given:
-            raise CliError("--bias is required (or --checkpoint with a saved config)")
-        model = build_model(ModelConfig(**given), seed=args.seed, arch=args.arch or "lm")
-    if args.resize_positions:
-        from .model import resize_positions
-
-        resize_positions(model, args.resize_positions, args.resize_method)
-    report = export_onnx(model, args.out, opset=args.opset, dtype=args.dtype, trace_len=args.trace_len,
-                         attention_mask=args.attention_mask, kv_cache=args.kv_cache,
-                         inline_functions=args.inline_functions, attention=args.attention,
-                         **({"block": args.block} if args.block else {}),
-                         metadata={"seed": args.seed} if not args.checkpoint else {"checkpoint": args.checkpoint})
-    print(report.summary())
-    if args.validate:
-        from .parity import DEFAULT_RUNTIMES
-
-        return validate_and_report([args.out], DEFAULT_RUNTIMES, None, 3, args.checkpoint)
-    return 0
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -143,16 +61,144 @@ def _name_list(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-VALIDATE_EXAMPLES = """examples:
-  python -m posbias_export validate model.onnx
-  python -m posbias_export validate model.onnx --runtimes ort-cpu,ort-cuda --lengths 1,17,4096 --batch 3
-  python -m posbias_export validate model.onnx --inputs my_inputs.npz --json report.json
-  python -m posbias_export validate a.onnx b.onnx --markdown benchmarks/parity.md
-
-exit codes: 0 every runtime passed; 1 a failure, an error or an unavailable runtime; 2 bad usage
-"""
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return key.strip(), value.strip()
 
 
+# --- export (the default command) ------------------------------------------------------------
+_PARAM_DEST = "bias_param:"  # dest prefix of the per-family alias flags (--window, ...)
+
+
+def _families_epilog() -> str:
+    from .biases import BIASES, bias_class, hyper_parameter_fields
+
+    lines = ["bias families and their hyper-parameters (--bias-param NAME=VALUE):"]
+    fields = hyper_parameter_fields()
+    for name in BIASES:
+        cls = bias_class(name)
+        own = [f"{f.name}={f.default} ({f.metadata['help']})" for family, f in fields if family == name]
+        kind = "learned" if cls.learned else "fixed"
+        lines.append(f"  {name:<13} {kind:<8} {'; '.join(own) or 'no hyper-parameters'}")
+    return "\n".join(lines)
+
+
+def build_export_parser() -> argparse.ArgumentParser:
+    from .biases import BIASES, hyper_parameter_fields
+    from .export import DTYPES, OPSETS
+    from .nn import ARCHS, ATTENTION_FORMS
+    from .nn.positions import RESIZE_METHODS
+
+    p = _Parser(
+        prog=PROG,
+        description="Export a transformer with a positional attention bias to ONNX with dynamic batch and sequence "
+        "axes, and check the result. Other commands: validate, generate, bench, bench-decode, train, evaluate, "
+        "extrapolation (each with --help).",
+        epilog=_families_epilog() + "\n\n" + EXPORT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--bias", help=f"bias family: {', '.join(BIASES)} (taken from --checkpoint when given)")
+    p.add_argument("--bias-param", type=_key_value, action="append", default=[], metavar="NAME=VALUE",
+                   help="a hyper-parameter of the bias family (repeatable); see the list below")
+    for family, f in hyper_parameter_fields():
+        if f.metadata.get("alias"):
+            p.add_argument(f.metadata["alias"], type=_positive_int, dest=f"{_PARAM_DEST}{f.name}",
+                           help=f"{family}: {f.metadata['help']} (default {f.default}); same as --bias-param {f.name}=N")
+    p.add_argument("--out", required=True, help="output .onnx path (written atomically)")
+    p.add_argument("--arch", choices=ARCHS, default=None,
+                   help="lm: byte-level decoder, input_ids [B, L] -> logits [B, L, 256]; "
+                   "block: one transformer block, hidden [B, L, dim] in and out; "
+                   "attention: attention alone, query/key/value [B, heads, L, dim/heads] -> same (default lm)")
+    p.add_argument("--heads", type=_positive_int, help="attention heads (default 4)")
+    p.add_argument("--dim", type=_positive_int, help="model width, divisible by --heads (default 128)")
+    p.add_argument("--layers", type=_positive_int, help="transformer layers (default 2)")
+    p.add_argument("--bidirectional", action="store_true", default=None, help="no causal mask; symmetric bias")
+    p.add_argument("--opset", type=int, choices=OPSETS, default=18, help="18 (portable) or 23 (ONNX Attention op)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                   help="weights and activations; float16 keeps scores, bias and softmax in float32")
+    p.add_argument("--trace-len", type=_positive_int, default=16, help="sequence length used to trace (default 16)")
+    p.add_argument("--kv-cache", action="store_true",
+                   help="cached decoder for generation: input_ids, attention_mask, past_key.N/past_value.N in; "
+                   "logits, present_key.N/present_value.N out (prefill and decode in one file)")
+    p.add_argument("--attention", choices=ATTENTION_FORMS, default=None,
+                   help="blocked: a Loop over query blocks, memory linear in L (default for causal opset-18 "
+                   "exports); plain: the whole [heads, L, L] bias and scores at once (default otherwise)")
+    p.add_argument("--block", type=_positive_int, default=None, help="blocked form: query rows per block (default 128)")
+    p.add_argument("--inline-functions", action="store_true",
+                   help="expand the posbias.* functions into a flat graph of standard ops")
+    p.add_argument("--attention-mask", action="store_true",
+                   help="add an attention_mask [B, L] input (1 = token, 0 = padding; positions from its cumsum)")
+    p.add_argument("--seed", type=int, default=0, help="weight init seed when no --checkpoint (default 0)")
+    p.add_argument("--resize-positions", type=_positive_int,
+                   help="learned positions: resize the table to N rows before export (else longer inputs are refused)")
+    p.add_argument("--resize-method", choices=RESIZE_METHODS, default="interpolate",
+                   help="how --resize-positions fills the new rows")
+    p.add_argument("--checkpoint", help="safetensors or weights-only torch file; its saved config is used")
+    p.add_argument("--validate", action="store_true",
+                   help="after export, run the parity matrix (ort-cpu, openvino, node, reference); exit 1 on failure")
+    return p
+
+
+_CONFIG_FLAGS = {"bias": "bias", "heads": "num_heads", "dim": "dim", "layers": "num_layers"}
+
+
+def given_config(args) -> dict:
+    """The ModelConfig fields the command line sets (flags left out are not in the dict)."""
+    given = {field: getattr(args, flag) for flag, field in _CONFIG_FLAGS.items() if getattr(args, flag) is not None}
+    if args.bidirectional:
+        given["causal"] = False
+    params = dict(args.bias_param)
+    for dest, value in vars(args).items():
+        if dest.startswith(_PARAM_DEST) and value is not None:
+            params[dest[len(_PARAM_DEST):]] = value
+    if params:
+        given["bias_params"] = params
+    return given
+
+
+def run_export(argv: list[str]) -> int:
+    args = build_export_parser().parse_args(argv)
+    from .export import ensure_writable, export_onnx
+    from .nn import ModelConfig, build_model, load_checkpoint, read_checkpoint
+
+    given = given_config(args)
+    ensure_writable(args.out)  # fail fast, before loading or tracing anything
+    if args.checkpoint:
+        _, saved_cfg, _ = read_checkpoint(args.checkpoint)
+        if saved_cfg is not None:
+            saved = ModelConfig.from_dict(saved_cfg)
+            merged = {**saved.to_dict(), **given,
+                      "bias_params": {**saved.bias_params, **given.get("bias_params", {})}}
+            if ModelConfig.from_dict(merged) != saved:
+                raise CliError(f"options {', '.join(sorted(given))} contradict the checkpoint's saved config; drop them")
+            cfg = saved
+        else:
+            if "bias" not in given:
+                raise CliError("--bias is required: the checkpoint carries no config")
+            cfg = ModelConfig(**given)
+        model = load_checkpoint(args.checkpoint, cfg, args.arch)
+    else:
+        if "bias" not in given:
+            raise CliError("--bias is required (or --checkpoint with a saved config)")
+        model = build_model(ModelConfig(**given), seed=args.seed, arch=args.arch or "lm")
+    if args.resize_positions:
+        model.resize_positions(args.resize_positions, args.resize_method)
+    report = export_onnx(model, args.out, opset=args.opset, dtype=args.dtype, trace_len=args.trace_len,
+                         attention_mask=args.attention_mask, kv_cache=args.kv_cache,
+                         inline_functions=args.inline_functions, attention=args.attention,
+                         **({"block": args.block} if args.block else {}),
+                         metadata={"seed": args.seed} if not args.checkpoint else {"checkpoint": args.checkpoint})
+    print(report.summary())
+    if args.validate:
+        from .parity import DEFAULT_RUNTIMES
+
+        return validate_and_report([args.out], DEFAULT_RUNTIMES, None, 3, args.checkpoint)
+    return 0
+
+
+# --- validate --------------------------------------------------------------------------------
 def build_validate_parser() -> argparse.ArgumentParser:
     from .parity import DEFAULT_RUNTIMES, RUNTIMES
 
@@ -162,8 +208,9 @@ def build_validate_parser() -> argparse.ArgumentParser:
     p.add_argument("models", nargs="+", help="ONNX files written by posbias_export")
     p.add_argument("--runtimes", type=_name_list, default=DEFAULT_RUNTIMES,
                    help=f"comma-separated, from: {', '.join(RUNTIMES)} (default {','.join(DEFAULT_RUNTIMES)})")
-    p.add_argument("--lengths", type=_int_list, default=None, help="sequence lengths (default 1,17,64x trace length)")
-    p.add_argument("--batch", type=_positive_int, default=3)
+    p.add_argument("--lengths", type=_int_list, default=None,
+                   help="comma-separated sequence lengths to test (default 1,17 and 64x the trace length)")
+    p.add_argument("--batch", type=_positive_int, default=3, help="rows per generated input (default 3)")
     p.add_argument("--checkpoint", help="trained weights the model was exported from (else metadata/seed)")
     p.add_argument("--inputs", help="your own inputs (.npz) instead of generated lengths")
     p.add_argument("--json", help="write the full report as JSON")
@@ -184,7 +231,7 @@ def validate_and_report(models, runtimes, lengths, batch, checkpoint=None, input
     import numpy as np
     from tqdm import tqdm
 
-    from .parity import format_matrix, load_model_file, run_matrix
+    from .parity import format_matrix, load_model_file, parity_markdown, run_matrix
 
     feeds = None
     if inputs:
@@ -209,93 +256,47 @@ def validate_and_report(models, runtimes, lengths, batch, checkpoint=None, input
     return 0 if ok else 1
 
 
-def parity_markdown(matrices, runtimes, lengths, batch) -> str:
-    import platform
-
-    import onnxruntime
-    import torch
-
-    from .parity import format_matrix
-
-    versions = f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}"
-    try:
-        import openvino
-
-        versions += f", openvino {openvino.__version__}"
-    except ImportError:
-        pass
-    command = "python -m posbias_export validate " + " ".join(m.model for m in matrices) + \
-        f" --runtimes {','.join(runtimes)} --batch {batch}" + (f" --lengths {','.join(map(str, lengths))}" if lengths else "")
-    head = ["# Parity matrix", "", f"Generated by `{command}`", "",
-            f"Machine: {platform.machine()}, {platform.system()}, Python {platform.python_version()}; {versions}.",
-            "Each cell: max abs / rel error of the runtime vs a float64 PyTorch reference, and the verdict under",
-            "the parity policy (`posbias_export/validate.py`).", "",
-            f"Overall: {'ALL PASS' if all(m.ok for m in matrices) else 'FAILURES'}", ""]
-    return "\n".join(head) + "\n".join(format_matrix(m, markdown=True) for m in matrices)
-
-
+# --- generate (lives with the runners: onnxruntime and numpy only) ----------------------------
 def run_generate(argv: list[str]) -> int:
-    """Delegates to runtimes/ort/generate.py: generation needs only onnxruntime and numpy."""
-    import importlib.util
+    from .parity import load_runner
 
-    from .parity import RUNTIMES_DIR
-
-    path = RUNTIMES_DIR / "ort" / "generate.py"
-    if not path.is_file():
-        raise CliError(f"{path} not found (generate runs from a source checkout)")
-    spec = importlib.util.spec_from_file_location("posbias_generate", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        module = load_runner("ort/generate.py")
+    except FileNotFoundError as err:
+        raise CliError(f"{err} (generate runs from a source checkout)") from None
     return module.main(argv)
 
 
-def run_bench_decode(argv: list[str]) -> int:
-    from .biases import BIASES
-
-    p = _Parser(prog=f"{PROG} bench-decode", description="Per-token decode latency: ONNX Runtime vs PyTorch eager "
-                "with the same KV cache, side by side; writes decode.md and decode.json.")
-    p.add_argument("--biases", type=_name_list, default=BIASES)
-    p.add_argument("--contexts", type=_int_list, default=(512, 4096))
-    p.add_argument("--steps", type=_positive_int, default=32, help="decode steps timed per context")
-    p.add_argument("--out-dir", default="benchmarks")
-    args = p.parse_args(argv)
-    unknown = [b for b in args.biases if b not in BIASES]
-    if unknown:
-        raise CliError(f"unknown bias {unknown[0]!r}; choose one of: {', '.join(BIASES)}")
-    from tqdm import tqdm
-
-    from .bench_decode import run
-
-    with tqdm(total=len(args.biases), desc="bench-decode", unit="bias", disable=None, file=sys.stderr) as bar:
-        rows = run(args.biases, args.contexts, args.steps, args.out_dir, progress=bar.update)
-    for r in rows:
-        print(f"{r['bias']:>13} context {r['context']:>5}: ORT {r['ort_ms_median']:.2f} ms/token, "
-              f"PyTorch {r['torch_ms_median']:.2f} ms/token, ratio {r['ort_over_torch']:.2f}")
-    return 0
-
-
-def run_bench(argv: list[str]) -> int:
-    from . import bench
+# --- benchmarks ------------------------------------------------------------------------------
+def build_bench_parser() -> argparse.ArgumentParser:
+    from .bench import attention as bench
 
     p = _Parser(prog=f"{PROG} bench", description="Long-context attention: our export on ONNX Runtime CPU (blocked "
                 "and plain forms) and OpenVINO vs PyTorch eager with the same bias and PyTorch fused causal SDPA "
                 "without a bias; one process per configuration. Writes attention.md/.json/.png.",
                 epilog="examples:\n  python -m posbias_export bench\n  python -m posbias_export bench --biases alibi "
                 "--lengths 512,2048 --repeats 2 --out-dir /tmp/bench", formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--biases", type=_name_list, default=bench.BIASES)
-    p.add_argument("--lengths", type=_int_list, default=bench.LENGTHS)
+    p.add_argument("--biases", type=_name_list, default=bench.BIASES, help="comma-separated bias families (default all)")
+    p.add_argument("--lengths", type=_int_list, default=bench.LENGTHS,
+                   help=f"comma-separated sequence lengths (default {','.join(map(str, bench.LENGTHS))})")
     p.add_argument("--configs", type=_name_list, default=bench.CONFIGS, help=f"from: {', '.join(bench.CONFIGS)}")
     p.add_argument("--repeats", type=_positive_int, default=3, help="timed forwards per configuration (after a warm-up)")
-    p.add_argument("--heads", type=_positive_int, default=8)
-    p.add_argument("--head-dim", type=_positive_int, default=64)
+    p.add_argument("--heads", type=_positive_int, default=8, help="attention heads (default 8)")
+    p.add_argument("--head-dim", type=_positive_int, default=64, help="dimension per head (default 64)")
     p.add_argument("--timeout", type=_positive_int, default=900, help="seconds per configuration")
     p.add_argument("--profile-length", type=int, default=8192,
-                   help="also profile ORT (blocked form) at this length for alibi and kerple_log; 0: no profile")
-    p.add_argument("--out-dir", default="benchmarks")
-    args = p.parse_args(argv)
+                   help="also profile ORT (blocked form) at this length; 0: no profile")
+    p.add_argument("--out-dir", default="benchmarks", help="where the results files go (default benchmarks)")
+    return p
+
+
+def run_bench(argv: list[str]) -> int:
+    args = build_bench_parser().parse_args(argv)
     from pathlib import Path
 
     from tqdm import tqdm
+
+    from .bench import attention as bench
 
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -312,47 +313,69 @@ def run_bench(argv: list[str]) -> int:
     return 0
 
 
-SCHEMES = {  # the names models/ uses: a bias family, or bias "none" plus a position encoding
-    "rope": {"bias": "none", "rope": True}, "sinusoidal": {"bias": "none", "position": "sinusoidal"},
-    "learned": {"bias": "none", "position": "learned"},
-}
-
-
-def run_train(argv: list[str]) -> int:
+def build_bench_decode_parser() -> argparse.ArgumentParser:
     from .biases import BIASES
+
+    p = _Parser(prog=f"{PROG} bench-decode", description="Per-token decode latency: ONNX Runtime vs PyTorch eager "
+                "with the same KV cache, side by side; writes decode.md and decode.json.")
+    p.add_argument("--biases", type=_name_list, default=BIASES, help="comma-separated bias families (default all)")
+    p.add_argument("--contexts", type=_int_list, default=(512, 4096),
+                   help="comma-separated context lengths decoded from (default 512,4096)")
+    p.add_argument("--steps", type=_positive_int, default=32, help="decode steps timed per context")
+    p.add_argument("--out-dir", default="benchmarks", help="where decode.md/.json go (default benchmarks)")
+    return p
+
+
+def run_bench_decode(argv: list[str]) -> int:
+    args = build_bench_decode_parser().parse_args(argv)
+    from tqdm import tqdm
+
+    from .biases import BIASES
+    from .bench.decode import run
+
+    unknown = [b for b in args.biases if b not in BIASES]
+    if unknown:
+        raise CliError(f"unknown bias {unknown[0]!r}; choose one of: {', '.join(BIASES)}")
+    with tqdm(total=len(args.biases), desc="bench-decode", unit="bias", disable=None, file=sys.stderr) as bar:
+        rows = run(args.biases, args.contexts, args.steps, args.out_dir, progress=bar.update)
+    for r in rows:
+        print(f"{r['bias']:>13} context {r['context']:>5}: ORT {r['ort_ms_median']:.2f} ms/token, "
+              f"PyTorch {r['torch_ms_median']:.2f} ms/token, ratio {r['ort_over_torch']:.2f}")
+    return 0
+
+
+# --- train short, test long -----------------------------------------------------------------
+def build_train_parser() -> argparse.ArgumentParser:
+    from .biases import BIASES
+    from .study.train import SCHEMES
 
     p = _Parser(prog=f"{PROG} train", description="Train a byte-level decoder on a text corpus (CPU, deterministic "
                 "for a seed); writes OUT.safetensors and OUT.md (model card).",
                 epilog="example:\n  python -m posbias_export train --bias alibi --corpus ../shared/data/tinyshakespeare.txt "
                 "--train-len 64 --steps 600 --out models/alibi", formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bias", required=True, help=f"a bias ({', '.join(BIASES)}) or a scheme ({', '.join(SCHEMES)})")
-    p.add_argument("--corpus", required=True)
+    p.add_argument("--corpus", required=True, help="a text file (read as bytes); its last 10%% is held out")
     p.add_argument("--out", required=True, help="output path without extension")
-    p.add_argument("--train-len", type=_positive_int, default=64)
-    p.add_argument("--steps", type=_positive_int, default=600)
-    p.add_argument("--batch", type=_positive_int, default=32)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--heads", type=_positive_int, default=4)
-    p.add_argument("--dim", type=_positive_int, default=128)
-    p.add_argument("--layers", type=_positive_int, default=2)
-    args = p.parse_args(argv)
+    p.add_argument("--train-len", type=_positive_int, default=64, help="training sequence length (default 64)")
+    p.add_argument("--steps", type=_positive_int, default=600, help="optimizer steps (default 600)")
+    p.add_argument("--batch", type=_positive_int, default=32, help="sequences per step (default 32)")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (default 3e-3)")
+    p.add_argument("--seed", type=int, default=0, help="init and data order seed (default 0)")
+    p.add_argument("--heads", type=_positive_int, default=4, help="attention heads (default 4)")
+    p.add_argument("--dim", type=_positive_int, default=128, help="model width (default 128)")
+    p.add_argument("--layers", type=_positive_int, default=2, help="transformer layers (default 2)")
+    return p
+
+
+def run_train(argv: list[str]) -> int:
+    args = build_train_parser().parse_args(argv)
     from pathlib import Path
 
     from .export import ensure_writable
-    from .model import ModelConfig
-    from .train import save_trained, train
+    from .nn import ModelConfig
+    from .study.train import save_trained, scheme_fields, train
 
-    if args.bias in SCHEMES:
-        fields = dict(SCHEMES[args.bias])
-    elif args.bias in BIASES:
-        fields = {"bias": args.bias}
-    else:
-        raise CliError(f"unknown bias or scheme {args.bias!r}; choose one of: {', '.join(BIASES + tuple(SCHEMES))}")
-    if fields.get("position") == "learned":
-        fields["max_positions"] = args.train_len  # a table as long as training: beyond it, resize or refuse
-    if fields["bias"] == "window":
-        fields["window"] = args.train_len  # Su's super-baseline: a window no longer than training
+    fields = scheme_fields(args.bias, args.train_len)
     ensure_writable(Path(args.out).with_suffix(".safetensors"))
     cfg = ModelConfig(num_heads=args.heads, dim=args.dim, num_layers=args.layers, **fields)
     model, card = train(cfg, args.corpus, args.train_len, args.steps, args.batch, args.lr, args.seed)
@@ -362,50 +385,57 @@ def run_train(argv: list[str]) -> int:
     return 0
 
 
-def run_evaluate(argv: list[str]) -> int:
+def add_perplexity_options(p: argparse.ArgumentParser) -> None:
+    """What evaluate and extrapolation share: the corpus, the lengths, the token budget."""
+    p.add_argument("--corpus", required=True, help="a text file; perplexity is measured on its last 10%%")
+    p.add_argument("--lengths", type=_int_list, default=(64, 128, 256, 512, 1024),
+                   help="comma-separated evaluation lengths (default 64,128,256,512,1024)")
+    p.add_argument("--max-tokens", type=_positive_int, default=16384, help="held-out tokens per length (default 16384)")
+
+
+def build_evaluate_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=f"{PROG} evaluate", description="Perplexity vs evaluation length through ONNX Runtime over "
                 "non-overlapping windows of the corpus's held-out split (its last 10%), checked against PyTorch.")
     p.add_argument("model", help="an lm export (e.g. python -m posbias_export --checkpoint models/alibi.safetensors --out m.onnx)")
-    p.add_argument("--corpus", required=True)
-    p.add_argument("--lengths", type=_int_list, default=(64, 128, 256, 512, 1024))
-    p.add_argument("--max-tokens", type=_positive_int, default=16384, help="held-out tokens per length")
+    add_perplexity_options(p)
     p.add_argument("--checkpoint", help="weights for the PyTorch cross-check (default: the file's metadata)")
     p.add_argument("--json", help="write the results as JSON")
-    args = p.parse_args(argv)
-    from tqdm import tqdm
-
-    from .evaluate import as_json, evaluate
-
-    with tqdm(total=len(args.lengths), desc="evaluate", unit="length", disable=None, file=sys.stderr) as bar:
-        results = evaluate(args.model, args.corpus, args.lengths, args.max_tokens, args.checkpoint, progress=bar.update)
-    print(f"{'length':>7} {'windows':>7} {'ORT ppl':>9} {'torch ppl':>9} {'rel diff':>9} {'ORT tok/s':>10}")
-    for r in results:
-        if r.ort_ppl is None:
-            print(f"{r.length:>7} {'-':>7} {r.note}")
-        else:
-            print(f"{r.length:>7} {r.windows:>7} {r.ort_ppl:>9.4f} {r.torch_ppl:>9.4f} {r.rel_diff:>9.1e} {r.ort_tokens_per_s:>10.0f}")
-    if args.json:
-        import json
-        from pathlib import Path
-
-        Path(args.json).write_text(json.dumps(as_json(results), indent=1))
-    return 0
+    return p
 
 
-def run_extrapolation(argv: list[str]) -> int:
-    p = _Parser(prog=f"{PROG} extrapolation", description="Export every checkpoint in --models, evaluate perplexity "
-                "vs length on ONNX Runtime (checked against PyTorch); write extrapolation.md/.json/.png.")
-    p.add_argument("--models", default="models")
-    p.add_argument("--corpus", required=True)
-    p.add_argument("--lengths", type=_int_list, default=(64, 128, 256, 512, 1024))
-    p.add_argument("--max-tokens", type=_positive_int, default=16384)
-    p.add_argument("--out-dir", default="benchmarks")
-    args = p.parse_args(argv)
+def run_evaluate(argv: list[str]) -> int:
+    args = build_evaluate_parser().parse_args(argv)
+    import json
     from pathlib import Path
 
     from tqdm import tqdm
 
-    from .extrapolation import run
+    from .study.evaluate import as_json, evaluate, format_results
+
+    with tqdm(total=len(args.lengths), desc="evaluate", unit="length", disable=None, file=sys.stderr) as bar:
+        results = evaluate(args.model, args.corpus, args.lengths, args.max_tokens, args.checkpoint, progress=bar.update)
+    print(format_results(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(as_json(results), indent=1))
+    return 0
+
+
+def build_extrapolation_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=f"{PROG} extrapolation", description="Export every checkpoint in --models, evaluate perplexity "
+                "vs length on ONNX Runtime (checked against PyTorch); write extrapolation.md/.json/.png.")
+    p.add_argument("--models", default="models", help="a folder of .safetensors checkpoints (default models)")
+    add_perplexity_options(p)
+    p.add_argument("--out-dir", default="benchmarks", help="where the results files go (default benchmarks)")
+    return p
+
+
+def run_extrapolation(argv: list[str]) -> int:
+    args = build_extrapolation_parser().parse_args(argv)
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from .study.extrapolation import run
 
     count = len(list(Path(args.models).glob("*.safetensors")))
     with tqdm(total=count, desc="extrapolation", unit="model", disable=None, file=sys.stderr) as bar:
@@ -414,15 +444,14 @@ def run_extrapolation(argv: list[str]) -> int:
     return 0
 
 
+# --- dispatch --------------------------------------------------------------------------------
 COMMANDS = {"validate": run_validate, "generate": run_generate, "bench": run_bench, "bench-decode": run_bench_decode,
-            "train": run_train,
-            "evaluate": run_evaluate, "extrapolation": run_extrapolation}  # subcommand name -> runner(argv) -> exit code; the default is export
+            "train": run_train, "evaluate": run_evaluate, "extrapolation": run_extrapolation}  # the default: export
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from .checks import ExportCheckError
-    from .parity import ParityInputError
+    from .export import ExportCheckError
 
     try:
         if argv and argv[0] in COMMANDS:
@@ -431,13 +460,10 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
-    except ParityInputError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
     except ExportCheckError as err:
         print(f"{PROG}: export check failed: {err}", file=sys.stderr)
         return 2
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError) as err:  # bad values from the API (ParityInputError, CheckpointError included)
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -53,6 +53,6 @@ def exports(tmp_path_factory):
     return ExportCache(tmp_path_factory.mktemp("exports"))
 
 
-def reference_model(bias: str, arch: str = "lm", causal: bool = True):
-    """The PyTorch model the CLI exports for these flags (seed 0)."""
+def cli_model(bias: str, arch: str = "lm", causal: bool = True):
+    """The PyTorch model ExportCache.cli builds for these flags (seed 0)."""
     return pbe.build_model(pbe.ModelConfig(bias=bias, causal=causal, **SMALL), seed=0, arch=arch)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from posbias_export import bench
+from posbias_export.bench import attention as bench
 from posbias_export.cli import main as cli_main
 
 
@@ -25,9 +25,9 @@ def test_bench_command_end_to_end(tmp_path, capsys):
         assert len(cell["times"]) == 1 and cell["times"][0] > 0
         assert cell["peak_rss"] >= cell["loaded_rss"] > 0
     assert {c["config"] for c in cells} == set(bench.CONFIGS)
-    assert [t["target"] for t in data["targets"]][0].startswith("ALiBi L=8192")
+    assert [t["target"] for t in data["targets"]][0].startswith("alibi L=8192")
     md = (out / "attention.md").read_text()
-    assert "## Targets (ALiBi)" in md and "| kerple_log | 200 |" in md
+    assert "## Targets (alibi)" in md and "| kerple_log | 200 |" in md
     assert (out / "attention.png").stat().st_size > 10_000
     profile = (out / "attention_profile.md").read_text()
     # the profiler sees the kernels inside the Loop body, not just the Loop node
@@ -41,7 +41,7 @@ def test_bench_command_end_to_end(tmp_path, capsys):
     (["bench", "--biases", "alibi,bogus"], "unknown bench configs or biases: bogus"),
     (["bench", "--configs", "ort-gpu"], "unknown bench configs or biases: ort-gpu"),
     (["bench", "--lengths", "0"], "positive"),
-])
+], ids=["bias", "config", "length"])
 def test_bench_bad_arguments_exit_2_with_one_line(argv, message, capsys, tmp_path):
     assert cli_main(argv + ["--out-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
@@ -57,14 +57,14 @@ def test_plain_forms_are_skipped_when_they_cannot_fit(monkeypatch, tmp_path):
 
 
 def test_a_failing_worker_is_reported_not_raised(tmp_path):
-    cell = bench.run_cell(bench.Cell("alibi", "ort-blocked", 16), tmp_path / "missing.onnx", 8, 64, 1, 60)
+    cell = bench.run_cell(bench.Timing("alibi", "ort-blocked", 16), tmp_path / "missing.onnx", 8, 64, 1, 60)
     assert not cell.ok and cell.skipped.startswith("failed (exit 1)")
 
 
 def test_targets_judge_the_measured_ratios():
-    cells = [bench.Cell("alibi", "ort-blocked", 8192, [1.5], 900 << 20, 1),
-             bench.Cell("-", "torch-sdpa", 8192, [1.0], 1, 1),
-             bench.Cell("alibi", "ort-blocked", 2048, [0.2], 1, 1),
-             bench.Cell("alibi", "torch-eager", 2048, [0.1], 1, 1)]
+    cells = [bench.Timing("alibi", "ort-blocked", 8192, [1.5], 900 << 20, 1),
+             bench.Timing("-", "torch-sdpa", 8192, [1.0], 1, 1),
+             bench.Timing("alibi", "ort-blocked", 2048, [0.2], 1, 1),
+             bench.Timing("alibi", "torch-eager", 2048, [0.1], 1, 1)]
     met = [t["met"] for t in bench.targets(cells)]
     assert met == [True, True, False]  # 1.5x SDPA, 0.9 GB, but 2x eager

@@ -1,6 +1,7 @@
 """Each bias module against an independent float64 implementation of its paper's formula."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -10,10 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posbias_export as pbe
-from posbias_export.biases import alibi, kerple, sandwich, window
+from posbias_export.biases import FLOAT32_LOWEST, bias_class
+from posbias_export.biases.onnx_domain import DOMAIN
 
 SHAPES = [(1, 1), (1, 17), (17, 17), (5, 40), (40, 40), (1, 1024), (300, 1024)]  # (q_len, k_len)
 shape_ids = [f"q{q}-k{k}" for q, k in SHAPES]
+
+
+def positions(q_len, k_len):
+    """The convention: keys at 0..Lk-1, queries the last Lq of them."""
+    return np.arange(k_len - q_len, k_len), np.arange(k_len)
 
 
 def test_registry_names():
@@ -26,7 +33,7 @@ def test_unknown_bias_lists_choices():
 
 
 def test_unknown_option_is_value_error():
-    with pytest.raises(ValueError, match="sandwich"):
+    with pytest.raises(ValueError, match="bias 'sandwich' has no hyper-parameter 'window'; it takes: sin_dim"):
         pbe.create_bias("sandwich", num_heads=4, window=3)
 
 
@@ -54,8 +61,9 @@ def test_alibi_slopes_match_bloom(num_heads):
 @pytest.mark.parametrize("q_len,k_len", SHAPES, ids=shape_ids)
 @pytest.mark.parametrize("num_heads", [1, 6, 8, 12])
 def test_alibi_bias_vs_fp64(num_heads, q_len, k_len):
-    got = pbe.create_bias("alibi", num_heads)(q_len, k_len).double().numpy()
-    ref = alibi.reference_bias(num_heads, q_len, k_len)
+    bias = pbe.create_bias("alibi", num_heads)
+    got = bias(q_len, k_len).double().numpy()
+    ref = bias.reference(*positions(q_len, k_len))
     # float32 slope times an exact integer distance: relative error <= 2^-24 twice
     np.testing.assert_allclose(got, ref, rtol=2.5e-7, atol=0)
 
@@ -72,8 +80,7 @@ def test_alibi_shape_and_queries_are_last_positions():
 def test_kerple_vs_fp64(variant, q_len, k_len):
     mod = pbe.create_bias(variant, 6, seed=3)
     got = mod(q_len, k_len).detach().double().numpy()
-    r1, r2 = mod.r1().double().detach().numpy(), mod.r2().double().detach().numpy()
-    ref = (kerple.reference_power if variant == "kerple_power" else kerple.reference_log)(r1, r2, q_len, k_len)
+    ref = mod.reference(*positions(q_len, k_len))
     # float32 pow/log: a few ulps relative, judged on the largest magnitude present
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6 * max(1.0, np.abs(ref).max()))
 
@@ -121,8 +128,9 @@ def test_kerple_power_rejects_r2_above_two():
 @pytest.mark.parametrize("q_len,k_len", SHAPES, ids=shape_ids)
 @pytest.mark.parametrize("sin_dim", [16, 128])
 def test_sandwich_vs_fp64(sin_dim, q_len, k_len):
-    got = pbe.create_bias("sandwich", 8, sin_dim=sin_dim)(q_len, k_len).double().numpy()
-    ref = sandwich.reference_bias(8, q_len, k_len, sin_dim)  # via sum_k cos((i-j) w_k)
+    bias = pbe.create_bias("sandwich", 8, sin_dim=sin_dim)
+    got = bias(q_len, k_len).double().numpy()
+    ref = bias.reference(*positions(q_len, k_len))  # via sum_k cos((i-j) w_k)
     # float32 angles t*w_k carry abs error ~ t * 2^-24 each; summed over sum_k w_k (< 8)
     # frequencies, twice (sin and cos tables), times lambda_max = 1: ~1e-6 per position.
     atol = 1e-6 * k_len * 8 * 2 + 1e-5
@@ -158,15 +166,18 @@ def test_t5_bias_is_embedding_of_transformers_bucket(causal, q_len, k_len):
     buckets = T5Attention._relative_position_bucket(j - i, not causal, 32, 128)  # j - i, as T5
     ref = mod.relative_attention_bias.weight.detach()[buckets].permute(2, 0, 1)  # [H, Lq, Lk]
     assert torch.equal(mod(q_len, k_len).detach(), ref)
+    # the oracle (exact integer bucket thresholds in numpy) agrees with transformers too
+    np.testing.assert_array_equal(mod.reference(*positions(q_len, k_len)), ref.double().numpy())
 
 
 # --- Window ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("q_len,k_len", SHAPES, ids=shape_ids)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_window_vs_reference(causal, q_len, k_len):
-    got = pbe.create_bias("window", 4, causal=causal, window=7)(q_len, k_len).double().numpy()
+    bias = pbe.create_bias("window", 4, causal=causal, window=7)
+    got = bias(q_len, k_len).double().numpy()
     assert got.shape == (1, q_len, k_len)
-    np.testing.assert_array_equal(got, window.reference_bias(q_len, k_len, 7, causal))
+    np.testing.assert_array_equal(got, bias.reference(*positions(q_len, k_len)))
 
 
 def test_window_counts_the_query_itself():
@@ -178,7 +189,7 @@ def test_none_is_zero():
     assert torch.count_nonzero(pbe.create_bias("none", 4)(5, 9)) == 0
 
 
-@pytest.mark.parametrize("name", ["alibi", "kerple_power", "kerple_log", "sandwich", "t5", "window", "none"])
+@pytest.mark.parametrize("name", pbe.BIASES)
 def test_batched_positions_match_per_row(name):
     """from_positions with [B, L] positions (padding) equals the unbatched bias per row."""
     mod = pbe.create_bias(name, 4)
@@ -187,3 +198,74 @@ def test_batched_positions_match_per_row(name):
     batched = mod.from_positions(q, k)
     for row in range(2):
         torch.testing.assert_close(batched[row], mod.from_positions(q[row], k[row]))
+
+
+# --- every registered family: its declarations hold --------------------------------------------
+def _finite_scale(ref: np.ndarray) -> float:
+    """The largest magnitude that is a bias value, not a mask (masks use the float32 lowest)."""
+    values = np.abs(ref[np.abs(ref) < 1e30])
+    return max(1.0, float(values.max()) if values.size else 1.0)
+
+
+@pytest.mark.parametrize("q_len,k_len", [(1, 1), (1, 17), (17, 17), (5, 40), (40, 40)], ids=lambda s: str(s))
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("name", pbe.BIASES)
+def test_family_matches_its_float64_oracle(name, causal, q_len, k_len):
+    """from_positions (float32) against the family's reference (float64, the paper's formula).
+    Short distances (<= 40): float32 evaluation errs by a few ulps of the largest value present
+    (Sandwich: a sum of d'/2 cosines of angles up to 40, ~3e-4 absolute of values up to 64)."""
+    bias = pbe.create_bias(name, 6, causal=causal, seed=2)
+    got = bias(q_len, k_len).detach().double().numpy()
+    ref = bias.reference(*positions(q_len, k_len))
+    assert got.shape == ref.shape == (bias.output_heads, q_len, k_len)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * _finite_scale(ref))
+
+
+@pytest.mark.parametrize("name", pbe.BIASES)
+def test_family_declarations(name):
+    """What a family says about itself is true of its oracle: symmetry, look-back, head axis,
+    learned tensors, and a FunctionProto per ONNX function named after the family."""
+    cls = bias_class(name)
+    bias = pbe.create_bias(name, 4, causal=False)
+    square = bias.reference(np.arange(30), np.arange(30))  # [H|1, 30, 30]
+    assert np.array_equal(square, square.transpose(0, 2, 1)) == cls.symmetric
+    assert square.shape[0] == (1 if cls.head_independent else 4)
+    causal = pbe.create_bias(name, 4, causal=True)
+    seen = causal.reference(np.arange(200), np.arange(200)) > FLOAT32_LOWEST / 2  # [H|1, 200, 200]
+    distance = np.arange(200)[:, None] - np.arange(200)[None, :]
+    if causal.lookback is None:
+        assert seen.all()
+    else:
+        assert np.array_equal(seen[0], (distance >= 0) & (distance <= causal.lookback))
+    assert bool(list(causal.parameters())) == cls.learned
+    again = pbe.create_bias(name, 4, causal=True, seed=1)
+    differs = not np.array_equal(causal.reference(np.arange(9), np.arange(9)), again.reference(np.arange(9), np.arange(9)))
+    assert differs == cls.learned  # learned families take the layer's seed; fixed ones ignore it
+    protos = cls.function_protos()
+    assert protos[0].name == cls.function_name and protos[0].domain == DOMAIN
+    assert [p.name for p in protos[1:]] == ([cls.key_row_name()] if cls.key_row_function else [])
+
+
+@pytest.mark.parametrize("name", [n for n in pbe.BIASES if bias_class(n).key_row_function is not None])
+def test_key_row_shortcut_equals_the_bias_up_to_a_row_constant(name):
+    """The blocked form's shortcut: under the causal mask, bias - key_row is constant per query row."""
+    bias = pbe.create_bias(name, 6)
+    tensors, _ = bias.function_inputs()
+    q_pos, k_pos = np.arange(40, 56), np.arange(0, 56)  # a block of 16 queries and the keys it sees
+    row = np.asarray(bias.key_row_function(q_pos, k_pos, *[t.detach().numpy() for t in tensors]))  # [H, 1, W]
+    ref = bias.reference(q_pos, k_pos)  # [H, Bq, W]
+    diff = np.where(k_pos[None, :] <= q_pos[:, None], ref - row, np.nan)  # only where the causal mask keeps
+    spread = np.nanmax(diff, axis=-1) - np.nanmin(diff, axis=-1)  # [H, Bq]
+    assert spread.max() < 1e-4 * _finite_scale(ref)
+
+
+@pytest.mark.parametrize("name", pbe.BIASES)
+def test_hyper_parameters_validate(name):
+    """Defaults build; every declared integer hyper-parameter rejects 0 and a non-integer."""
+    cls = bias_class(name)
+    assert pbe.create_bias(name, 2).hyper_parameters() == cls.Params().as_dict()
+    for field in dataclasses.fields(cls.Params):
+        with pytest.raises(ValueError, match=field.name):
+            pbe.create_bias(name, 2, **{field.name: 0})
+        with pytest.raises(ValueError, match=field.name):
+            pbe.create_bias(name, 2, **{field.name: 2.5})

@@ -3,8 +3,6 @@ ONNX Runtime and the reference evaluator against a float64 reference computed in
 the export options that choose the form. Long inputs (4096, 16384 slow) at the issue's shape."""
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import onnx
 import pytest
@@ -12,11 +10,11 @@ import torch
 from onnx.reference import ReferenceEvaluator
 
 import posbias_export as pbe
-from posbias_export import functions
-from posbias_export.blocked import DEFAULT_BLOCK, keep_mask
+from posbias_export.export import functions
+from posbias_export.nn.blocked import DEFAULT_BLOCK, keep_mask
 from posbias_export.export import read_metadata
-from posbias_export.model import attention_heads, layer_bias
-from posbias_export.validate import FLOAT32, compare
+from posbias_export.nn.attention import AttentionSettings, attention_heads, layer_bias
+from posbias_export.parity import FLOAT32, compare, torch_outputs
 from conftest import SMALL, lm_inputs, ort_session
 
 BENCH_SHAPE = dict(num_heads=8, dim=512)  # the issue's H=8, d=64
@@ -40,8 +38,8 @@ def test_torch_blocked_equals_plain_float64(bias, block):
     key_mask[1, :9] = 0  # the second row is left-padded
     k_pos = (key_mask.cumsum(-1) - 1).clamp_min(0)  # [B, Lk]
     q_pos = k_pos[:, -37:]  # [B, Lq]
-    plain = attention_heads(q, k, v, q_pos, k_pos, key_mask, module, True, "plain")
-    blocked = attention_heads(q, k, v, q_pos, k_pos, key_mask, module, True, "blocked", block)
+    plain = attention_heads(q, k, v, q_pos, k_pos, key_mask, module, True, AttentionSettings(form="plain"))
+    blocked = attention_heads(q, k, v, q_pos, k_pos, key_mask, module, True, AttentionSettings(form="blocked", block=block))
     torch.testing.assert_close(blocked, plain, rtol=0, atol=1e-12)
 
 
@@ -50,7 +48,7 @@ def test_blocked_form_refuses_bidirectional():
     q, k, v = _qkv(1, cfg.num_heads, 5, 5, cfg.head_dim)
     pos = torch.arange(5)
     with pytest.raises(ValueError, match="causal"):
-        attention_heads(q, k, v, pos, pos, None, layer_bias(cfg), False, "blocked")
+        attention_heads(q, k, v, pos, pos, None, layer_bias(cfg), False, AttentionSettings(form="blocked"))
 
 
 def _export_core(tmp_path, bias, block, shape=SMALL, **kwargs):
@@ -64,13 +62,9 @@ def _export_core(tmp_path, bias, block, shape=SMALL, **kwargs):
 def _reference(core, q, k, v, block):
     """float64 reference computed in blocks (the plain float64 form would not fit at 16k),
     and PyTorch float32 on the same inputs for the error budget."""
-    with torch.no_grad():
-        core64 = core.double()
-        core64.form, core64.block = "blocked", block
-        ref64 = core64(q.double(), k.double(), v.double()).numpy()
-        core32 = core.float()
-        core32.form, core32.block = "blocked", block
-        torch32 = core32(q, k, v).numpy()
+    settings = AttentionSettings(form="blocked", block=block)
+    ref64 = torch_outputs(core, (q, k, v), torch.float64, settings)
+    torch32 = torch_outputs(core, (q, k, v), torch.float32, settings)
     return ref64, torch32
 
 
@@ -108,6 +102,7 @@ def test_causal_lm_export_defaults_to_blocked(exports):
     assert meta["attention"] == "blocked" and meta["attention_block"] == str(DEFAULT_BLOCK)
     names = {f.name for f in model.functions}
     assert "BlockedAttentionAlibi" in names and {"BlockQueries", "BlockKeys", "BlockAttend", "AlibiKeyRow"} <= names
+    assert "Alibi" not in names  # the key-row shortcut replaces the full bias function under the causal mask
     blocked_fn = next(f for f in model.functions if f.name == "BlockedAttentionAlibi")
     # an If picks the Loop over blocks, or (queries fit one block: decode) the same math direct
     assert blocked_fn.node[-1].op_type == "If"
@@ -125,9 +120,9 @@ def test_bidirectional_and_plain_exports_use_the_plain_form(exports):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(attention="blocked", opset=23), "opset 23"),
-    (dict(attention="fast"), "attention must be one of"),
+    (dict(attention="fast"), "attention form must be one of"),
     (dict(block=0), "block must be a positive integer"),
-])
+], ids=["blocked-opset23", "unknown-form", "block-0"])
 def test_bad_attention_options(tmp_path, kwargs, message):
     model = pbe.build_model(pbe.ModelConfig(bias="alibi", **SMALL))
     with pytest.raises(ValueError, match=message):
@@ -152,12 +147,9 @@ def test_lm_blocked_and_plain_exports_with_left_padding(tmp_path):
     mask[0, :6] = 0
     outputs = {}
     for form in ("blocked", "plain"):
-        for module in model.modules():
-            if hasattr(module, "form"):
-                module.form, module.block = form, 5
-        with torch.no_grad():
-            ref64 = copy.deepcopy(model).double()(ids, mask).numpy()
-            torch32 = model(ids, mask).numpy()
+        settings = AttentionSettings(form=form, block=5)
+        ref64 = torch_outputs(model, (ids, mask), torch.float64, settings)
+        torch32 = torch_outputs(model, (ids, mask), torch.float32, settings)
         path = tmp_path / f"{form}.onnx"
         pbe.export_onnx(model, path, attention=form, block=5, attention_mask=True, check_growth=False)
         got = ort_session(path).run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]

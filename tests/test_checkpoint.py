@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import posbias_export as pbe
-from posbias_export.checkpoint import CheckpointError, load_checkpoint
+from posbias_export.nn.checkpoint import CheckpointError, load_checkpoint
 from conftest import SMALL, lm_inputs
 
 

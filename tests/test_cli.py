@@ -114,7 +114,7 @@ def test_corrupt_checkpoint(tmp_path):
 
 def test_checkpoint_alone_exports_with_its_config(tmp_path):
     """`--checkpoint ck --out m.onnx` needs no other flag, and the weights are the checkpoint's."""
-    cfg = pbe.ModelConfig(bias="sandwich", num_heads=2, dim=32, num_layers=1, sandwich_dim=16)
+    cfg = pbe.ModelConfig(bias="sandwich", num_heads=2, dim=32, num_layers=1, bias_params={"sin_dim": 16})
     model = pbe.build_model(cfg, seed=5)
     pbe.save_checkpoint(model, tmp_path / "ck.safetensors")
     proc = run_cli("--checkpoint", str(tmp_path / "ck.safetensors"), "--out", str(tmp_path / "m.onnx"))

@@ -10,31 +10,14 @@ import torch
 from onnx import helper, numpy_helper
 
 import posbias_export as pbe
-from posbias_export import checks, functions
-from posbias_export.biases import alibi, kerple, sandwich, window
+from posbias_export.export import checks, functions
+from posbias_export.biases import bias_class
 from posbias_export.parity import run_matrix
-from posbias_export.script import script_block_model
-from posbias_export.validate import compare
+from posbias_export.export.script_block import script_block_model
+from posbias_export.parity import compare
 from conftest import SMALL, ort_session
 
 SHAPES = [(1, 1), (17, 17), (1024, 1024), (5, 40), (1, 300)]  # (q_len, k_len)
-
-
-def reference64(bias, name, q_len, k_len) -> np.ndarray:
-    """Independent float64 formula per family (T5: its table lookup in float64)."""
-    H = bias.num_heads
-    if name == "alibi":
-        return alibi.reference_bias(H, q_len, k_len)
-    if name in ("kerple_power", "kerple_log"):
-        r1, r2 = bias.r1().double().detach().numpy(), bias.r2().double().detach().numpy()
-        return (kerple.reference_power if name == "kerple_power" else kerple.reference_log)(r1, r2, q_len, k_len)
-    if name == "sandwich":
-        return sandwich.reference_bias(H, q_len, k_len, bias.sin_dim)
-    if name == "t5":
-        return bias.from_positions(torch.arange(k_len - q_len, k_len), torch.arange(k_len)).double().detach().numpy()
-    if name == "window":
-        return window.reference_bias(q_len, k_len, bias.window, bias.causal)
-    return np.zeros((1, q_len, k_len))
 
 
 def single_node_model(bias) -> onnx.ModelProto:
@@ -42,13 +25,12 @@ def single_node_model(bias) -> onnx.ModelProto:
     tensors, attrs = bias.function_inputs()
     inits = [numpy_helper.from_array(t.detach().float().numpy() if t.is_floating_point() else t.numpy(), f"p{i}")
              for i, t in enumerate(tensors)]
-    fn = bias.onnx_function()
-    node = helper.make_node(fn.name, ["q_pos", "k_pos", *[t.name for t in inits]], ["bias"], domain="posbias", **attrs)
+    node = helper.make_node(bias.function_name, ["q_pos", "k_pos", *[t.name for t in inits]], ["bias"], domain="posbias", **attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("q_pos", onnx.TensorProto.INT64, ["Lq"]),
                                             helper.make_tensor_value_info("k_pos", onnx.TensorProto.INT64, ["Lk"])],
                               [helper.make_tensor_value_info("bias", onnx.TensorProto.FLOAT, ["heads", "Lq", "Lk"])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("posbias", 1)],
-                              ir_version=10, functions=functions.function_protos({fn.name}, 18))
+                              ir_version=10, functions=functions.function_protos({bias.function_name}, 18))
     onnx.checker.check_model(model, full_check=True)
     return model
 
@@ -56,13 +38,12 @@ def single_node_model(bias) -> onnx.ModelProto:
 def three_ways(bias, q_pos, k_pos) -> dict[str, np.ndarray]:
     tensors, attrs = bias.function_inputs()
     params = [t.detach().float().numpy() if t.is_floating_point() else t.numpy() for t in tensors]
-    fn = bias.onnx_function()
     model = single_node_model(bias)
     flat = functions.inline(model)
     assert not flat.functions and all(n.domain in ("", "ai.onnx") for n in flat.graph.node)
     feeds = {"q_pos": q_pos, "k_pos": k_pos}
     return {
-        "eager": np.asarray(fn(q_pos, k_pos, *params, **attrs)),
+        "eager": np.asarray(bias.function(q_pos, k_pos, *params, **attrs)),
         "function": ort_session_bytes(model).run(None, feeds)[0],
         "inlined": ort_session_bytes(flat).run(None, feeds)[0],
     }
@@ -78,10 +59,10 @@ def ort_session_bytes(model):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("name", pbe.BIASES)
 def test_function_three_ways(name, causal, q_len, k_len):
-    bias = pbe.create_bias(name, 6, causal=causal, **({"window": 9} if name == "window" else {}))
+    bias = pbe.create_bias(name, 6, causal=causal)
     q_pos, k_pos = np.arange(k_len - q_len, k_len, dtype=np.int64), np.arange(k_len, dtype=np.int64)
     torch32 = bias(q_len, k_len).detach().double().numpy()
-    ref64 = reference64(bias, name, q_len, k_len)
+    ref64 = bias.reference(q_pos, k_pos)
     for way, got in three_ways(bias, q_pos, k_pos).items():
         assert got.shape == torch32.shape, way
         parity = compare(got, ref64, torch32)
@@ -97,20 +78,19 @@ def test_function_with_batched_positions(name):
     expected = bias.from_positions(torch.from_numpy(q), torch.from_numpy(k)).detach().numpy()
     tensors, attrs = bias.function_inputs()
     params = [t.detach().float().numpy() if t.is_floating_point() else t.numpy() for t in tensors]
-    got = np.asarray(bias.onnx_function()(q, k, *params, **attrs))
+    got = np.asarray(bias.function(q, k, *params, **attrs))
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["lm", "block"])
 @pytest.mark.parametrize("name", pbe.BIASES)
 def test_default_export_has_functions_inline_export_has_none(exports, name, arch):
+    """Causal exports are blocked: exactly one posbias.BlockedAttention<Family> node per layer
+    (its Loop calls the family's function per block); the inlined file has no function at all."""
     model = onnx.load(str(exports.cli(name, arch)))
     nodes = [n for n in model.graph.node if n.domain == "posbias"]
-    learned = name in ("kerple_power", "kerple_log", "t5")
-    # Causal lm/block exports are blocked: one posbias.BlockedAttention* node per layer (its
-    # Loop calls the bias function per block). Bidirectional ones are plain: learned biases one
-    # node per layer, fixed ones one node the exporter's CSE shares among all layers.
-    assert len(nodes) == (SMALL["num_layers"] if learned and arch == "lm" else len(nodes)) and nodes
+    layers = SMALL["num_layers"] if arch == "lm" else 1
+    assert [n.op_type for n in nodes] == ["BlockedAttention" + bias_class(name).function_name] * layers
     local = {f.name for f in model.functions}
     assert {n.op_type for n in nodes} <= local and all(f.domain == "posbias" for f in model.functions)
     checks.check_domains(model)  # posbias only as local functions
@@ -149,3 +129,13 @@ def test_script_block_matches_exported_block_and_pytorch(exports, name, causal):
             parity = compare(got, ref64, torch32)
             assert parity.passed, f"{label} L={length}: {parity}"
         np.testing.assert_allclose(script_out, export_out, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", pbe.BIASES)
+def test_plain_export_shares_fixed_bias_nodes(exports, name):
+    """Bidirectional exports are plain: a learned bias is one posbias node per layer (its own
+    tensors), a fixed one a single node the exporter's common-subexpression pass shares."""
+    model = onnx.load(str(exports.cli(name, "lm", causal=False)))
+    nodes = [n.op_type for n in model.graph.node if n.domain == "posbias"]
+    expected = SMALL["num_layers"] if bias_class(name).learned else 1
+    assert nodes == [bias_class(name).function_name] * expected

@@ -1,7 +1,6 @@
 """Serving: the --kv-cache export generates on ONNX Runtime exactly what PyTorch generates."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
@@ -10,14 +9,12 @@ import pytest
 import torch
 
 import posbias_export as pbe
-from posbias_export.generation import greedy_generate
-from posbias_export.parity import RUNTIMES_DIR
-from posbias_export.validate import compare, torch_outputs
-from conftest import reference_model
+from posbias_export.nn.generation import greedy_generate
+from posbias_export.parity import load_runner
+from posbias_export.parity import compare, torch_outputs
+from conftest import cli_model
 
-_spec = importlib.util.spec_from_file_location("posbias_generate", RUNTIMES_DIR / "ort" / "generate.py")
-gen = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gen)
+gen = load_runner("ort/generate.py")
 
 
 def prompt(length: int, seed: int = 0) -> bytes:
@@ -43,7 +40,7 @@ def test_greedy_tokens_equal_pytorch(decoders, bias, length):
     """64 new tokens; the 300-byte prompt takes the context to 364 > 8x the trace length."""
     p = prompt(length, seed=length)
     ours = gen.generate(decoders(bias), [p], 64)
-    theirs = greedy_generate(reference_model(bias), [p], 64)
+    theirs = greedy_generate(cli_model(bias), [p], 64)
     assert ours == theirs
 
 
@@ -58,7 +55,7 @@ def test_prefill_plus_decode_equals_full_forward(decoders, bias):
         logits, past = decoder.step(tokens[:, t:t + 1], np.ones((1, t + 1), np.int64), past)
         chunks.append(logits)
     cached = np.concatenate(chunks, axis=1)  # [1, 60, V]
-    model = reference_model(bias)
+    model = cli_model(bias)
     ids = torch.from_numpy(tokens)
     parity = compare(cached, torch_outputs(model, (ids,), torch.float64), torch_outputs(model, (ids,), torch.float32))
     assert parity.passed, str(parity)
@@ -112,7 +109,7 @@ def test_generate_command_with_non_utf8_prompt(exports, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("\\xff\\xfe\x00abc")  # invalid bytes escaped, valid ones as they are
-    expected = greedy_generate(reference_model("alibi"), [b"\xff\xfe\x00abc"], 8)[0]
+    expected = greedy_generate(cli_model("alibi"), [b"\xff\xfe\x00abc"], 8)[0]
     assert (tmp_path / "o.bin").read_bytes() == expected
 
 

@@ -72,8 +72,10 @@ def test_same_seed_same_weights():
         (dict(dim=130, num_heads=4), "divisible"),
         (dict(bias="window", dim=12, num_heads=4), "even head dimension"),
         (dict(num_layers=-1), "num_layers"),
-        (dict(window=0), "window"),
+        (dict(bias="window", bias_params={"window": 0}), "window must be >= 1"),
+        (dict(bias="alibi", bias_params={"window": 8}), "bias 'alibi' has no hyper-parameter 'window'"),
     ],
+    ids=["unknown-bias", "heads-0", "indivisible", "odd-rope-dim", "layers", "window-0", "foreign-param"],
 )
 def test_config_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -81,7 +83,19 @@ def test_config_validation(kwargs, message):
 
 
 def test_config_round_trips_through_dict():
-    cfg = pbe.ModelConfig(bias="sandwich", sandwich_dim=32, causal=False)
+    cfg = pbe.ModelConfig(bias="sandwich", bias_params={"sin_dim": 32}, causal=False)
     assert pbe.ModelConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match="unknown model config keys: bogus"):
         pbe.ModelConfig.from_dict({**cfg.to_dict(), "bogus": 1})
+
+
+def test_config_reads_the_fields_older_files_carry():
+    """Files and checkpoints written before hyper-parameters moved into the families carry
+    them as top-level fields: the config's own family takes its values, the others had no
+    effect and are dropped."""
+    old = {**pbe.ModelConfig(bias="window").to_dict(), "window": 32, "sandwich_dim": 16, "t5_num_buckets": 8,
+           "t5_max_distance": 20}
+    del old["bias_params"]
+    assert pbe.ModelConfig.from_dict(old).bias_params == {"window": 32}
+    old["bias"] = "t5"
+    assert pbe.ModelConfig.from_dict(old).bias_params == {"num_buckets": 8, "max_distance": 20}

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import posbias_export as pbe
-from posbias_export.validate import FLOAT16, FLOAT32, compare, torch_outputs
-from conftest import SMALL, TRACE_LEN, lm_inputs, ort_run, ort_session, reference_model
+from posbias_export.parity import FLOAT16, FLOAT32, compare, torch_outputs
+from conftest import SMALL, TRACE_LEN, lm_inputs, ort_run, ort_session, cli_model
 
 LENGTHS = [1, TRACE_LEN, 3 * TRACE_LEN + 1, 64 * TRACE_LEN, pytest.param(4096, marks=pytest.mark.slow)]
 
@@ -27,14 +27,14 @@ def _judge(session, model, inputs, tol=FLOAT32, dtype=torch.float32):
 @pytest.mark.parametrize("bias", pbe.BIASES)
 def test_ort_cpu_lm_causal(exports, bias, batch, length):
     session = ort_session(exports.cli(bias, "lm", True))
-    _judge(session, reference_model(bias), (lm_inputs(batch, length, seed=length),))
+    _judge(session, cli_model(bias), (lm_inputs(batch, length, seed=length),))
 
 
 @pytest.mark.parametrize("length", [1, 3 * TRACE_LEN + 1, 64 * TRACE_LEN], ids=lambda n: f"L{n}")
 @pytest.mark.parametrize("bias", pbe.BIASES)
 def test_ort_cpu_lm_bidirectional(exports, bias, length):
     session = ort_session(exports.cli(bias, "lm", False))
-    _judge(session, reference_model(bias, causal=False), (lm_inputs(3, length, seed=length),))
+    _judge(session, cli_model(bias, causal=False), (lm_inputs(3, length, seed=length),))
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
@@ -43,14 +43,14 @@ def test_ort_cpu_lm_bidirectional(exports, bias, length):
 def test_ort_cpu_block(exports, bias, length, causal):
     session = ort_session(exports.cli(bias, "block", causal))
     x = torch.randn(3, length, SMALL["dim"], generator=torch.Generator().manual_seed(length))
-    _judge(session, reference_model(bias, "block", causal), (x,))
+    _judge(session, cli_model(bias, "block", causal), (x,))
 
 
 @pytest.mark.parametrize("length", [1, 3 * TRACE_LEN + 1, 64 * TRACE_LEN], ids=lambda n: f"L{n}")
 @pytest.mark.parametrize("bias", pbe.BIASES)
 def test_ort_cpu_opset23_attention_op(exports, bias, length):
     session = ort_session(exports.cli(bias, "lm", True, ("--opset", "23")))
-    _judge(session, reference_model(bias), (lm_inputs(3, length, seed=length),))
+    _judge(session, cli_model(bias), (lm_inputs(3, length, seed=length),))
 
 
 # ALiBi in the default run; every bias with -m slow (each is ~10 s of fp64 reference).
@@ -60,19 +60,29 @@ def test_ort_cpu_float16_at_2048(exports, bias):
     session = ort_session(exports.cli(bias, "lm", True, ("--dtype", "float16", "--attention-mask")))
     ids = lm_inputs(1, 2048, seed=7)
     mask = torch.ones_like(ids)
-    _judge(session, reference_model(bias), (ids, mask), FLOAT16, torch.float16)
+    _judge(session, cli_model(bias), (ids, mask), FLOAT16, torch.float16)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("bias", pbe.BIASES)
-def test_fully_padded_row_gives_no_nan(exports, bias, dtype):
+def test_padded_rows(exports, bias, dtype):
+    """A batch with a fully padded row and a left-padded one: everything finite (a padded query
+    sees no key: masks are finite, never -inf), and every row that holds tokens equals what the
+    model computes for those tokens alone, within the parity budget."""
     session = ort_session(exports.cli(bias, "lm", True, ("--dtype", dtype, "--attention-mask")))
     ids = lm_inputs(3, 40)
     mask = torch.ones_like(ids)
     mask[1] = 0  # row 1 entirely padding
     mask[2, :25] = 0  # row 2 left-padded
     out = ort_run(session, ids, mask)
-    assert not np.isnan(out).any() and np.isfinite(out).all()
+    assert np.isfinite(out).all()
+    model = cli_model(bias)
+    tol, same = (FLOAT16, torch.float16) if dtype == "float16" else (FLOAT32, torch.float32)
+    for row, start in ((0, 0), (2, 25)):
+        alone = (ids[row:row + 1, start:],)
+        parity = compare(out[row:row + 1, start:], torch_outputs(model, alone, torch.float64),
+                         torch_outputs(model, alone, same), tol)
+        assert parity.passed, f"row {row}: {parity}"
 
 
 def test_ort_matches_torch_with_left_padding(exports):

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 import posbias_export as pbe
-from posbias_export.model import resize_positions
-from posbias_export.positions import RotaryEmbedding, logn_scale, resize_learned_table, sinusoidal_embedding
-from posbias_export.validate import compare, torch_outputs
+from posbias_export.nn.positions import RotaryEmbedding, logn_scale, resize_learned_table, sinusoidal_embedding
+from posbias_export.parity import compare, torch_outputs
 from conftest import SMALL, lm_inputs, ort_session
 
 
@@ -50,11 +49,11 @@ def test_resize_learned_table(method):
     torch.testing.assert_close(big[:, 0], expected.float())
 
 
-def test_learned_positions_refuse_beyond_table(exports, tmp_path):
+def test_learned_positions_refuse_beyond_table():
     model = pbe.build_model(pbe.ModelConfig(bias="none", position="learned", max_positions=32, **SMALL), seed=0)
     with pytest.raises(IndexError):
         model(lm_inputs(1, 40))
-    resize_positions(model, 64, "copy")
+    model.resize_positions(64, "copy")
     assert model(lm_inputs(1, 40)).shape == (1, 40, 256)
 
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import posbias_export as pbe
-from posbias_export.checkpoint import load_checkpoint
-from posbias_export.evaluate import evaluate, mean_nll
+from posbias_export.nn import load_checkpoint
+from posbias_export.study.evaluate import evaluate, mean_nll
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
@@ -47,7 +47,7 @@ def test_train_smoke_is_deterministic(tmp_path, corpus):
 
 
 def test_train_learns(corpus):
-    from posbias_export.train import train
+    from posbias_export.study.train import train
 
     model, card = train(pbe.ModelConfig(bias="alibi", dim=32, num_heads=2, num_layers=1), corpus, train_len=32,
                         steps=80, batch=8, progress=False)

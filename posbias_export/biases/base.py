@@ -1,8 +1,33 @@
-"""Shared pieces of every bias family: the position convention and the mask value."""
+"""What every bias family declares, and the conventions all of them share.
+
+A family is one module in this package holding one `AttentionBias` subclass with a `name`:
+its hyper-parameters (a `BiasParams` dataclass), whether it is learned, its PyTorch form
+(`from_positions`), its ONNX Script twin (`function`), its float64 oracle (`reference`) and
+the properties other code asks about (`lookback`, `key_row_function`, `symmetric`,
+`uses_rope`). Defining the subclass registers it; nothing outside this package names a family.
+
+Conventions: keys sit at positions 0..Lk-1 and queries are the LAST Lq of them (a decode step
+and a prefill share one code path); a bias is additive, before softmax; masks use finite
+values, never -inf.
+"""
 from __future__ import annotations
 
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import onnx
 import torch
 from torch import nn
+
+FLOAT32_LOWEST = float(np.finfo(np.float32).min)  # a masked key: finite, so a fully masked row is uniform, not NaN
+# Added to masked scores in the blocked form: absorbs any score (exp(-1e30 - max) == 0) yet stays
+# finite even on top of FLOAT32_LOWEST, so a fully masked row cannot become NaN.
+MASK_PENALTY = -1e30
+
+FAMILIES: dict[str, type["AttentionBias"]] = {}  # filled as family classes are defined
 
 
 def query_key_positions(q_len, k_len, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,23 +47,85 @@ def mask_value(dtype: torch.dtype = torch.float32) -> float:
     return torch.finfo(dtype).min
 
 
+def hyper_parameter(default: int, help: str, *, minimum: int = 1, even: bool = False, alias: str | None = None,
+                    legacy_key: str | None = None):
+    """A family hyper-parameter: an integer with a default and a lower bound. `alias` is a CLI
+    flag kept for compatibility (e.g. --window); `legacy_key` the ModelConfig field that held
+    it before hyper-parameters moved into their family (old checkpoints and files carry it)."""
+    meta = {"help": help, "minimum": minimum, "even": even, "alias": alias, "legacy_key": legacy_key}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class BiasParams:
+    """Base of every family's hyper-parameters: integer fields declared with hyper_parameter()
+    are checked here; a family adds cross-field rules in check()."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{f.name} must be an integer, got {value!r}")
+            if value < f.metadata.get("minimum", 1):
+                raise ValueError(f"{f.name} must be >= {f.metadata.get('minimum', 1)}, got {value}")
+            if f.metadata.get("even") and value % 2:
+                raise ValueError(f"{f.name} must be even, got {value}")
+        self.check()
+
+    def check(self) -> None:
+        """Rules that involve several fields; raise ValueError."""
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def _camel(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in re.split(r"[_\W]+", name) if part)
+
+
 class AttentionBias(nn.Module):
     """An additive, pre-softmax attention bias. Pure: nothing is cached in forward.
 
     forward(q_len, k_len) -> float32 Tensor [H or 1, q_len, k_len]
     from_positions(q_pos [..., Lq], k_pos [..., Lk]) -> [..., H or 1, Lq, Lk]
+    reference(q_pos [Lq], k_pos [Lk]) -> float64 numpy [H or 1, Lq, Lk], from the paper's formula
     """
 
-    name: str = ""
-    # Export sets this: one posbias.* node (with its FunctionProto) instead of the traced body.
-    emit_function: bool = False
+    name: ClassVar[str] = ""  # registry key, CLI choice, metadata value; "" for an abstract base
+    Params: ClassVar[type[BiasParams]] = BiasParams  # hyper-parameters (none by default)
+    learned: ClassVar[bool] = False  # trained tensors: a per-layer init seed, one function node per layer
+    symmetric: ClassVar[bool] = True  # bidirectional form: bias(i, j) == bias(j, i)
+    uses_rope: ClassVar[bool] = False  # the family's model rotates q and k (RoPE) unless told otherwise
+    head_independent: ClassVar[bool] = False  # output [.., 1, Lq, Lk] instead of [.., H, Lq, Lk]
+    rank: ClassVar[int] = 100  # order in BIASES (then the name)
+    function: ClassVar[Any] = None  # the @onnxscript.script twin in domain posbias
+    function_name: ClassVar[str] = ""  # FunctionProto name; default: the name in CamelCase
+    # Causal shortcut for the blocked form: a function (q_pos_b, k_pos_b, *function tensors) ->
+    # [.., H, 1, W] that equals the bias up to a per-query-row constant (softmax ignores those).
+    key_row_function: ClassVar[Any] = None
 
-    def __init__(self, num_heads: int, causal: bool = True):
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("name"):
+            return  # an abstract helper base, not a family
+        if "function_name" not in cls.__dict__:
+            cls.function_name = _camel(cls.name)
+        if cls.function is None:
+            raise TypeError(f"bias family {cls.name!r} declares no ONNX Script function")
+        previous = FAMILIES.get(cls.name)
+        if previous is not None and previous.__qualname__ != cls.__qualname__:
+            raise TypeError(f"two bias families are named {cls.name!r}: {previous.__module__} and {cls.__module__}")
+        FAMILIES[cls.name] = cls
+
+    def __init__(self, num_heads: int, causal: bool = True, params: BiasParams | None = None, seed: int = 0):
         super().__init__()
-        if int(num_heads) < 1:
+        if isinstance(num_heads, bool) or int(num_heads) < 1:
             raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+        if params is not None and not isinstance(params, self.Params):
+            raise TypeError(f"{self.name} takes {self.Params.__name__}, got {type(params).__name__}")
         self.num_heads = int(num_heads)
         self.causal = bool(causal)
+        self.params = params if params is not None else self.Params()
 
     def forward(self, q_len, k_len, device=None) -> torch.Tensor:
         q_pos, k_pos = query_key_positions(q_len, k_len, device=device or self._device())
@@ -47,36 +134,60 @@ class AttentionBias(nn.Module):
     def from_positions(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def compute(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        """from_positions, or during ONNX export (emit_function set) a single posbias.* node."""
-        if self.emit_function and torch.onnx.is_in_onnx_export():
+    def reference(self, q_pos: np.ndarray, k_pos: np.ndarray) -> np.ndarray:
+        """float64 oracle from the paper's formula (learned values read from this module)."""
+        raise NotImplementedError
+
+    def compute(self, q_pos: torch.Tensor, k_pos: torch.Tensor, as_function: bool = False) -> torch.Tensor:
+        """from_positions; during ONNX export with as_function, ONE posbias.<Family> node whose
+        body is attached afterwards as a model-local function."""
+        if as_function and torch.onnx.is_in_onnx_export():
             tensors, attrs = self.function_inputs()
             # float32 whatever the model dtype: the bias is computed and added in float32
             tensors = [t.float() if t.is_floating_point() else t for t in tensors]
             shape = [*q_pos.shape[:-1], self.output_heads, q_pos.shape[-1], k_pos.shape[-1]]
             return torch.onnx.ops.symbolic(
-                f"posbias::{self.onnx_function().name}", [q_pos, k_pos, *tensors], attrs,
+                f"posbias::{self.function_name}", [q_pos, k_pos, *tensors], attrs,
                 dtype=torch.float32, shape=shape, version=1,
             )
         return self.from_positions(q_pos, k_pos)
 
-    # --- the ONNX Script twin ------------------------------------------------------------
-    output_heads_is_one: bool = False
-
     @property
     def output_heads(self) -> int:
-        return 1 if self.output_heads_is_one else self.num_heads
+        return 1 if self.head_independent else self.num_heads
 
-    def onnx_function(self):
-        """The @onnxscript.script function in domain posbias computing this bias."""
-        raise NotImplementedError
+    @property
+    def lookback(self) -> int | None:
+        """How many keys before its own position a query can attend to (None: all)."""
+        return None
 
     def function_inputs(self) -> tuple[list[torch.Tensor], dict]:
-        """Tensors after (q_pos, k_pos), and attributes, for onnx_function()."""
+        """Tensors after (q_pos, k_pos), and attributes, for `function`."""
         return [], {}
 
     def hyper_parameters(self) -> dict:
         """Fixed (non-learned) settings, recorded in exported models' metadata."""
+        return self.params.as_dict()
+
+    @classmethod
+    def function_protos(cls) -> list[onnx.FunctionProto]:
+        """This family's FunctionProtos, named after the family (a copied family file gets
+        its own names), the bias function first, then the key-row shortcut if any."""
+        protos = []
+        for fn, name in ((cls.function, cls.function_name), (cls.key_row_function, cls.key_row_name())):
+            if fn is not None:
+                proto = fn.to_function_proto()
+                proto.name = name
+                protos.append(proto)
+        return protos
+
+    @classmethod
+    def key_row_name(cls) -> str | None:
+        return None if cls.key_row_function is None else cls.function_name + "KeyRow"
+
+    @classmethod
+    def params_for_training(cls, train_len: int) -> dict:
+        """Hyper-parameters a model trained at `train_len` should get (default: none)."""
         return {}
 
     def _device(self):

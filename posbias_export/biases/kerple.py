@@ -3,26 +3,58 @@
 Paper: Chi, Fan, Ramadge, Rudnicky. "KERPLE: Kernelized Relative Positional Embedding for
 Length Extrapolation", NeurIPS 2022 (arXiv:2205.09921).
 
-Formulas, learnable per head:
+Two families from one paper, sharing their reparametrization (hence one file):
   power: bias(i, j) = -r1 * |i - j|^r2          with r1 > 0, 0 < r2 <= 2
   log:   bias(i, j) = -r1 * log(1 + r2 * |i - j|) with r1, r2 > 0
-The constraints hold for ANY raw parameter value by reparametrization:
+Learnable per head. The constraints hold for ANY raw parameter value by reparametrization:
   r1 = softplus(raw_r1)            (clamped at EPS so underflow cannot give 0)
   r2 = 2 * sigmoid(raw_r2)         (power; clamped to [EPS, 2])
   r2 = softplus(raw_r2)            (log;  clamped at EPS)
 Checkpoints store the natural values r1 and r2 (what the paper reports), never the raw ones;
 loading validates them, so a checkpoint with r2 > 2 for the power variant is rejected.
+Hyper-parameters: none. Learned: yes (r1, r2 per head).
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
+from onnxscript import FLOAT, INT64, script
+from onnxscript import opset18 as op
 from torch import nn
 from torch.nn import functional as F
 
 from .base import AttentionBias, relative_distance
+from .onnx_domain import RelativeDistance, posbias
 
 EPS = 1e-6
+
+
+@script(posbias, default_opset=op)
+def KerplePower(q_pos: INT64, k_pos: INT64, r1: FLOAT, r2: FLOAT) -> FLOAT:
+    """KERPLE power: -r1_h * |i - j|^r2_h, [..., Lq] x [..., Lk] x [H] x [H] -> [..., H, Lq, Lk].
+    r1, r2 are the constrained (natural) values, as KerplePowerBias.r1() / .r2() give them.
+
+    PyTorch: -r1.view(-1, 1, 1) * torch.pow(distance.unsqueeze(-3), r2.view(-1, 1, 1))
+    """
+    distance = op.Unsqueeze(op.Abs(RelativeDistance(q_pos, k_pos)), [-3])  # [..., 1, Lq, Lk]
+    r1_h = op.Reshape(r1, [-1, 1, 1])  # [H, 1, 1]
+    r2_h = op.Reshape(r2, [-1, 1, 1])  # [H, 1, 1]
+    return op.Mul(op.Neg(r1_h), op.Pow(distance, r2_h))  # [..., H, Lq, Lk]
+
+
+@script(posbias, default_opset=op)
+def KerpleLog(q_pos: INT64, k_pos: INT64, r1: FLOAT, r2: FLOAT) -> FLOAT:
+    """KERPLE log: -r1_h * log(1 + r2_h |i - j|), [..., Lq] x [..., Lk] x [H] x [H] -> [..., H, Lq, Lk].
+
+    PyTorch: -r1.view(-1, 1, 1) * torch.log1p(r2.view(-1, 1, 1) * distance.unsqueeze(-3))
+    """
+    distance = op.Unsqueeze(op.Abs(RelativeDistance(q_pos, k_pos)), [-3])  # [..., 1, Lq, Lk]
+    r1_h = op.Reshape(r1, [-1, 1, 1])  # [H, 1, 1]
+    r2_h = op.Reshape(r2, [-1, 1, 1])  # [H, 1, 1]
+    one = op.Constant(value_float=1.0)
+    # 1 + r2 d >= 1: Log never sees 0. (ONNX has no log1p; for d >= 1 and r2 of O(1) the
+    # argument is >= 1 + r2 and plain Log loses nothing that matters in float32.)
+    return op.Mul(op.Neg(r1_h), op.Log(op.Add(one, op.Mul(r2_h, distance))))  # [..., H, Lq, Lk]
 
 
 def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
@@ -30,11 +62,18 @@ def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
     return y + torch.log(-torch.expm1(-y))
 
 
+def _distance64(q_pos, k_pos) -> np.ndarray:
+    return np.abs(np.asarray(q_pos, np.float64)[:, None] - np.asarray(k_pos, np.float64)[None, :])  # [Lq, Lk]
+
+
 class _KerpleBase(AttentionBias):
+    """The shared reparametrization and checkpoint format; not a family itself (no name)."""
+
+    learned = True
     r2_max: float | None = None
 
-    def __init__(self, num_heads: int, causal: bool = True, seed: int = 0):
-        super().__init__(num_heads, causal)
+    def __init__(self, num_heads: int, causal: bool = True, params=None, seed: int = 0):
+        super().__init__(num_heads, causal, params, seed)
         gen = torch.Generator().manual_seed(seed)
         # Natural-value init spread over heads, like the paper's uniform init.
         r1 = 0.1 + 1.9 * torch.rand(num_heads, generator=gen)
@@ -47,6 +86,10 @@ class _KerpleBase(AttentionBias):
 
     def function_inputs(self):
         return [self.r1(), self.r2()], {}  # natural values: the function needs no reparametrization
+
+    def natural64(self) -> tuple[np.ndarray, np.ndarray]:
+        """(r1, r2) [H] as float64, for the oracle."""
+        return self.r1().detach().double().numpy(), self.r2().detach().double().numpy()
 
     # --- constrained values ---------------------------------------------------------------
     def r1(self) -> torch.Tensor:
@@ -97,10 +140,9 @@ def _natural_load_pre_hook(module, state_dict, prefix, local_metadata, strict, m
 
 class KerplePowerBias(_KerpleBase):
     name = "kerple_power"
+    rank = 20
+    function = KerplePower
     r2_max = 2.0
-
-    def onnx_function(self):
-        return KerplePower
 
     def r2(self) -> torch.Tensor:
         return (2.0 * torch.sigmoid(self.raw_r2)).clamp(EPS, 2.0)  # [H]
@@ -114,12 +156,16 @@ class KerplePowerBias(_KerpleBase):
         r1, r2 = self.r1().view(-1, 1, 1), self.r2().view(-1, 1, 1)  # [H, 1, 1]
         return -r1 * torch.pow(distance, r2)  # [..., H, Lq, Lk]; 0^r2 = 0 since r2 > 0
 
+    def reference(self, q_pos, k_pos):
+        """float64: -r1 |i-j|^r2, [H, Lq, Lk]."""
+        r1, r2 = self.natural64()
+        return -r1[:, None, None] * _distance64(q_pos, k_pos)[None] ** r2[:, None, None]
+
 
 class KerpleLogBias(_KerpleBase):
     name = "kerple_log"
-
-    def onnx_function(self):
-        return KerpleLog
+    rank = 30
+    function = KerpleLog
 
     def r2(self) -> torch.Tensor:
         return F.softplus(self.raw_r2).clamp_min(EPS)  # [H]
@@ -133,56 +179,7 @@ class KerpleLogBias(_KerpleBase):
         # 1 + r2*|i-j| >= 1, so log never sees 0
         return -r1 * torch.log1p(r2 * distance)  # [..., H, Lq, Lk]
 
-
-def reference_power(r1, r2, q_len: int, k_len: int) -> np.ndarray:
-    """float64 oracle: -r1 |i-j|^r2, [H, Lq, Lk]."""
-    d = _reference_distance(q_len, k_len)
-    return -np.asarray(r1, np.float64)[:, None, None] * d[None] ** np.asarray(r2, np.float64)[:, None, None]
-
-
-def reference_log(r1, r2, q_len: int, k_len: int) -> np.ndarray:
-    """float64 oracle: -r1 log(1 + r2 |i-j|), [H, Lq, Lk]."""
-    d = _reference_distance(q_len, k_len)
-    r1 = np.asarray(r1, np.float64)[:, None, None]
-    r2 = np.asarray(r2, np.float64)[:, None, None]
-    return -r1 * np.log(1.0 + r2 * d[None])
-
-
-def _reference_distance(q_len, k_len):
-    i = np.arange(k_len - q_len, k_len, dtype=np.float64)[:, None]
-    j = np.arange(k_len, dtype=np.float64)[None, :]
-    return np.abs(i - j)
-
-
-from onnxscript import FLOAT, INT64, script  # noqa: E402
-from onnxscript import opset18 as op  # noqa: E402
-
-from .onnx_domain import RelativeDistance, posbias  # noqa: E402
-
-
-@script(posbias, default_opset=op)
-def KerplePower(q_pos: INT64, k_pos: INT64, r1: FLOAT, r2: FLOAT) -> FLOAT:
-    """KERPLE power: -r1_h * |i - j|^r2_h, [..., Lq] x [..., Lk] x [H] x [H] -> [..., H, Lq, Lk].
-    r1, r2 are the constrained (natural) values, as KerplePowerBias.r1() / .r2() give them.
-
-    PyTorch: -r1.view(-1, 1, 1) * torch.pow(distance.unsqueeze(-3), r2.view(-1, 1, 1))
-    """
-    distance = op.Unsqueeze(op.Abs(RelativeDistance(q_pos, k_pos)), [-3])  # [..., 1, Lq, Lk]
-    r1_h = op.Reshape(r1, [-1, 1, 1])  # [H, 1, 1]
-    r2_h = op.Reshape(r2, [-1, 1, 1])  # [H, 1, 1]
-    return op.Mul(op.Neg(r1_h), op.Pow(distance, r2_h))  # [..., H, Lq, Lk]
-
-
-@script(posbias, default_opset=op)
-def KerpleLog(q_pos: INT64, k_pos: INT64, r1: FLOAT, r2: FLOAT) -> FLOAT:
-    """KERPLE log: -r1_h * log(1 + r2_h |i - j|), [..., Lq] x [..., Lk] x [H] x [H] -> [..., H, Lq, Lk].
-
-    PyTorch: -r1.view(-1, 1, 1) * torch.log1p(r2.view(-1, 1, 1) * distance.unsqueeze(-3))
-    """
-    distance = op.Unsqueeze(op.Abs(RelativeDistance(q_pos, k_pos)), [-3])  # [..., 1, Lq, Lk]
-    r1_h = op.Reshape(r1, [-1, 1, 1])  # [H, 1, 1]
-    r2_h = op.Reshape(r2, [-1, 1, 1])  # [H, 1, 1]
-    one = op.Constant(value_float=1.0)
-    # 1 + r2 d >= 1: Log never sees 0. (ONNX has no log1p; for d >= 1 and r2 of O(1) the
-    # argument is >= 1 + r2 and plain Log loses nothing that matters in float32.)
-    return op.Mul(op.Neg(r1_h), op.Log(op.Add(one, op.Mul(r2_h, distance))))  # [..., H, Lq, Lk]
+    def reference(self, q_pos, k_pos):
+        """float64: -r1 log(1 + r2 |i-j|), [H, Lq, Lk]."""
+        r1, r2 = self.natural64()
+        return -r1[:, None, None] * np.log1p(r2[:, None, None] * _distance64(q_pos, k_pos)[None])

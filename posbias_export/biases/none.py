@@ -1,27 +1,16 @@
-"""No positional bias (NoPE, or positions carried by RoPE / absolute embeddings)."""
+"""No positional bias (NoPE, or positions carried by RoPE / absolute embeddings).
+
+Formula: bias(i, j) = 0. Hyper-parameters: none. Learned: no.
+"""
 from __future__ import annotations
 
+import numpy as np
 import torch
+from onnxscript import FLOAT, INT64, script
+from onnxscript import opset18 as op
 
 from .base import AttentionBias, relative_distance
-
-
-class NoPositionalBias(AttentionBias):
-    name = "none"
-    output_heads_is_one = True
-
-    def onnx_function(self):
-        return NoBias
-
-    def from_positions(self, q_pos, k_pos):
-        rel = relative_distance(q_pos, k_pos)  # [..., Lq, Lk]
-        return torch.zeros_like(rel, dtype=torch.float32).unsqueeze(-3)  # [..., 1, Lq, Lk]
-
-
-from onnxscript import FLOAT, INT64, script  # noqa: E402
-from onnxscript import opset18 as op  # noqa: E402
-
-from .onnx_domain import posbias  # noqa: E402
+from .onnx_domain import posbias
 
 
 @script(posbias, default_opset=op)
@@ -33,3 +22,18 @@ def NoBias(q_pos: INT64, k_pos: INT64) -> FLOAT:
     rel = op.Sub(op.Unsqueeze(q_pos, [-1]), op.Unsqueeze(k_pos, [-2]))  # [..., Lq, Lk]
     zeros = op.Mul(op.Cast(rel, to=1), op.Constant(value_float=0.0))
     return op.Unsqueeze(zeros, [-3])  # [..., 1, Lq, Lk]
+
+
+class NoPositionalBias(AttentionBias):
+    name = "none"
+    rank = 1000  # last: the baseline every other family is compared with
+    function = NoBias
+    function_name = "NoBias"
+    head_independent = True
+
+    def from_positions(self, q_pos, k_pos):
+        rel = relative_distance(q_pos, k_pos)  # [..., Lq, Lk]
+        return torch.zeros_like(rel, dtype=torch.float32).unsqueeze(-3)  # [..., 1, Lq, Lk]
+
+    def reference(self, q_pos, k_pos):
+        return np.zeros((1, len(q_pos), len(k_pos)))

@@ -9,6 +9,7 @@ from onnxscript.values import Opset
 
 DOMAIN = "posbias"
 VERSION = 1
+STANDARD_DOMAINS = ("", "ai.onnx")
 posbias = Opset(DOMAIN, VERSION)
 
 

@@ -10,13 +10,25 @@ Subtracting d'/2 is a constant shift (softmax ignores it) that makes the bias 0 
 diagonal and <= 0 elsewhere. lambda_h = H / (8 h) for head h = 1..H: the per-head
 compression of the authors' released code, ALiBi-like, so heads see different ranges.
 Computed as a matrix product of position tables, so memory stays [Lq, Lk], not [Lq, Lk, K].
+Hyper-parameters: sin_dim (d', default 128). Learned: no.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
+from onnxscript import FLOAT, INT64, script
+from onnxscript import opset18 as op
 
-from .base import AttentionBias
+from .base import AttentionBias, BiasParams, hyper_parameter
+from .onnx_domain import posbias
+
+
+@dataclass(frozen=True)
+class SandwichParams(BiasParams):
+    sin_dim: int = hyper_parameter(128, "sinusoid dimension d'", minimum=2, even=True, alias="--sandwich-dim",
+                                   legacy_key="sandwich_dim")
 
 
 def sandwich_frequencies(sin_dim: int) -> torch.Tensor:
@@ -29,55 +41,6 @@ def sandwich_head_scales(num_heads: int) -> torch.Tensor:
     """lambda_h = H / (8 h), float32 [H]."""
     h = torch.arange(1, num_heads + 1, dtype=torch.float64)
     return (num_heads / (8.0 * h)).to(torch.float32)
-
-
-class SandwichBias(AttentionBias):
-    name = "sandwich"
-
-    def onnx_function(self):
-        return Sandwich
-
-    def function_inputs(self):
-        return [self.frequencies, self.head_scales], {}
-
-    def __init__(self, num_heads: int, causal: bool = True, sin_dim: int = 128):
-        super().__init__(num_heads, causal)
-        if int(sin_dim) < 2 or int(sin_dim) % 2:
-            raise ValueError(f"sandwich sin_dim must be an even number >= 2, got {sin_dim}")
-        self.sin_dim = int(sin_dim)
-        self.register_buffer("frequencies", sandwich_frequencies(self.sin_dim), persistent=False)  # [K]
-        self.register_buffer("head_scales", sandwich_head_scales(num_heads), persistent=False)  # [H]
-
-    def hyper_parameters(self) -> dict:
-        return {"sin_dim": self.sin_dim}
-
-    def position_table(self, pos: torch.Tensor) -> torch.Tensor:
-        """Sinusoidal embeddings [..., L] -> [..., L, d'] (sin block then cos block)."""
-        angle = pos.to(torch.float32).unsqueeze(-1) * self.frequencies  # [..., L, K]
-        return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)  # [..., L, 2K]
-
-    def from_positions(self, q_pos, k_pos):
-        p_q = self.position_table(q_pos)  # [..., Lq, d']
-        p_k = self.position_table(k_pos)  # [..., Lk, d']
-        inner = p_q @ p_k.transpose(-1, -2) - self.sin_dim / 2  # [..., Lq, Lk]
-        return self.head_scales.view(-1, 1, 1) * inner.unsqueeze(-3)  # [..., H, Lq, Lk]
-
-
-def reference_bias(num_heads: int, q_len: int, k_len: int, sin_dim: int = 128) -> np.ndarray:
-    """float64 oracle via the identity <p_i, p_j> = sum_k cos((i - j) w_k): [H, Lq, Lk]."""
-    w = 10000.0 ** (-2.0 * np.arange(sin_dim // 2, dtype=np.float64) / sin_dim)
-    rel = np.arange(k_len - q_len, k_len, dtype=np.float64)[:, None] - np.arange(k_len, dtype=np.float64)[None]
-    inner = np.zeros_like(rel)
-    for wk in w:  # loop over frequencies keeps memory at [Lq, Lk]
-        inner += np.cos(rel * wk)
-    scales = num_heads / (8.0 * np.arange(1, num_heads + 1, dtype=np.float64))
-    return scales[:, None, None] * (inner - sin_dim / 2)[None]
-
-
-from onnxscript import FLOAT, INT64, script  # noqa: E402
-from onnxscript import opset18 as op  # noqa: E402
-
-from .onnx_domain import posbias  # noqa: E402
 
 
 @script(posbias, default_opset=op)
@@ -94,3 +57,41 @@ def Sandwich(q_pos: INT64, k_pos: INT64, frequencies: FLOAT, head_scales: FLOAT)
     # Einsum with an ellipsis: a transpose of the last two axes for 1-D and batched positions
     inner = op.Sub(op.Einsum(p_q, p_k, equation="...qd,...kd->...qk"), half)  # [..., Lq, Lk]
     return op.Mul(op.Reshape(head_scales, [-1, 1, 1]), op.Unsqueeze(inner, [-3]))  # [..., H, Lq, Lk]
+
+
+class SandwichBias(AttentionBias):
+    name = "sandwich"
+    rank = 40
+    Params = SandwichParams
+    function = Sandwich
+
+    def __init__(self, num_heads: int, causal: bool = True, params: SandwichParams | None = None, seed: int = 0):
+        super().__init__(num_heads, causal, params, seed)
+        self.sin_dim = self.params.sin_dim
+        self.register_buffer("frequencies", sandwich_frequencies(self.sin_dim), persistent=False)  # [K]
+        self.register_buffer("head_scales", sandwich_head_scales(num_heads), persistent=False)  # [H]
+
+    def function_inputs(self):
+        return [self.frequencies, self.head_scales], {}
+
+    def position_table(self, pos: torch.Tensor) -> torch.Tensor:
+        """Sinusoidal embeddings [..., L] -> [..., L, d'] (sin block then cos block)."""
+        angle = pos.to(torch.float32).unsqueeze(-1) * self.frequencies  # [..., L, K]
+        return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)  # [..., L, 2K]
+
+    def from_positions(self, q_pos, k_pos):
+        p_q = self.position_table(q_pos)  # [..., Lq, d']
+        p_k = self.position_table(k_pos)  # [..., Lk, d']
+        inner = p_q @ p_k.transpose(-1, -2) - self.sin_dim / 2  # [..., Lq, Lk]
+        return self.head_scales.view(-1, 1, 1) * inner.unsqueeze(-3)  # [..., H, Lq, Lk]
+
+    def reference(self, q_pos, k_pos):
+        """float64 via the identity <p_i, p_j> = sum_k cos((i - j) w_k): [H, Lq, Lk]."""
+        d = self.sin_dim
+        w = 10000.0 ** (-2.0 * np.arange(d // 2, dtype=np.float64) / d)
+        rel = np.asarray(q_pos, np.float64)[:, None] - np.asarray(k_pos, np.float64)[None, :]
+        inner = np.zeros_like(rel)
+        for wk in w:  # loop over frequencies keeps memory at [Lq, Lk]
+            inner += np.cos(rel * wk)
+        scales = self.num_heads / (8.0 * np.arange(1, self.num_heads + 1, dtype=np.float64))
+        return scales[:, None, None] * (inner - d / 2)[None]

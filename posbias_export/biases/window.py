@@ -8,55 +8,24 @@ Convention: the window COUNTS THE QUERY ITSELF. Causal: query i sees keys j with
 0 <= i - j < w (itself and the w - 1 keys before it). Bidirectional: |i - j| < w.
 Formula: bias(i, j) = 0 inside the window, the float32 lowest finite value outside
 (never -inf, so a row can never become NaN). RoPE is applied by the attention layer.
+Hyper-parameters: window (w, default 64). Learned: no.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
+from onnxscript import FLOAT, INT64, script
+from onnxscript import opset18 as op
 
-from .base import AttentionBias, mask_value, relative_distance
-
-
-class WindowBias(AttentionBias):
-    name = "window"
-    output_heads_is_one = True
-
-    def onnx_function(self):
-        return Window
-
-    def function_inputs(self):
-        return [], {"window": self.window, "causal": int(self.causal)}
-
-    def __init__(self, num_heads: int, causal: bool = True, window: int = 64):
-        super().__init__(num_heads, causal)
-        if int(window) < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
-        self.window = int(window)
-
-    def hyper_parameters(self) -> dict:
-        return {"window": self.window}
-
-    def from_positions(self, q_pos, k_pos):
-        rel = relative_distance(q_pos, k_pos)  # i - j, [..., Lq, Lk]
-        inside = rel.abs() < self.window
-        if self.causal:
-            inside = inside & (rel >= 0)
-        zero = torch.zeros((), dtype=torch.float32, device=rel.device)
-        low = torch.full((), mask_value(torch.float32), dtype=torch.float32, device=rel.device)
-        return torch.where(inside, zero, low).unsqueeze(-3)  # [..., 1, Lq, Lk]
+from .base import FLOAT32_LOWEST, AttentionBias, BiasParams, hyper_parameter, relative_distance
+from .onnx_domain import posbias
 
 
-def reference_bias(q_len: int, k_len: int, window: int, causal: bool) -> np.ndarray:
-    """float64 oracle, [1, Lq, Lk]: 0 inside the window, the float32 lowest value outside."""
-    rel = np.arange(k_len - q_len, k_len)[:, None] - np.arange(k_len)[None]
-    inside = (rel >= 0) & (rel < window) if causal else np.abs(rel) < window
-    return np.where(inside, 0.0, float(np.finfo(np.float32).min))[None]
-
-
-from onnxscript import FLOAT, INT64, script  # noqa: E402
-from onnxscript import opset18 as op  # noqa: E402
-
-from .onnx_domain import posbias  # noqa: E402
+@dataclass(frozen=True)
+class WindowParams(BiasParams):
+    window: int = hyper_parameter(64, "keys a query sees, itself included", alias="--window", legacy_key="window")
 
 
 @script(posbias, default_opset=op)
@@ -73,6 +42,44 @@ def Window(q_pos: INT64, k_pos: INT64, window: int, causal: int) -> FLOAT:
     zero = op.Constant(value_int=0)
     ahead_ok = op.Or(op.GreaterOrEqual(rel, zero), op.Equal(is_causal, zero))  # [..., Lq, Lk]
     inside = op.And(op.Less(op.Abs(rel), w), ahead_ok)
-    low = op.Constant(value_float=-3.4028234663852886e38)  # float32 lowest finite, never -inf
-    bias = op.Where(inside, op.Constant(value_float=0.0), low)  # [..., Lq, Lk]
+    bias = op.Where(inside, op.Constant(value_float=0.0), op.Constant(value_float=FLOAT32_LOWEST))  # [..., Lq, Lk]
     return op.Unsqueeze(bias, [-3])  # [..., 1, Lq, Lk]
+
+
+class WindowBias(AttentionBias):
+    name = "window"
+    rank = 60
+    Params = WindowParams
+    function = Window
+    head_independent = True
+    uses_rope = True  # Su's super-baseline: RoPE inside the window
+
+    def __init__(self, num_heads: int, causal: bool = True, params: WindowParams | None = None, seed: int = 0):
+        super().__init__(num_heads, causal, params, seed)
+        self.window = self.params.window
+
+    @property
+    def lookback(self) -> int:
+        return self.window - 1  # the window counts the query itself
+
+    @classmethod
+    def params_for_training(cls, train_len: int) -> dict:
+        return {"window": train_len}  # the super-baseline: a window no longer than training
+
+    def function_inputs(self):
+        return [], {"window": self.window, "causal": int(self.causal)}
+
+    def from_positions(self, q_pos, k_pos):
+        rel = relative_distance(q_pos, k_pos)  # i - j, [..., Lq, Lk]
+        inside = rel.abs() < self.window
+        if self.causal:
+            inside = inside & (rel >= 0)
+        zero = torch.zeros((), dtype=torch.float32, device=rel.device)
+        low = torch.full((), FLOAT32_LOWEST, dtype=torch.float32, device=rel.device)
+        return torch.where(inside, zero, low).unsqueeze(-3)  # [..., 1, Lq, Lk]
+
+    def reference(self, q_pos, k_pos):
+        """[1, Lq, Lk]: 0 inside the window, the float32 lowest value outside."""
+        rel = np.asarray(q_pos)[:, None] - np.asarray(k_pos)[None, :]
+        inside = (rel >= 0) & (rel < self.window) if self.causal else np.abs(rel) < self.window
+        return np.where(inside, 0.0, FLOAT32_LOWEST)[None]

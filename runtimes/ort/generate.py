@@ -13,20 +13,15 @@ import argparse
 import sys
 from pathlib import Path
 
-import importlib.util  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
 from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
+from common.loading import load_runner  # noqa: E402
 from common.tensor_io import RunnerError  # noqa: E402
 
-# The sibling runner, loaded by path (a bare `import run` could pick up another module).
-_spec = importlib.util.spec_from_file_location("posbias_ort_run", Path(__file__).resolve().parent / "run.py")
-_run = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_run)
-create_session = _run.create_session
+create_session = load_runner("ort/run.py").create_session  # the sibling runner's session, checks included
 
 
 class CachedDecoder:

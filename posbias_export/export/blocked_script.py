@@ -1,6 +1,6 @@
 """The pieces of query-blocked causal attention, as ONNX Script functions in domain posbias.
 
-blocked.py strings them together: BlockPrepare, then a Loop over query blocks whose body is
+blocked_graph.py strings them together: BlockPrepare, then a Loop over query blocks whose body is
 BlockQueries -> BlockKeys -> (the family's bias function on the block) -> BlockAttend, then
 BlockAssemble. Only standard opset-18 ops. Per block, memory is H * block * (keys it sees):
 linear in L, never H * L^2. Causality skips the key blocks above the diagonal.
@@ -10,7 +10,8 @@ from __future__ import annotations
 from onnxscript import BOOL, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
-from .biases.onnx_domain import posbias
+from ..biases import MASK_PENALTY
+from ..biases.onnx_domain import posbias
 
 
 @script(posbias, default_opset=op)
@@ -108,37 +109,19 @@ def BlockAttend(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, bias: FLOAT, q_idx: INT64,
     """softmax(q_b k_b^T + bias + mask) v_b for one block, [B, H, Bq, d]. Scores, bias and
     softmax in float32 whatever the model dtype (as the plain form).
 
-    The causal/padding mask is ADDED (0 or -1e30), and to the bias first: a Where over the
-    full [B, H, Bq, W] scores was 27% of ALiBi's kernel time at L=8192 (ORT profile), and a
-    head-independent bias (Sandwich, window, none) plus the mask stays [.., 1, Bq, W]. -1e30
-    absorbs any score (a masked key gets exp(-1e30 - max) = 0) yet cannot overflow to -inf
-    even on top of the window's float32-lowest, so a fully masked row stays finite (uniform).
+    The causal/padding mask is ADDED (0 or MASK_PENALTY = -1e30), and to the bias first: a
+    Where over the full [B, H, Bq, W] scores was 27% of the kernel time at L=8192 (ORT profile),
+    and a head-independent bias plus the mask stays [.., 1, Bq, W]. -1e30 absorbs any score (a
+    masked key gets exp(-1e30 - max) = 0) yet cannot overflow to -inf even on top of a bias that
+    masks with the float32 lowest value, so a fully masked row stays finite (uniform).
 
     PyTorch: s = (q_b @ k_t_b).float() + (bias + where((k_idx <= q_idx) & keep_b, 0, -1e30)); softmax(s, -1).to(v_b.dtype) @ v_b
     """
     allowed = op.And(op.LessOrEqual(k_idx, q_idx), keep_b)  # [B|1, 1, Bq, W]
-    penalty = op.Where(allowed, op.Constant(value_float=0.0), op.Constant(value_float=-1e30))  # [B|1, 1, Bq, W]
+    penalty = op.Where(allowed, op.Constant(value_float=0.0), op.Constant(value_float=MASK_PENALTY))  # [B|1, 1, Bq, W]
     scores = op.Add(op.Cast(op.MatMul(q_b, k_t_b), to=1), op.Add(bias, penalty))  # [B, H, Bq, W] float32
     probs = op.Softmax(scores, axis=-1)  # [B, H, Bq, W]
     return op.MatMul(op.CastLike(probs, v_b), v_b)  # [B, H, Bq, d]
-
-
-@script(posbias, default_opset=op)
-def AlibiKeyRow(q_pos_b: INT64, k_pos_b: INT64, slopes: FLOAT) -> FLOAT:
-    """Causal ALiBi for one query block as ONE row per head: slope_h * (j - p0), p0 the position
-    of the block's middle row. Under a causal mask -m(i - j) = m(j - p0) - m(i - p0), and
-    softmax ignores the per-row constant m(i - p0), so the H*Bq*W bias becomes H*W values.
-    p0 inside the block (not 0) keeps the values small where they matter, near the diagonal:
-    |m(i - p0)| <= m*Bq/2, so float32 rounding of the scores stays a few 1e-6 (measured) instead
-    of growing with L.
-
-    [..., Bq] x [..., W] x [H] -> [..., H, 1, W]
-    PyTorch: slopes.view(-1, 1, 1) * (k_pos_b[..., None, :] - q_pos_b[..., Bq//2, None, None]).float().unsqueeze(-3)
-    """
-    middle = op.Div(op.Shape(q_pos_b, start=-1), [2])  # [1]
-    p0 = op.Slice(q_pos_b, middle, op.Add(middle, [1]), [-1])  # [..., 1]
-    rel = op.Cast(op.Sub(op.Unsqueeze(k_pos_b, [-2]), op.Unsqueeze(p0, [-1])), to=1)  # [..., 1, W]
-    return op.Mul(op.Reshape(slopes, [-1, 1, 1]), op.Unsqueeze(rel, [-3]))  # [..., H, 1, W]
 
 
 @script(posbias, default_opset=op)
@@ -159,4 +142,4 @@ def BlockAssemble(blocks: FLOAT, q: FLOAT, block: INT64) -> FLOAT:
     return op.Slice(joined, [0], op.Shape(q, start=2, end=3), [2])  # [B, H, Lq, d]
 
 
-BLOCK_FUNCTIONS = (FitsOneBlock, DirectPrepare, BlockPrepare, BlockQueries, BlockKeys, BlockAttend, AlibiKeyRow, BlockAssemble)
+BLOCK_FUNCTIONS = (FitsOneBlock, DirectPrepare, BlockPrepare, BlockQueries, BlockKeys, BlockAttend, BlockAssemble)

@@ -11,8 +11,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from .parity import load_model_file, reference_model
-from .train import read_corpus, split
+from ..parity import load_model_file, reference_model
+from .corpus import read_corpus, split
 
 TOKENS_PER_BATCH = 8192  # windows per ORT call: keeps the [B, H, L, L] scores small
 
@@ -89,3 +89,15 @@ def evaluate(model_path: str | Path, corpus: str | Path, lengths=(64, 128, 256, 
 
 def as_json(results: list[LengthResult]) -> list[dict]:
     return [asdict(r) for r in results]
+
+
+def format_results(results: list[LengthResult]) -> str:
+    """The terminal table of `evaluate`."""
+    lines = [f"{'length':>7} {'windows':>7} {'ORT ppl':>9} {'torch ppl':>9} {'rel diff':>9} {'ORT tok/s':>10}"]
+    for r in results:
+        if r.ort_ppl is None:
+            lines.append(f"{r.length:>7} {'-':>7} {r.note}")
+        else:
+            lines.append(f"{r.length:>7} {r.windows:>7} {r.ort_ppl:>9.4f} {r.torch_ppl:>9.4f} {r.rel_diff:>9.1e} "
+                         f"{r.ort_tokens_per_s:>10.0f}")
+    return "\n".join(lines)

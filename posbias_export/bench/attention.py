@@ -8,8 +8,6 @@ causal, float32), so the numbers are about attention and nothing else.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -17,22 +15,25 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .biases import BIASES
+from ..biases import BIASES, DEFAULT_BIAS, bias_class
+from ..environment import describe, environment
 
 LENGTHS = (512, 2048, 8192, 16384)
 CONFIGS = ("ort-blocked", "ort-plain", "openvino", "torch-eager", "torch-sdpa")
-WORKER = Path(__file__).with_name("bench_worker.py")
+WORKER = Path(__file__).with_name("worker.py")
 # Peak bytes per score element of the plain forms, measured at L=8192 (H=8): ORT ~9 GB (4.2),
 # PyTorch eager ~4.7 GB (2.2). 4.5 with headroom decides what to skip rather than swap or crash.
 PLAIN_BYTES_PER_SCORE = 4.5 * 4
-# The issue's targets (benchmarks report whether they hold; tests never time anything).
+# The targets, for the default bias (benchmarks report whether they hold; tests never time anything).
 TARGET_SDPA_RATIO, TARGET_SDPA_LENGTH = 2.0, 8192
 TARGET_RSS_BYTES = 1 << 30
 TARGET_EAGER_RATIO, TARGET_EAGER_LENGTH = 1.0, 2048
 
 
 @dataclass
-class Cell:
+class Timing:
+    """One (bias, config, length) measurement, or why it was not made."""
+
     bias: str
     config: str
     length: int
@@ -72,8 +73,8 @@ def predicted_peak(config: str, heads: int, length: int) -> int:
 
 
 def export_attention(bias: str, form: str, heads: int, head_dim: int, workdir: Path) -> Path:
-    from .export import export_onnx
-    from .model import ModelConfig, build_model
+    from ..export import export_onnx
+    from ..nn import ModelConfig, build_model
 
     core = build_model(ModelConfig(bias=bias, num_heads=heads, dim=heads * head_dim), arch="attention")
     path = workdir / f"{bias}_{form}.onnx"
@@ -81,7 +82,7 @@ def export_attention(bias: str, form: str, heads: int, head_dim: int, workdir: P
     return path
 
 
-def run_cell(cell: Cell, model: Path | None, heads: int, head_dim: int, repeats: int, timeout: float) -> Cell:
+def run_cell(cell: Timing, model: Path | None, heads: int, head_dim: int, repeats: int, timeout: float) -> Timing:
     runner = {"ort-blocked": "ort", "ort-plain": "ort"}.get(cell.config, cell.config)
     cmd = [sys.executable, str(WORKER), "--runner", runner, "--bias", cell.bias, "--length", str(cell.length),
            "--heads", str(heads), "--head-dim", str(head_dim), "--repeats", str(repeats)]
@@ -102,13 +103,13 @@ def run_cell(cell: Cell, model: Path | None, heads: int, head_dim: int, repeats:
 
 
 def run(biases=BIASES, lengths=LENGTHS, configs=CONFIGS, repeats: int = 3, heads: int = 8, head_dim: int = 64,
-        timeout: float = 900.0, workdir=None, progress=None) -> list[Cell]:
+        timeout: float = 900.0, workdir=None, progress=None) -> list[Timing]:
     """Every (bias, length, config); torch-sdpa has no bias, so it runs once per length."""
     unknown = sorted(set(configs) - set(CONFIGS)) + sorted(set(biases) - set(BIASES))
     if unknown:
         raise ValueError(f"unknown bench configs or biases: {', '.join(unknown)}")
     budget = memory_budget()
-    cells: list[Cell] = []
+    cells: list[Timing] = []
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         models = {}
         for bias in biases:
@@ -121,7 +122,7 @@ def run(biases=BIASES, lengths=LENGTHS, configs=CONFIGS, repeats: int = 3, heads
                 for config in configs:
                     if config == "torch-sdpa" and bias != biases[0]:
                         continue
-                    cell = Cell("-" if config == "torch-sdpa" else bias, config, length)
+                    cell = Timing("-" if config == "torch-sdpa" else bias, config, length)
                     need = predicted_peak(config, heads, length)
                     if need > budget:
                         cell.skipped = f"skipped: needs ~{need / 1e9:.0f} GB (H*L^2 scores), budget {budget / 1e9:.0f} GB"
@@ -140,7 +141,7 @@ def count(biases, lengths, configs) -> int:
     return per_length * len(lengths)
 
 
-def _find(cells, bias, config, length) -> Cell | None:
+def _find(cells, bias, config, length) -> Timing | None:
     for cell in cells:
         if cell.config == config and cell.length == length and (cell.bias == bias or config == "torch-sdpa"):
             return cell
@@ -155,37 +156,22 @@ def ratio(cells, bias, length, config, baseline) -> float | None:
 
 
 def targets(cells) -> list[dict]:
-    """The issue's three ALiBi targets, judged on this run's numbers."""
+    """The three targets for the default bias, judged on this run's numbers."""
     out = []
-    r = ratio(cells, "alibi", TARGET_SDPA_LENGTH, "ort-blocked", "torch-sdpa")
-    out.append({"target": f"ALiBi L={TARGET_SDPA_LENGTH}: ORT time <= {TARGET_SDPA_RATIO:g}x fused SDPA (no bias)",
+    r = ratio(cells, DEFAULT_BIAS, TARGET_SDPA_LENGTH, "ort-blocked", "torch-sdpa")
+    out.append({"target": f"{DEFAULT_BIAS} L={TARGET_SDPA_LENGTH}: ORT time <= {TARGET_SDPA_RATIO:g}x fused SDPA (no bias)",
                 "measured": r, "met": r is not None and r <= TARGET_SDPA_RATIO})
-    cell = _find(cells, "alibi", "ort-blocked", TARGET_SDPA_LENGTH)
+    cell = _find(cells, DEFAULT_BIAS, "ort-blocked", TARGET_SDPA_LENGTH)
     rss = cell.peak_rss if cell is not None and cell.ok else None
-    out.append({"target": f"ALiBi L={TARGET_SDPA_LENGTH}: ORT peak RSS <= 1 GB",
+    out.append({"target": f"{DEFAULT_BIAS} L={TARGET_SDPA_LENGTH}: ORT peak RSS <= 1 GB",
                 "measured": rss, "met": rss is not None and rss <= TARGET_RSS_BYTES})
-    r = ratio(cells, "alibi", TARGET_EAGER_LENGTH, "ort-blocked", "torch-eager")
-    out.append({"target": f"ALiBi L={TARGET_EAGER_LENGTH}: ORT time <= {TARGET_EAGER_RATIO:g}x PyTorch eager (same bias)",
+    r = ratio(cells, DEFAULT_BIAS, TARGET_EAGER_LENGTH, "ort-blocked", "torch-eager")
+    out.append({"target": f"{DEFAULT_BIAS} L={TARGET_EAGER_LENGTH}: ORT time <= {TARGET_EAGER_RATIO:g}x PyTorch eager (same bias)",
                 "measured": r, "met": r is not None and r <= TARGET_EAGER_RATIO})
     return out
 
 
-def environment() -> dict:
-    import onnxruntime
-    import torch
-
-    try:
-        import openvino
-
-        ov_version = openvino.__version__
-    except ImportError:
-        ov_version = None
-    return {"machine": platform.machine(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "onnxruntime": onnxruntime.__version__, "openvino": ov_version}
-
-
-def _fmt_time(cell: Cell | None) -> str:
+def _fmt_time(cell: Timing | None) -> str:
     if cell is None:
         return ""
     if not cell.ok:
@@ -193,7 +179,7 @@ def _fmt_time(cell: Cell | None) -> str:
     return f"{cell.min:.3f} / {cell.median:.3f}"
 
 
-def _fmt_gb(cell: Cell | None) -> str:
+def _fmt_gb(cell: Timing | None) -> str:
     return f"{cell.peak_rss / 1e9:.2f}" if cell is not None and cell.ok else ""
 
 
@@ -213,9 +199,8 @@ def markdown(cells, env: dict, heads: int, head_dim: int) -> str:
         "the whole [H, L, L] form, `openvino` the default export on OpenVINO f32, `torch-eager` the "
         "PyTorch model with the same bias, `torch-sdpa` PyTorch's fused causal kernel WITHOUT a bias "
         "(the practical limit here).", "",
-        f"Machine: {env['cpus']} CPUs ({env['processor']}), torch {env['torch']} ({env['torch_threads']} threads), "
-        f"onnxruntime {env['onnxruntime']}, openvino {env['openvino']}.", "",
-        "## Targets (ALiBi)", "",
+        describe(env), "",
+        f"## Targets ({DEFAULT_BIAS})", "",
         "| target | measured | met |", "|---|---|---|",
     ]
     for t in targets(cells):
@@ -253,12 +238,12 @@ def plot(cells, path: Path) -> None:
     styles = {"ort-blocked": "-o", "ort-plain": "--s", "openvino": "-^", "torch-eager": ":x", "torch-sdpa": "-k"}
     for config in CONFIGS:
         points = sorted((c.length, c.min, c.peak_rss) for c in cells
-                        if c.config == config and c.ok and c.bias in ("alibi", "-"))
+                        if c.config == config and c.ok and c.bias in (DEFAULT_BIAS, "-"))
         if points:
-            label = f"{config} ({'no bias' if config == 'torch-sdpa' else 'alibi'})"
+            label = f"{config} ({'no bias' if config == 'torch-sdpa' else DEFAULT_BIAS})"
             ax_t.plot([p[0] for p in points], [p[1] for p in points], styles[config], label=label)
             ax_m.plot([p[0] for p in points], [p[2] / 1e9 for p in points], styles[config], label=label)
-    for bias in dict.fromkeys(c.bias for c in cells if c.bias not in ("alibi", "-")):
+    for bias in dict.fromkeys(c.bias for c in cells if c.bias not in (DEFAULT_BIAS, "-")):
         points = sorted((c.length, c.min) for c in cells if c.config == "ort-blocked" and c.bias == bias and c.ok)
         if points:
             ax_t.plot([p[0] for p in points], [p[1] for p in points], "-", lw=0.8, alpha=0.6, label=f"ort-blocked ({bias})")
@@ -287,19 +272,26 @@ def write(cells, out_dir: Path, heads: int, head_dim: int, stem: str = "attentio
     return paths
 
 
+def profile_biases(biases) -> list[str]:
+    """The two ends of what the per-block bias costs: the default bias (its key-row shortcut,
+    if it has one) and the first other family that evaluates its bias for every (query, key) pair."""
+    full = [b for b in biases if b != DEFAULT_BIAS and bias_class(b).key_row_function is None
+            and not bias_class(b).head_independent]
+    return [b for b in biases if b == DEFAULT_BIAS] + full[:1]
+
+
 def write_profile(biases, length: int, heads: int, head_dim: int, out_dir: Path, stem: str = "attention") -> Path:
-    """ORT's profiler on the blocked export at `length`: ALiBi (key-row bias) and KERPLE log
-    (a full per-block bias), the two ends of what the per-block bias costs."""
-    from .bench_worker import make_inputs
-    from .profile_ort import markdown as profile_markdown
-    from .profile_ort import profile
+    """ORT's profiler on the blocked export at `length`, for profile_biases(biases)."""
+    from .profile import markdown as profile_markdown
+    from .profile import profile
+    from .worker import make_inputs
 
     sections = [f"# Where ONNX Runtime's time goes: blocked attention at L={length}", "",
                 f"Generated by `python -m posbias_export bench` with ORT's profiler (H={heads}, d={head_dim}, "
                 "causal, fp32, batch 1). Node kernel time summed by operator, per forward.", ""]
     inputs = dict(zip(("query", "key", "value"), make_inputs(heads, head_dim, length)))
     with tempfile.TemporaryDirectory() as tmp:
-        for bias in [b for b in ("alibi", "kerple_log") if b in biases]:
+        for bias in profile_biases(biases):
             model = export_attention(bias, "blocked", heads, head_dim, Path(tmp))
             sections.append(profile_markdown(profile(model, inputs), f"{bias}, blocked form"))
     path = out_dir / f"{stem}_profile.md"

@@ -6,32 +6,34 @@ import json
 import tempfile
 from pathlib import Path
 
-from .checkpoint import load_checkpoint
+from ..biases import BIASES
+from ..export import export_onnx
+from ..nn import load_checkpoint
 from .evaluate import as_json, evaluate
-from .export import export_onnx
-from .model import resize_positions
-
-ORDER = ("alibi", "kerple_log", "kerple_power", "sandwich", "t5", "window", "rope", "sinusoidal", "learned", "none")
+from .train import SCHEMES, scheme_of
 
 
-def scheme_name(path: Path) -> str:
-    return path.stem
+def table_order(cfg) -> tuple:
+    """Rows in registry order; a scheme (no bias + a position encoding) right before plain NoPE."""
+    scheme = scheme_of(cfg)
+    return (BIASES.index(cfg.bias), 0 if scheme in SCHEMES else 1, list(SCHEMES).index(scheme) if scheme in SCHEMES else 0)
 
 
 def run(models_dir: str | Path, corpus: str | Path, lengths, max_tokens: int, out_dir: str | Path, progress=None) -> dict:
     models_dir, out_dir = Path(models_dir), Path(out_dir)
-    checkpoints = sorted(models_dir.glob("*.safetensors"), key=lambda p: ORDER.index(p.stem) if p.stem in ORDER else 99)
-    if not checkpoints:
+    models = [(path, load_checkpoint(path)) for path in sorted(models_dir.glob("*.safetensors"))]
+    if not models:
         raise ValueError(f"no .safetensors checkpoints in {models_dir}")
+    models.sort(key=lambda item: (table_order(item[1].cfg), item[0].stem))
     results = {}
     with tempfile.TemporaryDirectory(prefix="posbias-extrap-") as tmp:
-        for ckpt in checkpoints:
-            variants = [(ckpt.stem, ckpt.stem, load_checkpoint(ckpt))]
-            if variants[0][2].cfg.position == "learned":
+        for ckpt, model in models:
+            variants = [(ckpt.stem, ckpt.stem, model)]
+            if model.cfg.position == "learned":
                 # Native table: refused beyond train length. Then stretched by interpolation.
                 stretched = load_checkpoint(ckpt)
                 trained = stretched.cfg.max_positions
-                resize_positions(stretched, max(lengths), "interpolate")
+                stretched.resize_positions(max(lengths), "interpolate")
                 variants.append((f"{ckpt.stem}_interpolated", f"{ckpt.stem} (table {trained} interpolated to {max(lengths)})", stretched))
             for key, label, model in variants:
                 onnx_path = Path(tmp) / f"{key}.onnx"

@@ -15,7 +15,8 @@ from onnxscript import FLOAT, INT64, script
 from onnxscript import opset18 as op
 
 from . import functions
-from .biases.onnx_domain import DOMAIN, VERSION, posbias
+from ..biases import FLOAT32_LOWEST
+from ..biases.onnx_domain import DOMAIN, VERSION, posbias
 
 
 @script(posbias, default_opset=op)
@@ -69,7 +70,7 @@ def ScriptBlock(
     is_causal = op.Constant(value_int=causal)
     behind = op.LessOrEqual(op.Unsqueeze(k_pos, [0]), op.Unsqueeze(q_pos, [1]))  # [Lq, Lk]
     allowed = op.Or(behind, op.Equal(is_causal, op.Constant(value_int=0)))
-    low = op.Constant(value_float=-3.4028234663852886e38)  # float32 lowest, never -inf
+    low = op.Constant(value_float=FLOAT32_LOWEST)  # never -inf
     probs = op.Softmax(op.Where(allowed, scores, low), axis=-1)  # [B, H, Lq, Lk]
     y = op.Transpose(op.MatMul(probs, v), perm=[0, 2, 1, 3])  # [B, Lq, H, hd]
     y = op.Reshape(y, op.Constant(value_ints=[0, 0, -1]))  # [B, Lq, D]
@@ -111,10 +112,9 @@ def script_block_model(block, inline: bool = False) -> onnx.ModelProto:
         array = tensor.detach().numpy()
         weights[f"bias_param_{index}"] = array.astype(np.float32) if array.dtype.kind == "f" else array
         bias_inputs.append(f"bias_param_{index}")
-    bias_fn = bias.onnx_function()
     nodes = [
         helper.make_node("QueryKeyPositions", ["hidden_states"], ["q_pos", "k_pos"], domain=DOMAIN),
-        helper.make_node(bias_fn.name, ["q_pos", "k_pos", *bias_inputs], ["bias"], domain=DOMAIN, **attrs),
+        helper.make_node(bias.function_name, ["q_pos", "k_pos", *bias_inputs], ["bias"], domain=DOMAIN, **attrs),
         helper.make_node("ScriptBlock", ["hidden_states", "bias", "q_pos", "k_pos", *_weights(block)], ["output"],
                          domain=DOMAIN, num_heads=cfg.num_heads, causal=int(cfg.causal), scale=1.0 / math.sqrt(cfg.head_dim)),
     ]
@@ -126,6 +126,6 @@ def script_block_model(block, inline: bool = False) -> onnx.ModelProto:
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, VERSION)],
                               producer_name="posbias_export.script", ir_version=10)  # runtimes lag onnx's newest IR
-    bias_protos = functions.function_protos({bias_fn.name}, 18)
+    bias_protos = functions.function_protos({bias.function_name}, 18)
     model.functions.extend(bias_protos + [fn.to_function_proto() for fn in SCRIPT_FUNCTIONS])
     return functions.inline(model) if inline else model

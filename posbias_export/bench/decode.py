@@ -2,9 +2,7 @@
 eager with the same model and the same cache, measured side by side in one process."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import platform
 import statistics
 import tempfile
 import time
@@ -13,17 +11,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .biases import BIASES
-from .export import export_onnx
-from .model import ModelConfig, build_model
-from .parity import RUNTIMES_DIR
-
-
-def _generate_module():
-    spec = importlib.util.spec_from_file_location("posbias_generate", RUNTIMES_DIR / "ort" / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from ..biases import BIASES
+from ..environment import describe, environment
+from ..export import export_onnx
+from ..nn import ModelConfig, build_model
+from ..parity import load_runner
 
 
 def _time_steps(step, steps: int) -> list[float]:
@@ -37,7 +29,7 @@ def _time_steps(step, steps: int) -> list[float]:
 
 @torch.no_grad()
 def measure(bias: str, contexts=(512, 4096), steps: int = 32, cfg_kwargs: dict | None = None, workdir=None) -> list[dict]:
-    gen = _generate_module()
+    gen = load_runner("ort/generate.py")
     cfg = ModelConfig(bias=bias, **(cfg_kwargs or {}))
     model = build_model(cfg, seed=0)
     path = Path(workdir) / f"{bias}_kv.onnx"
@@ -90,11 +82,8 @@ def run(biases=BIASES, contexts=(512, 4096), steps: int = 32, out_dir: str | Non
 
 
 def write_results(rows: list[dict], out_dir: Path, contexts, steps: int) -> None:
-    import onnxruntime
-
     out_dir.mkdir(parents=True, exist_ok=True)
-    machine = {"machine": platform.machine(), "cpus": torch.get_num_threads(), "torch": torch.__version__,
-               "onnxruntime": onnxruntime.__version__, "python": platform.python_version()}
+    machine = environment()
     (out_dir / "decode.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
     cfg = ModelConfig()
     lines = [
@@ -104,7 +93,7 @@ def write_results(rows: list[dict], out_dir: Path, contexts, steps: int) -> None
         f"Model: the default decoder (dim {cfg.dim}, {cfg.num_heads} heads, {cfg.num_layers} layers, byte vocab), float32, "
         "batch 1. Prefill of the context is untimed; then single-token steps with a growing cache,",
         "ORT and PyTorch alternating in the same process. Ratio < 1: ONNX Runtime is faster.",
-        f"Machine: {machine['machine']}, {machine['cpus']} threads, torch {machine['torch']}, onnxruntime {machine['onnxruntime']}.",
+        describe(machine),
         "",
         "| bias | context | ORT ms/token (median, min) | PyTorch ms/token (median, min) | ORT tokens/s | PyTorch tokens/s | ORT / PyTorch |",
         "|---|---|---|---|---|---|---|",

@@ -1,6 +1,6 @@
 """One benchmark configuration in its own process, so its peak RSS is its own.
 
-Run by path (python posbias_export/bench_worker.py ...), not as a module: the ONNX runtimes
+Run by path (python posbias_export/bench/worker.py ...), not as a module: the ONNX runtimes
 then never import torch or posbias_export, and their RSS is what a server would see. Prints
 one JSON line: times (seconds per forward, after one warm-up), peak RSS and RSS before the
 first run (after loading), in bytes.
@@ -8,7 +8,6 @@ first run (after loading), in bytes.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUNNERS = ("ort", "openvino", "torch-eager", "torch-sdpa")
 
 
@@ -51,9 +50,9 @@ def ort_forward(model: str, inputs):
 
 def openvino_forward(model: str, inputs):
     sys.path.insert(0, str(REPO / "runtimes"))
-    spec = importlib.util.spec_from_file_location("ov_run", REPO / "runtimes" / "openvino" / "run.py")
-    ov_run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ov_run)
+    from common.loading import load_runner
+
+    ov_run = load_runner("openvino/run.py")
     compiled = ov_run.compile_model(model, "f32")
     feeds = dict(zip(("query", "key", "value"), inputs))
     return lambda: ov_run.run(compiled, feeds)
@@ -64,7 +63,7 @@ def torch_forward(runner: str, bias: str, inputs):
     import torch
     from torch.nn import functional as F
 
-    from posbias_export.model import ModelConfig, build_model
+    from posbias_export.nn import ModelConfig, build_model
 
     q, k, v = (torch.from_numpy(x) for x in inputs)
     heads, head_dim = q.shape[1], q.shape[3]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
-STANDARD_DOMAINS = ("", "ai.onnx")
-FUNCTION_DOMAIN = "posbias"
+from ..biases.onnx_domain import DOMAIN as FUNCTION_DOMAIN
+from ..biases.onnx_domain import STANDARD_DOMAINS
 
 
 class ExportCheckError(RuntimeError):

@@ -1,25 +1,40 @@
 """The posbias ONNX functions as model-local FunctionProtos: attach them to an exported model
-(callees first: the reference evaluator needs that order), or inline them to a flat graph."""
+(callees first: the reference evaluator needs that order), or inline them to a flat graph.
+
+The library is read from the bias registry (each family brings its own functions) plus the
+shared RelativeDistance and the pieces of the blocked form.
+"""
 from __future__ import annotations
+
+import copy
+import functools
 
 import onnx
 import onnx.inliner
 
-from .biases.alibi import Alibi
-from .biases.kerple import KerpleLog, KerplePower
-from .biases.none import NoBias
-from .biases.onnx_domain import DOMAIN, VERSION, RelativeDistance
-from .biases.sandwich import Sandwich
-from .biases.t5 import T5
-from .biases.window import Window
+from ..biases import BIASES, bias_class
+from ..biases.onnx_domain import DOMAIN, STANDARD_DOMAINS, VERSION, RelativeDistance
 from .blocked_script import BLOCK_FUNCTIONS
 
-__all__ = ["Alibi", "KerpleLog", "KerplePower", "NoBias", "RelativeDistance", "Sandwich", "T5", "Window",
-           "all_nodes", "attach", "function_protos", "inline"]
+__all__ = ["all_nodes", "attach", "function_protos", "inline", "library"]
 
-# Callees before callers.
-ALL_FUNCTIONS = (RelativeDistance, Alibi, KerplePower, KerpleLog, Sandwich, T5, Window, NoBias, *BLOCK_FUNCTIONS)
-BY_NAME = {f.name: f for f in ALL_FUNCTIONS}
+
+@functools.lru_cache(maxsize=None)
+def _library() -> tuple[onnx.FunctionProto, ...]:
+    protos = [RelativeDistance.to_function_proto()]
+    for name in BIASES:
+        protos += bias_class(name).function_protos()
+    protos += [fn.to_function_proto() for fn in BLOCK_FUNCTIONS]
+    names = [p.name for p in protos]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise ValueError(f"two posbias functions share a name: {', '.join(clashes)}")
+    return tuple(protos)
+
+
+def library() -> dict[str, onnx.FunctionProto]:
+    """Every posbias function by name, callees before callers (fresh copies)."""
+    return {p.name: copy.deepcopy(p) for p in _library()}
 
 
 def all_nodes(nodes):
@@ -35,27 +50,27 @@ def function_protos(names: set[str], opset: int, generated=()) -> list[onnx.Func
     """FunctionProtos for `names` and everything they call, callees first, importing the
     model's standard opset version (their ops mean the same from opset 18 on). `generated`
     are protos built per export (the blocked attention), placed after their callees."""
+    known = library()
     made = {proto.name: proto for proto in generated}
     needed: set[str] = set()
 
     def visit(name: str) -> None:
         if name in needed:
             return
-        if name not in BY_NAME and name not in made:
+        if name not in known and name not in made:
             raise ValueError(f"unknown posbias function {name!r}")
         needed.add(name)
-        proto = made[name] if name in made else BY_NAME[name].to_function_proto()
-        for node in all_nodes(proto.node):
+        for node in all_nodes((made.get(name) or known[name]).node):
             if node.domain == DOMAIN:
                 visit(node.op_type)
 
     for name in names:
         visit(name)
-    protos = [fn.to_function_proto() for fn in ALL_FUNCTIONS if fn.name in needed]
+    protos = [proto for name, proto in known.items() if name in needed]
     protos += [proto for name, proto in made.items() if name in needed]
     for proto in protos:
         for imp in proto.opset_import:
-            if imp.domain in ("", "ai.onnx"):
+            if imp.domain in STANDARD_DOMAINS:
                 imp.version = opset
     return protos
 

@@ -1,6 +1,7 @@
-"""Parity measurement: numbers here, verdicts in callers.
+"""The parity policy: how far a runtime may be from the float64 reference, and the measurement
+(numbers here, verdicts returned to callers).
 
-Policy (DESIGN.md): measure every runtime against a float64 PyTorch reference. A runtime
+Policy: measure every runtime against a float64 PyTorch reference. A runtime
 passes when, elementwise, |out - ref64| <= factor * E32 + atol + rtol * |ref64|, where E32 is
 the max abs error of PyTorch float32 against the same float64 reference on the same inputs:
 the error that float32 arithmetic itself makes on this model and input. A runtime executing
@@ -10,11 +11,9 @@ outputs where PyTorch happens to be nearly exact; rtol scales with the output.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import torch
 
 
 @dataclass(frozen=True)
@@ -82,11 +81,3 @@ def compare(actual: np.ndarray, ref64: np.ndarray, torch32: np.ndarray | None, t
         passed=(not nan) and bool(np.all(excess <= 0)),
         nan=nan,
     )
-
-
-@torch.no_grad()
-def torch_outputs(model: torch.nn.Module, inputs: tuple, dtype: torch.dtype) -> np.ndarray:
-    """Run a copy of `model` in `dtype` (float inputs cast too); returns a float64 numpy array."""
-    m = copy.deepcopy(model).to(dtype).eval()
-    cast = tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs)
-    return m(*cast).to(torch.float64).numpy()

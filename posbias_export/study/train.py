@@ -3,7 +3,6 @@ safetensors checkpoint plus a model card (config, corpus and its hash, steps, se
 final loss). Held-out text is the last 10% of the corpus, never trained on."""
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -13,27 +12,34 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from .checkpoint import save_checkpoint
-from .model import ModelConfig, build_model
+from ..biases import BIASES, NO_BIAS, bias_class
+from ..nn import ModelConfig, build_model, save_checkpoint
+from .corpus import HELDOUT_FRACTION, read_corpus, split
 
-HELDOUT_FRACTION = 0.1
-
-
-def read_corpus(path: str | Path) -> tuple[np.ndarray, str]:
-    """(bytes as uint8 array, sha256 hex)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"corpus {path} does not exist")
-    data = path.read_bytes()
-    if len(data) < 1024:
-        raise ValueError(f"corpus {path} is too small ({len(data)} bytes; need at least 1024)")
-    return np.frombuffer(data, dtype=np.uint8), hashlib.sha256(data).hexdigest()
+# Position schemes that are not bias families: no bias, plus a position encoding. With the
+# families these are the names models/ uses.
+SCHEMES = {"rope": {"bias": NO_BIAS, "rope": True}, "sinusoidal": {"bias": NO_BIAS, "position": "sinusoidal"},
+           "learned": {"bias": NO_BIAS, "position": "learned"}}
 
 
-def split(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(train, held out): the held-out split is the last 10%."""
-    cut = int(len(data) * (1 - HELDOUT_FRACTION))
-    return data[:cut], data[cut:]
+def scheme_fields(scheme: str, train_len: int) -> dict:
+    """ModelConfig fields for a bias family or a scheme trained at `train_len`."""
+    if scheme in SCHEMES:
+        fields = dict(SCHEMES[scheme])
+    elif scheme in BIASES:
+        fields = {"bias": scheme, "bias_params": bias_class(scheme).params_for_training(train_len)}
+    else:
+        raise ValueError(f"unknown bias or scheme {scheme!r}; choose one of: {', '.join(BIASES + tuple(SCHEMES))}")
+    if fields.get("position") == "learned":
+        fields["max_positions"] = train_len  # a table as long as training: beyond it, resize or refuse
+    return fields
+
+
+def scheme_of(cfg: ModelConfig) -> str:
+    """The scheme name of a config: its bias family, or the position encoding it adds."""
+    if cfg.bias != NO_BIAS or cfg.position == "none" and not cfg.rope:
+        return cfg.bias
+    return "rope" if cfg.rope else cfg.position
 
 
 def train(cfg: ModelConfig, corpus: str | Path, train_len: int = 64, steps: int = 2000, batch: int = 32,
@@ -86,7 +92,7 @@ def save_trained(model: torch.nn.Module, card: dict, out: str | Path, command: s
     card = {**card, "command": command}
     save_checkpoint(model, out.with_suffix(".safetensors"), extra={"posbias.card": json.dumps(card, sort_keys=True)})
     cfg = card["config"]
-    scheme = cfg["bias"] if cfg["bias"] != "none" else ("rope" if cfg.get("rope") else cfg.get("position", "none"))
+    scheme = scheme_of(model.cfg)
     lines = [f"# Model card: {out.name}", "", f"Position scheme: **{scheme}**. Byte-level decoder LM "
              f"({card['params']:,} parameters: dim {cfg['dim']}, {cfg['num_heads']} heads, {cfg['num_layers']} layers).", "",
              "| field | value |", "|---|---|"]

@@ -10,7 +10,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .model import ARCHS, ModelConfig, build_model
+from ..errors import first_line
+from .config import ARCHS, ModelConfig
+from .model import build_model
 
 CONFIG_KEY = "posbias.config"
 ARCH_KEY = "posbias.arch"
@@ -45,7 +47,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:
-            raise CheckpointError(f"cannot read torch checkpoint {path}: {str(err).splitlines()[0]}") from None
+            raise CheckpointError(f"cannot read torch checkpoint {path}: {first_line(err)}") from None
         if isinstance(obj, dict) and "state_dict" in obj:
             cfg, arch = obj.get("config"), obj.get("arch")
             if isinstance(cfg, str):

@@ -1,0 +1,45 @@
+"""The machine and library versions a results file was measured with (every results header
+uses this): CPU model and the instruction sets that change the numbers (AVX-512, bf16)."""
+from __future__ import annotations
+
+import os
+import platform
+
+
+def cpu_model() -> str:
+    """The CPU's model name and its vector extensions that matter here, e.g.
+    'Intel(R) Xeon(R) ... (avx512, bf16)'; the machine type where /proc/cpuinfo is missing."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                platform.machine())
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    extras = [label for label, flag in (("avx2", "avx2"), ("avx512", "avx512f"), ("bf16", "avx512_bf16"),
+                                        ("amx", "amx_tile")) if flag in flags]
+    return f"{name} ({', '.join(extras)})" if extras else name
+
+
+def environment() -> dict:
+    import onnxruntime
+    import torch
+
+    try:
+        import openvino
+
+        ov_version = openvino.__version__
+    except ImportError:
+        ov_version = None
+    return {"machine": platform.machine(), "processor": cpu_model(), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "onnxruntime": onnxruntime.__version__, "openvino": ov_version}
+
+
+def describe(env: dict | None = None) -> str:
+    """One line for a results header."""
+    env = env or environment()
+    ov = f", openvino {env['openvino']}" if env.get("openvino") else ""
+    return (f"Machine: {env['cpus']} CPUs ({env['processor']}), Python {env['python']}, torch {env['torch']} "
+            f"({env['torch_threads']} threads), onnxruntime {env['onnxruntime']}{ov}.")

@@ -1,0 +1,99 @@
+"""The body of posbias.BlockedAttention<Family>: an ONNX Loop over query blocks.
+
+nn/blocked.py emits the node (and is its PyTorch twin); this builds the FunctionProto from
+the ONNX Script pieces of blocked_script.py:
+
+    BlockPrepare (scale and pad q, transpose k once)
+    Loop over query blocks:
+        BlockQueries -> BlockKeys (only the keys the block can see) ->
+        posbias.<Family> on the block's positions (or the family's key-row shortcut) ->
+        BlockAttend
+    BlockAssemble (scan outputs -> [B, H, Lq, d])
+
+An If skips the Loop when all queries fit one block (a decode step, a short prompt).
+"""
+from __future__ import annotations
+
+import onnx
+import torch
+from onnx import TensorProto, helper
+
+from ..biases import AttentionBias
+from ..biases.onnx_domain import DOMAIN, VERSION
+from ..nn.blocked import function_name
+
+_UNBOUNDED = 1 << 40  # "look back as far as you like" (more keys than any input has)
+_ELEM_TYPES = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.float64: TensorProto.DOUBLE}
+
+
+def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: int) -> onnx.FunctionProto:
+    """posbias.BlockedAttention<Family>(q, k, v, q_pos, k_pos, keep, *bias tensors) -> out.
+
+    Block size, look-back and the family's attributes are baked in (one model, one config);
+    learned bias tensors stay inputs, so every layer calls the same function.
+    """
+    tensors, attrs = bias.function_inputs()
+    params = [f"bias_input_{i}" for i in range(len(tensors))]
+    reach = bias.lookback
+    key_row = bias.key_row_name() if bias.causal else None
+
+    def call(op_type, inputs, outputs, **attributes):
+        return helper.make_node(op_type, inputs, outputs, domain=DOMAIN, **attributes)
+
+    def bias_node(q_pos, k_pos, out):
+        if key_row is not None:  # exact under the causal mask: one row per head per block
+            return call(key_row, [q_pos, k_pos, *params], [out])
+        return call(bias.function_name, [q_pos, k_pos, *params], [out], **attrs)
+
+    def scalar(name, value, elem=TensorProto.INT64):
+        return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, elem, [], [value]))
+
+    out_type = _ELEM_TYPES[dtype]
+    body = helper.make_graph(
+        [
+            call("BlockQueries", ["it", "q_pad", "q_pos_pad", "block", "offset"], ["q_b", "q_pos_b", "q_idx"]),
+            call("BlockKeys", ["it", "k_t", "v", "k_pos", "keep", "block", "offset", "lookback"],
+                 ["k_t_b", "v_b", "k_pos_b", "k_idx", "keep_b"]),
+            bias_node("q_pos_b", "k_pos_b", "bias_b"),
+            call("BlockAttend", ["q_b", "k_t_b", "v_b", "bias_b", "q_idx", "k_idx", "keep_b"], ["attended_b"]),
+            # a leading 1-axis: see BlockAssemble for why
+            helper.make_node("Constant", [], ["axis0"], value=helper.make_tensor("axis0", TensorProto.INT64, [1], [0])),
+            helper.make_node("Unsqueeze", ["attended_b", "axis0"], ["out_b"]),  # [1, B, H, Bq, d]
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "query_block",
+        [helper.make_tensor_value_info("it", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("out_b", out_type, None)],
+    )
+    blocks = helper.make_graph(
+        [
+            scalar("lookback", _UNBOUNDED if reach is None else reach),
+            scalar("go", True, TensorProto.BOOL),
+            call("BlockPrepare", ["q", "k", "v", "q_pos", "max_block"],
+                 ["q_pad", "k_t", "q_pos_pad", "block", "n_blocks", "offset"]),
+            helper.make_node("Loop", ["n_blocks", "go"], ["blocks"], body=body),  # [n, 1, B, H, Bq, d] (or [n, B, ...])
+            call("BlockAssemble", ["blocks", "q", "block"], ["out_blocks"]),
+        ],
+        "query_blocks", [], [helper.make_tensor_value_info("out_blocks", out_type, None)],
+    )
+    # One block's worth of queries (decode steps, short prompts): the same math without the
+    # Loop, its padding and its copies of the key cache; a decode step costs what the plain form does.
+    direct = helper.make_graph(
+        [
+            call("DirectPrepare", ["q", "k"], ["q_scaled", "k_t_all", "q_idx_all", "k_idx_all"]),
+            bias_node("q_pos", "k_pos", "bias_all"),
+            call("BlockAttend", ["q_scaled", "k_t_all", "v", "bias_all", "q_idx_all", "k_idx_all", "keep"], ["out_direct"]),
+        ],
+        "one_block", [], [helper.make_tensor_value_info("out_direct", out_type, None)],
+    )
+    nodes = [
+        scalar("max_block", block),
+        call("FitsOneBlock", ["q", "max_block"], ["fits"]),
+        helper.make_node("If", ["fits"], ["out"], then_branch=direct, else_branch=blocks),
+    ]
+    return helper.make_function(
+        DOMAIN, function_name(bias), ["q", "k", "v", "q_pos", "k_pos", "keep", *params], ["out"], nodes,
+        [helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, VERSION)],
+    )

@@ -1,0 +1,241 @@
+"""torch -> ONNX with dynamic batch and sequence axes, as a list of named passes:
+
+    validate_request -> prepare -> trace -> attach_functions -> (inline) -> check_exported
+    -> check_trace_growth -> add_metadata -> check_full -> save_atomic -> report
+
+Each pass is a function below; export_onnx() runs them in that order. A pass either returns
+what the next needs or raises (ValueError: bad request; OSError: unwritable output;
+ExportCheckError: the exporter produced something we refuse to ship). Nothing is written
+until every check passed.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+import torch
+
+from ..biases import AttentionBias
+from ..nn import DEFAULT_BLOCK, AttentionSettings, ModelConfig
+from ..errors import first_line
+from . import checks, functions
+from .blocked_graph import function_proto as blocked_function_proto
+from .files import ensure_writable, save_atomic
+from .metadata import export_metadata, write_metadata
+from .signature import Signature, signature
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+OPSETS = (18, 23)
+
+
+@dataclass
+class ExportReport:
+    path: str
+    arch: str
+    bias: str
+    opset: int
+    dtype: str
+    trace_len: int
+    inputs: dict[str, list]
+    outputs: dict[str, list]
+    op_types: list[str]
+    initializer_bytes: int
+    file_bytes: int
+    seconds: float
+    checks: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        shape = ", ".join(f"{k} {v}" for k, v in self.inputs.items())
+        return (
+            f"wrote {self.path} ({self.file_bytes / 1e6:.2f} MB): {self.arch} with {self.bias} bias, "
+            f"opset {self.opset}, {self.dtype}, inputs {shape}; checks passed: {', '.join(self.checks)}"
+        )
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """Everything export_onnx was asked for, validated."""
+
+    path: Path
+    cfg: ModelConfig
+    arch: str
+    opset: int
+    dtype: str
+    trace_len: int
+    settings: AttentionSettings
+    attention_mask: bool
+    kv_cache: bool
+    inline_functions: bool
+    check_growth: bool
+    metadata: dict
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+def attention_form(cfg: ModelConfig, opset: int, requested: str | None) -> str:
+    """blocked for causal opset-18 exports unless the plain form is asked for."""
+    if requested is None:
+        return "blocked" if cfg.causal and opset < 23 else "plain"
+    if requested == "blocked" and not cfg.causal:
+        raise ValueError("the blocked attention form needs a causal model (bidirectional exports are plain)")
+    if requested == "blocked" and opset >= 23:
+        raise ValueError("opset 23 exports use the ONNX Attention op (the plain form); use opset 18 for blocked")
+    return requested
+
+
+# --- the passes, in order --------------------------------------------------------------------
+def validate_request(model: torch.nn.Module, path, opset, dtype, trace_len, *, attention, block, attention_mask,
+                     kv_cache, inline_functions, check_growth, metadata) -> ExportRequest:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if opset not in OPSETS:
+        raise ValueError(f"opset must be one of {OPSETS}, got {opset!r}")
+    if isinstance(trace_len, bool) or not isinstance(trace_len, int) or trace_len < 2:
+        raise ValueError(f"trace_len must be an integer >= 2 (1 would specialize the axis), got {trace_len!r}")
+    cfg = getattr(model, "cfg", None)
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"export_onnx needs a model from posbias_export.build_model (with a .cfg), got {type(model).__name__}")
+    arch = getattr(model, "arch", "lm")
+    if kv_cache and arch != "lm":
+        raise ValueError("kv_cache needs the lm arch")
+    if arch == "attention" and attention_mask:
+        raise ValueError("the attention arch takes no attention_mask")
+    # Opset 23 has the ONNX Attention op, which the exporter emits for SDPA.
+    settings = AttentionSettings(form=attention_form(cfg, opset, attention), block=block,
+                                 impl="sdpa" if opset >= 23 else "explicit", functions=True)
+    return ExportRequest(ensure_writable(path), cfg, arch, opset, dtype, trace_len, settings, bool(attention_mask),
+                         bool(kv_cache), bool(inline_functions), bool(check_growth), dict(metadata or {}))
+
+
+def prepare(model: torch.nn.Module, request: ExportRequest) -> torch.nn.Module:
+    """A copy in the export dtype, in eval mode; the caller's model is never touched."""
+    return copy.deepcopy(model).eval().to(request.torch_dtype)
+
+
+def blocked_functions(model: torch.nn.Module, request: ExportRequest) -> list[onnx.FunctionProto]:
+    """The posbias.BlockedAttention<Family> bodies this model's layers emit (block size baked in)."""
+    if request.settings.form != "blocked":
+        return []
+    protos = {}
+    for bias in model.modules():
+        if isinstance(bias, AttentionBias):
+            proto = blocked_function_proto(bias, request.settings.block, request.torch_dtype, request.opset)
+            protos[proto.name] = proto
+    return list(protos.values())
+
+
+def trace(model: torch.nn.Module, request: ExportRequest, trace_len: int) -> tuple[onnx.ModelProto, Signature]:
+    """One dynamo export with the signature's dynamic axes."""
+    sig = signature(model, request.cfg, request.arch, trace_len, request.torch_dtype, request.settings,
+                    request.attention_mask, request.kv_cache)
+    # The exporter prints progress and warnings of its own; the report carries what matters.
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        try:
+            program = torch.onnx.export(
+                sig.module, sig.args, dynamo=True, dynamic_shapes=sig.dynamic_shapes, opset_version=request.opset,
+                input_names=sig.input_names, output_names=sig.output_names, verbose=False,
+            )
+        except Exception as err:  # the exporter's errors are long; keep the first line
+            raise checks.ExportCheckError(f"torch.onnx.export failed: {first_line(err)}") from err
+    return program.model_proto, sig
+
+
+def attach_functions(proto: onnx.ModelProto, request: ExportRequest, generated: list[onnx.FunctionProto]) -> None:
+    """The bodies of the posbias.* nodes the trace emitted, as model-local functions."""
+    functions.attach(proto, request.opset, generated)
+
+
+def check_exported(proto: onnx.ModelProto, sig: Signature, request: ExportRequest) -> list[str]:
+    checks.check_symbolic_axes(proto, sig.dynamic_axes)
+    checks.check_domains(proto)
+    return ["symbolic batch/seq axes",
+            "standard domain only" if request.inline_functions else "standard ops + posbias local functions"]
+
+
+def check_trace_growth(proto: onnx.ModelProto, model: torch.nn.Module, request: ExportRequest,
+                 generated: list[onnx.FunctionProto]) -> list[str]:
+    """Re-trace at another length: an initializer whose shape changes was sized by the trace."""
+    if not request.check_growth:
+        return []
+    other_len = 2 * request.trace_len + 1
+    other, _ = trace(model, request, other_len)
+    attach_functions(other, request, generated)
+    checks.check_no_trace_length_growth(proto, other, request.trace_len, other_len)
+    return [f"no initializer grows with trace length ({request.trace_len} vs {other_len})"]
+
+
+def add_metadata(proto: onnx.ModelProto, request: ExportRequest) -> None:
+    write_metadata(proto, export_metadata(request.cfg, request.arch, request.dtype, request.opset, request.trace_len,
+                                          request.settings, request.attention_mask, request.kv_cache,
+                                          request.inline_functions, request.metadata))
+    proto.producer_name = "posbias_export"
+
+
+def report(proto: onnx.ModelProto, request: ExportRequest, file_bytes: int, seconds: float, done: list[str]) -> ExportReport:
+    dims = lambda values: {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
+    return ExportReport(
+        path=str(request.path), arch=request.arch, bias=request.cfg.bias, opset=request.opset, dtype=request.dtype,
+        trace_len=request.trace_len, inputs=dims(proto.graph.input), outputs=dims(proto.graph.output),
+        op_types=sorted({n.op_type for n in proto.graph.node}),
+        initializer_bytes=checks.initializer_bytes(proto), file_bytes=file_bytes, seconds=seconds, checks=done,
+    )
+
+
+def export_onnx(
+    model: torch.nn.Module,
+    path: str | os.PathLike,
+    opset: int = 18,
+    dtype: str = "float32",
+    trace_len: int = 16,
+    *,
+    check_growth: bool = True,
+    attention_mask: bool = False,
+    kv_cache: bool = False,
+    inline_functions: bool = False,
+    attention: str | None = None,
+    block: int = DEFAULT_BLOCK,
+    metadata: dict | None = None,
+) -> ExportReport:
+    """Export `model` (from build_model) to `path` and check the result; returns a report.
+
+    The bias of every layer is one `posbias.*` node whose body is a model-local function;
+    inline_functions=True expands them into a flat graph of standard ops instead.
+    kv_cache=True exports a cached decoder (inputs input_ids, attention_mask, past_key.N,
+    past_value.N; outputs logits, present_key.N, present_value.N); one file serves prefill
+    (past length 0) and decode (one new token).
+    attention_mask=True adds an `attention_mask` [B, L] input (1 = token, 0 = padding).
+    attention: "blocked" (the default for causal opset-18 exports: a Loop over query blocks of
+    `block` rows, memory linear in L) or "plain" (the whole [H, L, L] bias and scores at once).
+    Raises ValueError for bad arguments, OSError for an unwritable path, and
+    checks.ExportCheckError when the exported model fails a post-export check. On any failure
+    no file is written and an existing file at `path` is left untouched.
+    """
+    start = time.perf_counter()
+    request = validate_request(model, path, opset, dtype, trace_len, attention=attention, block=block,
+                               attention_mask=attention_mask, kv_cache=kv_cache, inline_functions=inline_functions,
+                               check_growth=check_growth, metadata=metadata)
+    prepared = prepare(model, request)
+    generated = blocked_functions(prepared, request)
+    proto, sig = trace(prepared, request, request.trace_len)
+    attach_functions(proto, request, generated)
+    if request.inline_functions:
+        proto = functions.inline(proto)
+    done = check_exported(proto, sig, request)
+    done += check_trace_growth(proto, prepared, request, generated)
+    add_metadata(proto, request)
+    checks.check_full(proto)
+    done.append("onnx.checker full check")
+    file_bytes = save_atomic(proto, request.path)
+    return report(proto, request, file_bytes, time.perf_counter() - start, done)

@@ -1,0 +1,119 @@
+"""A transformer block and a tiny byte-level decoder LM around BiasedAttention.
+
+One dataclass config (config.py); dimensions unpacked once; shapes commented. Every forward
+takes the AttentionSettings (attention.py) to use, EAGER by default.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .attention import EAGER, AttentionCore, AttentionSettings, BiasedAttention
+from .config import ARCHS, ModelConfig
+from .positions import resize_learned_table, sinusoidal_embedding
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.up = nn.Linear(cfg.dim, cfg.mlp_ratio * cfg.dim)
+        self.down = nn.Linear(cfg.mlp_ratio * cfg.dim, cfg.dim)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: hidden [B, Lq, D] (+ context [B, Lk, D]) -> [B, Lq, D]."""
+
+    arch = "block"
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        self.ln_attn = nn.LayerNorm(cfg.dim)
+        self.attn = BiasedAttention(cfg, layer)
+        self.ln_mlp = nn.LayerNorm(cfg.dim)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None, settings: AttentionSettings = EAGER):
+        """Returns out [B, Lq, D], or (out, present (k, v)) when `past` is given."""
+        h = self.ln_attn(x)
+        attn = self.attn(h, None if context is None else self.ln_attn(context), key_mask, past, settings)
+        attn, present = attn if past is not None else (attn, None)
+        x = x + attn
+        x = x + self.mlp(self.ln_mlp(x))
+        return x if past is None else (x, present)
+
+
+class DecoderLM(nn.Module):
+    """Byte-level LM: input_ids [B, L] int64 -> logits [B, L, vocab]."""
+
+    arch = "lm"
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.pos_embed = nn.Embedding(cfg.max_positions, cfg.dim) if cfg.position == "learned" else None
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.num_layers))
+        self.ln_f = nn.LayerNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, past: list | None = None,
+                settings: AttentionSettings = EAGER):
+        """input_ids [B, L]; attention_mask [B, P + L] (1 = token, 0 = padding), optional;
+        past: one (k, v) [B, H, P, hd] pair per layer (P may be 0), or None.
+        Returns logits [B, L, V], or (logits, presents) when `past` is given."""
+        x = self.embed(input_ids)  # [B, L, D]
+        if self.cfg.position != "none":
+            x = x + self.absolute_positions(input_ids, attention_mask, past).to(x.dtype)
+        presents = []
+        for index, block in enumerate(self.blocks):
+            if past is None:
+                x = block(x, None, attention_mask, None, settings)
+            else:
+                x, present = block(x, None, attention_mask, past[index], settings)
+                presents.append(present)
+        logits = self.head(self.ln_f(x))  # [B, L, V]
+        return logits if past is None else (logits, presents)
+
+    def absolute_positions(self, input_ids, attention_mask, past) -> torch.Tensor:
+        """Position embeddings of the new tokens, [L, D] or [B, L, D]."""
+        L = input_ids.shape[1]
+        if attention_mask is not None:
+            pos = (attention_mask.to(torch.int64).cumsum(-1) - 1).clamp_min(0)[:, -L:]  # [B, L]
+        else:
+            start = 0 if past is None else past[0][0].shape[2]
+            pos = torch.arange(start, start + L, device=input_ids.device)  # [L]
+        if self.pos_embed is not None:
+            return self.pos_embed(pos)  # beyond the table: IndexError here, a Gather error in ONNX
+        return sinusoidal_embedding(pos, self.cfg.dim)
+
+    def resize_positions(self, new_len: int, method: str = "interpolate") -> "DecoderLM":
+        """Give a learned-position model a table of `new_len` rows (interpolated or copied)."""
+        if self.pos_embed is None:
+            raise ValueError("only a model with learned positions has a table to resize")
+        table = resize_learned_table(self.pos_embed.weight.data, new_len, method)
+        self.pos_embed = nn.Embedding.from_pretrained(table, freeze=False)
+        self.cfg.max_positions = new_len
+        return self
+
+    def empty_past(self, batch: int, dtype: torch.dtype = torch.float32) -> list:
+        shape = (batch, self.cfg.num_heads, 0, self.cfg.head_dim)
+        return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in self.blocks]
+
+
+MODELS = {cls.arch: cls for cls in (DecoderLM, Block, AttentionCore)}
+
+
+def build_model(cfg: ModelConfig, seed: int = 0, arch: str = "lm") -> nn.Module:
+    """A freshly initialised model in eval mode; the same seed gives the same weights."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose one of: {', '.join(ARCHS)}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = MODELS[arch](cfg)
+    return model.eval()

@@ -1,0 +1,85 @@
+"""The PyTorch side of a parity check: the model a file was exported from, rebuilt from the
+file's metadata, the inputs to compare on, and its outputs in any dtype."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from ..errors import first_line
+from ..export import INPUT_NAMES, read_metadata
+from ..nn import EAGER, AttentionSettings, ModelConfig, build_model, load_checkpoint
+
+
+class ParityInputError(ValueError):
+    pass
+
+
+def load_model_file(path: str | Path) -> tuple[onnx.ModelProto, dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise ParityInputError(f"model {path} does not exist")
+    try:
+        proto = onnx.load(str(path))
+        onnx.checker.check_model(proto)
+    except Exception as err:
+        raise ParityInputError(f"model {path} is not a valid ONNX file: {first_line(err, 200)}") from None
+    meta = read_metadata(proto)
+    if "config" not in meta:
+        raise ParityInputError(f"model {path} has no posbias metadata: export it with posbias_export")
+    return proto, meta
+
+
+def reference_model(meta: dict, checkpoint: str | None = None) -> torch.nn.Module:
+    """The PyTorch model a file was exported from, rebuilt from its metadata."""
+    cfg = ModelConfig.from_dict(json.loads(meta["config"]))
+    arch = meta.get("arch", "lm")
+    checkpoint = checkpoint or meta.get("checkpoint")
+    if checkpoint:
+        if not Path(checkpoint).is_file():
+            raise ParityInputError(f"checkpoint {checkpoint} (needed for this model's weights) does not exist")
+        return load_checkpoint(checkpoint, cfg, arch)
+    return build_model(cfg, seed=int(meta.get("seed", 0)), arch=arch)
+
+
+def generated_inputs(meta: dict, length: int, batch: int, seed: int) -> dict[str, np.ndarray]:
+    cfg = ModelConfig.from_dict(json.loads(meta["config"]))
+    arch = meta.get("arch", "lm")
+    gen = torch.Generator().manual_seed(seed)
+    dtype = np.float16 if meta.get("dtype") == "float16" else np.float32
+    if arch == "lm":
+        feeds = {"input_ids": torch.randint(0, cfg.vocab_size, (batch, length), generator=gen).numpy()}
+    elif arch == "attention":
+        shape = (batch, cfg.num_heads, length, cfg.head_dim)
+        return {name: torch.randn(shape, generator=gen).numpy().astype(dtype) for name in INPUT_NAMES[arch]}
+    else:
+        feeds = {"hidden_states": torch.randn(batch, length, cfg.dim, generator=gen).numpy().astype(dtype)}
+    if meta.get("attention_mask") == "1":
+        feeds["attention_mask"] = np.ones((batch, length), dtype=np.int64)
+    return feeds
+
+
+def torch_args(meta: dict, feeds: dict[str, np.ndarray]) -> tuple:
+    """The model's positional arguments for a runner's named inputs."""
+    arch = meta.get("arch", "lm")
+    if arch == "attention":
+        return tuple(torch.from_numpy(feeds[name]) for name in INPUT_NAMES[arch])
+    first = torch.from_numpy(feeds[INPUT_NAMES[arch][0]])
+    if "attention_mask" not in feeds:
+        return (first,)
+    mask = torch.from_numpy(feeds["attention_mask"])
+    return (first, mask) if arch == "lm" else (first, None, mask)
+
+
+@torch.no_grad()
+def torch_outputs(model: torch.nn.Module, inputs: tuple, dtype: torch.dtype,
+                  settings: AttentionSettings = EAGER) -> np.ndarray:
+    """Run a copy of `model` in `dtype` (float inputs cast too); returns a float64 numpy array."""
+    m = copy.deepcopy(model).to(dtype).eval()
+    cast = tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs)
+    return m(*cast, settings=settings).to(torch.float64).numpy()
+

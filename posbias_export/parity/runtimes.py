@@ -1,0 +1,80 @@
+"""The runtimes a model is validated on: each is a runner script in runtimes/ (torch-free, as a
+deployment machine has it), run as its own process on ONNX backend-test tensors."""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+RUNTIMES_DIR = Path(__file__).resolve().parents[2] / "runtimes"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    command: tuple[str, ...]  # runner script relative to runtimes/, and fixed options; the interpreter is added
+    interpreter: str  # "python" or "node"
+    module: str | None = None  # a Python package it needs
+    precision: str = "native"  # "bfloat16": judged against a PyTorch bfloat16 run
+
+
+RUNTIMES = {
+    r.name: r
+    for r in (
+        Runtime("ort-cpu", ("ort/run.py", "--provider", "cpu"), "python", "onnxruntime"),
+        Runtime("ort-cuda", ("ort/run.py", "--provider", "cuda"), "python", "onnxruntime"),
+        Runtime("openvino", ("openvino/run.py", "--precision", "f32"), "python", "openvino"),
+        Runtime("openvino-bf16", ("openvino/run.py", "--precision", "bf16"), "python", "openvino", "bfloat16"),
+        Runtime("node", ("node/run.js",), "node"),
+        Runtime("reference", ("reference/run.py",), "python", "onnx"),
+    )
+}
+DEFAULT_RUNTIMES = ("ort-cpu", "openvino", "node", "reference")
+
+
+def runtimes_common(name: str) -> ModuleType:
+    """A module of runtimes/common (the runners' own helpers: input checks, tensor files,
+    runner loading), imported the way the runners import it."""
+    sys.path.insert(0, str(RUNTIMES_DIR))
+    try:
+        return importlib.import_module(f"common.{name}")
+    finally:
+        sys.path.remove(str(RUNTIMES_DIR))
+
+
+def load_runner(relative: str) -> ModuleType:
+    """A runner script as a module, e.g. load_runner("ort/generate.py")."""
+    return runtimes_common("loading").load_runner(relative)
+
+
+def unavailable_reason(runtime: Runtime) -> str | None:
+    script = RUNTIMES_DIR / runtime.command[0]
+    if not script.is_file():
+        return f"runner {script} not found (is this a source checkout?)"
+    if runtime.interpreter == "node":
+        if shutil.which("node") is None:
+            return "node is not on PATH"
+        if not (RUNTIMES_DIR / "node" / "node_modules" / "onnxruntime-node").is_dir():
+            return "onnxruntime-node is not installed (cd runtimes/node && npm install --ignore-scripts)"
+    elif runtime.module and importlib.util.find_spec(runtime.module) is None:
+        return f"python package {runtime.module!r} is not installed"
+    return None
+
+
+def run_runner(runtime: Runtime, model_path: Path, data_dir: Path, out_dir: Path, timeout: float) -> str | None:
+    """Run one runner process; None on success, else its one-line error."""
+    interpreter = sys.executable if runtime.interpreter == "python" else "node"
+    cmd = [interpreter, str(RUNTIMES_DIR / runtime.command[0]), str(model_path), str(data_dir), str(out_dir),
+           *runtime.command[1:]]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f} s"
+    if proc.returncode != 0:
+        lines = [l for l in proc.stderr.splitlines() if "error" in l.lower()] or proc.stderr.strip().splitlines() or ["no message"]
+        return lines[-1].split("error: ", 1)[-1].strip()
+    return None
