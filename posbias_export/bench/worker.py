@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--runner", choices=RUNNERS, required=True)
     p.add_argument("--model", help="ONNX file (ort, openvino)")
-    p.add_argument("--bias", default="alibi")
+    p.add_argument("--bias", required=True, help="bias family of the torch-eager runner")
     p.add_argument("--length", type=int, required=True)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
