@@ -104,7 +104,7 @@ def build_export_parser() -> argparse.ArgumentParser:
                    help="a hyper-parameter of the bias family (repeatable); see the list below")
     for family, f in hyper_parameter_fields():
         if f.metadata.get("alias"):
-            p.add_argument(f.metadata["alias"], type=_positive_int, dest=f"{_PARAM_DEST}{f.name}",
+            p.add_argument(f.metadata["alias"], type=_positive_int, dest=f"{_PARAM_DEST}{f.name}", metavar="N",
                            help=f"{family}: {f.metadata['help']} (default {f.default}); same as --bias-param {f.name}=N")
     p.add_argument("--out", required=True, help="output .onnx path (written atomically)")
     p.add_argument("--arch", choices=ARCHS, default=None,
