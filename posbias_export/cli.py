@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 PROG = "posbias-export"
 
@@ -25,6 +26,17 @@ VALIDATE_EXAMPLES = """examples:
 
 exit codes: 0 every runtime passed; 1 a failure, an error or an unavailable runtime; 2 bad usage
 """
+
+
+COMMANDS_HELP = """commands (python -m posbias_export COMMAND --help):
+  (none)         export a model to ONNX (the options above)
+  validate       run a file on every runtime against a float64 PyTorch reference
+  generate       generate bytes with a --kv-cache export on ONNX Runtime (CPU or CUDA)
+  bench          long-context attention: time and peak memory, side by side with PyTorch
+  bench-decode   per-token decode latency: ONNX Runtime vs PyTorch
+  train          train a byte-level decoder on a text corpus
+  evaluate       perplexity vs length through an exported file
+  extrapolation  every checkpoint in models/: export, evaluate, tabulate"""
 
 
 class CliError(Exception):
@@ -96,7 +108,7 @@ def build_export_parser() -> argparse.ArgumentParser:
         description="Export a transformer with a positional attention bias to ONNX with dynamic batch and sequence "
         "axes, and check the result. Other commands: validate, generate, bench, bench-decode, train, evaluate, "
         "extrapolation (each with --help).",
-        epilog=_families_epilog() + "\n\n" + EXPORT_EXAMPLES,
+        epilog=COMMANDS_HELP + "\n\n" + _families_epilog() + "\n\n" + EXPORT_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--bias", help=f"bias family: {', '.join(BIASES)} (taken from --checkpoint when given)")
@@ -160,11 +172,11 @@ def given_config(args) -> dict:
 
 def run_export(argv: list[str]) -> int:
     args = build_export_parser().parse_args(argv)
-    from .export import ensure_writable, export_onnx
+    from .export import check_outputs, checkpoint_metadata, export_onnx
     from .nn import ModelConfig, build_model, load_checkpoint, read_checkpoint
 
     given = given_config(args)
-    ensure_writable(args.out)  # fail fast, before loading or tracing anything
+    check_outputs([args.out], [args.checkpoint])  # fail fast, before loading or tracing anything
     if args.checkpoint:
         _, saved_cfg, _ = read_checkpoint(args.checkpoint)
         if saved_cfg is not None:
@@ -189,12 +201,13 @@ def run_export(argv: list[str]) -> int:
                          attention_mask=args.attention_mask, kv_cache=args.kv_cache,
                          inline_functions=args.inline_functions, attention=args.attention,
                          **({"block": args.block} if args.block else {}),
-                         metadata={"seed": args.seed} if not args.checkpoint else {"checkpoint": args.checkpoint})
+                         metadata=checkpoint_metadata(args.checkpoint) if args.checkpoint else {"seed": args.seed})
     print(report.summary())
+    if args.checkpoint:
+        print(f"weights from {Path(args.checkpoint).resolve()} (sha256 recorded): validate and evaluate find them "
+              "there, or take --checkpoint if the file moves")
     if args.validate:
-        from .parity import DEFAULT_RUNTIMES
-
-        return validate_and_report([args.out], DEFAULT_RUNTIMES, None, 3, args.checkpoint)
+        return validate_and_report([args.out], None, None, 3, args.checkpoint)
     return 0
 
 
@@ -206,8 +219,9 @@ def build_validate_parser() -> argparse.ArgumentParser:
                 "each with a float64 PyTorch reference rebuilt from the file's metadata.",
                 epilog=VALIDATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="+", help="ONNX files written by posbias_export")
-    p.add_argument("--runtimes", type=_name_list, default=DEFAULT_RUNTIMES,
-                   help=f"comma-separated, from: {', '.join(RUNTIMES)} (default {','.join(DEFAULT_RUNTIMES)})")
+    p.add_argument("--runtimes", type=_name_list, default=None,
+                   help=f"comma-separated, from: {', '.join(RUNTIMES)} (default: those of {','.join(DEFAULT_RUNTIMES)} "
+                   "that are installed; a runtime named here that is not installed is a failure)")
     p.add_argument("--lengths", type=_int_list, default=None,
                    help="comma-separated sequence lengths to test (default 1,17 and 64x the trace length)")
     p.add_argument("--batch", type=_positive_int, default=3, help="rows per generated input (default 3)")
@@ -220,26 +234,46 @@ def build_validate_parser() -> argparse.ArgumentParser:
 
 def run_validate(argv: list[str]) -> int:
     args = build_validate_parser().parse_args(argv)
+    from .export import check_outputs
+
+    if args.json and args.markdown and args.json == args.markdown:
+        raise CliError("--json and --markdown name the same file")
+    check_outputs([args.json, args.markdown], [*args.models, args.inputs, args.checkpoint])
     return validate_and_report(args.models, args.runtimes, args.lengths, args.batch, args.checkpoint,
                                args.inputs, args.json, args.markdown)
 
 
-def validate_and_report(models, runtimes, lengths, batch, checkpoint=None, inputs=None, json_path=None, markdown=None) -> int:
-    import json
-    from pathlib import Path
+def read_npz(path: str) -> dict:
+    """Named arrays from an .npz archive; anything else (an .npy, random bytes, pickles) is one line."""
+    import zipfile
 
     import numpy as np
+
+    if not zipfile.is_zipfile(path):
+        reason = "does not exist" if not Path(path).exists() else "is not an .npz archive (np.savez(path, input_ids=...))"
+        raise CliError(f"inputs {path} {reason}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
+        raise CliError(f"cannot read inputs {path}: {str(err).splitlines()[0]} (object arrays are refused)") from None
+
+
+def validate_and_report(models, runtimes, lengths, batch, checkpoint=None, inputs=None, json_path=None, markdown=None) -> int:
+    import json
+
     from tqdm import tqdm
 
-    from .parity import format_matrix, load_model_file, parity_markdown, run_matrix
+    from .parity import format_matrix, installed_defaults, load_model_file, parity_markdown, run_matrix
 
-    feeds = None
-    if inputs:
-        try:
-            with np.load(inputs, allow_pickle=False) as data:
-                feeds = {k: data[k] for k in data.files}
-        except (OSError, ValueError) as err:
-            raise CliError(f"cannot read inputs {inputs}: {err}") from None
+    if runtimes is None:  # the defaults: validate on what is installed, say what is not
+        runtimes, missing = installed_defaults()
+        for name, reason in missing.items():
+            print(f"skipping {name}: {reason}", file=sys.stderr)
+        if not runtimes:
+            raise CliError("none of the default runtimes is installed; name some with --runtimes")
+
+    feeds = read_npz(inputs) if inputs else None
     matrices = []
     with tqdm(total=len(models) * len(runtimes), desc="validate", unit="runtime", disable=None, file=sys.stderr) as bar:
         for model in models:
@@ -263,7 +297,7 @@ def run_generate(argv: list[str]) -> int:
     try:
         module = load_runner("ort/generate.py")
     except FileNotFoundError as err:
-        raise CliError(f"{err} (generate runs from a source checkout)") from None
+        raise CliError(f"{err} (a broken install: reinstall posbias_export)") from None
     return module.main(argv)
 
 
@@ -292,7 +326,6 @@ def build_bench_parser() -> argparse.ArgumentParser:
 
 def run_bench(argv: list[str]) -> int:
     args = build_bench_parser().parse_args(argv)
-    from pathlib import Path
 
     from tqdm import tqdm
 
@@ -369,14 +402,13 @@ def build_train_parser() -> argparse.ArgumentParser:
 
 def run_train(argv: list[str]) -> int:
     args = build_train_parser().parse_args(argv)
-    from pathlib import Path
 
-    from .export import ensure_writable
+    from .export import check_outputs
     from .nn import ModelConfig
     from .study.train import save_trained, scheme_fields, train
 
     fields = scheme_fields(args.bias, args.train_len)
-    ensure_writable(Path(args.out).with_suffix(".safetensors"))
+    check_outputs([Path(args.out).with_suffix(".safetensors"), Path(args.out).with_suffix(".md")], [args.corpus])
     cfg = ModelConfig(num_heads=args.heads, dim=args.dim, num_layers=args.layers, **fields)
     model, card = train(cfg, args.corpus, args.train_len, args.steps, args.batch, args.lr, args.seed)
     command = "python -m posbias_export train " + " ".join(argv)
@@ -406,11 +438,13 @@ def build_evaluate_parser() -> argparse.ArgumentParser:
 def run_evaluate(argv: list[str]) -> int:
     args = build_evaluate_parser().parse_args(argv)
     import json
-    from pathlib import Path
 
     from tqdm import tqdm
 
+    from .export import check_outputs
     from .study.evaluate import as_json, evaluate, format_results
+
+    check_outputs([args.json], [args.model, args.corpus, args.checkpoint])
 
     with tqdm(total=len(args.lengths), desc="evaluate", unit="length", disable=None, file=sys.stderr) as bar:
         results = evaluate(args.model, args.corpus, args.lengths, args.max_tokens, args.checkpoint, progress=bar.update)
@@ -431,7 +465,6 @@ def build_extrapolation_parser() -> argparse.ArgumentParser:
 
 def run_extrapolation(argv: list[str]) -> int:
     args = build_extrapolation_parser().parse_args(argv)
-    from pathlib import Path
 
     from tqdm import tqdm
 
@@ -451,7 +484,7 @@ COMMANDS = {"validate": run_validate, "generate": run_generate, "bench": run_ben
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from .export import ExportCheckError
+    from .errors import ExportCheckError
 
     try:
         if argv and argv[0] in COMMANDS:

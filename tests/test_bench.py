@@ -3,11 +3,13 @@ bookkeeping: skip rules, failure reporting, the targets table."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
 from posbias_export.bench import attention as bench
 from posbias_export.cli import main as cli_main
+from posbias_export.environment import environment
 
 
 def test_bench_command_end_to_end(tmp_path, capsys):
@@ -68,3 +70,20 @@ def test_targets_judge_the_measured_ratios():
              bench.Timing("alibi", "torch-eager", 2048, [0.1], 1, 1)]
     met = [t["met"] for t in bench.targets(cells)]
     assert met == [True, True, False]  # 1.5x SDPA, 0.9 GB, but 2x eager
+
+
+def test_targets_not_measured_say_so():
+    """A run on a subset of lengths has no figure for some targets: not a failed target."""
+    cells = [bench.Timing("alibi", "ort-blocked", 512, [0.01], 1, 1), bench.Timing("-", "torch-sdpa", 512, [0.01], 1, 1)]
+    text = bench.markdown(cells, environment(), 8, 64)
+    rows = [l for l in text.splitlines() if l.startswith(f"| {bench.DEFAULT_BIAS} L=")]
+    assert rows and all(l.endswith("| - | not measured in this run |") for l in rows)
+
+
+def test_without_matplotlib_tables_are_written_and_the_plot_skipped(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    cells = [bench.Timing("alibi", "ort-blocked", 512, [0.01], 1, 1)]
+    paths = bench.write(cells, tmp_path, 8, 64)
+    assert [p.name for p in paths] == ["attention.json", "attention.md"] and all(p.is_file() for p in paths)
+    assert not (tmp_path / "attention.png").exists()
+    assert "matplotlib is not installed: skipped" in capsys.readouterr().err

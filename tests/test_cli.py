@@ -139,3 +139,62 @@ def test_console_script_installed():
     assert script.exists(), "pip install -e . installs the posbias-export console script"
     proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "examples:" in proc.stdout
+
+
+def test_every_option_of_every_command_has_help():
+    from posbias_export import cli
+
+    builders = [cli.build_export_parser, cli.build_validate_parser, cli.build_bench_parser,
+                cli.build_bench_decode_parser, cli.build_train_parser, cli.build_evaluate_parser,
+                cli.build_extrapolation_parser]
+    for build in builders:
+        parser = build()
+        bare = [a.option_strings or a.dest for a in parser._actions if not a.help]
+        assert not bare, f"{parser.prog}: no help for {bare}"
+    top = run_cli("--help").stdout
+    assert all(f"  {name} " in top for name in cli.COMMANDS), "top-level --help lists every command"
+
+
+def test_usage_errors_of_torch_free_commands_do_not_import_torch():
+    code = ("import sys; from posbias_export.cli import main; codes = [main(a) for a in "
+            "(['validate'], ['evaluate'], ['validate', 'm.onnx', '--lengths', 'x'])]; "
+            "print(codes, 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "[2, 2, 2] False", proc.stdout + proc.stderr
+
+
+def test_checkpoint_is_found_from_another_folder_and_checked(tmp_path):
+    """The file records the checkpoint's absolute path and sha256: validate works from anywhere,
+    and refuses a different file put in its place."""
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    pbe.save_checkpoint(pbe.build_model(pbe.ModelConfig(bias="alibi", **SMALL), seed=3), tmp_path / "ck" / "a.safetensors")
+    proc = run_cli("--checkpoint", "ck/a.safetensors", "--out", "m.onnx", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    meta = {p.key: p.value for p in onnx.load(str(tmp_path / "m.onnx")).metadata_props}
+    assert meta["posbias.checkpoint"] == str((tmp_path / "ck" / "a.safetensors").resolve())
+    assert len(meta["posbias.checkpoint_sha256"]) == 64
+    proc = run_cli("validate", "../m.onnx", "--runtimes", "ort-cpu", "--lengths", "5", cwd=tmp_path / "elsewhere")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pbe.save_checkpoint(pbe.build_model(pbe.ModelConfig(bias="alibi", **SMALL), seed=4), tmp_path / "ck" / "a.safetensors")
+    proc = run_cli("validate", "../m.onnx", "--runtimes", "ort-cpu", "--lengths", "5", cwd=tmp_path / "elsewhere")
+    assert_one_line_error(proc, "is not the file this model was exported from")
+
+
+def test_validate_defaults_to_installed_runtimes(exports, monkeypatch, capsys):
+    """Without --runtimes: what is installed runs, what is not is named on stderr; naming a
+    runtime that is not installed is a failure."""
+    from posbias_export.cli import main as cli_main
+    from posbias_export.parity import matrix, runtimes
+
+    real = runtimes.unavailable_reason
+    fake = lambda r: "python package 'openvino' is not installed" if r.name == "openvino" else real(r)
+    monkeypatch.setattr(runtimes, "unavailable_reason", fake)
+    monkeypatch.setattr(matrix, "unavailable_reason", fake)
+    model = str(exports.cli("alibi"))
+    assert cli_main(["validate", model, "--lengths", "3", "--batch", "1"]) == 0
+    out = capsys.readouterr()
+    assert "skipping openvino: python package 'openvino' is not installed" in out.err
+    assert "openvino" not in out.out and "ort-cpu" in out.out
+    assert cli_main(["validate", model, "--lengths", "3", "--batch", "1", "--runtimes", "ort-cpu,openvino"]) == 1
+    assert "unavailable: python package 'openvino' is not installed" in capsys.readouterr().out

@@ -3,6 +3,7 @@ passes the post-export checks (which export_onnx also enforces)."""
 from __future__ import annotations
 
 import json
+import os
 
 import onnx
 import pytest
@@ -117,3 +118,54 @@ def test_export_argument_errors(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
         pbe.export_onnx(model, tmp_path / "m.onnx", **kwargs)
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_refused_models(tmp_path):
+    """A cache for a bidirectional model, and weights holding NaN, are refused before tracing."""
+    bidirectional = pbe.build_model(pbe.ModelConfig(causal=False, **SMALL), seed=0)
+    with pytest.raises(ValueError, match="KV cache is for causal decoding"):
+        pbe.export_onnx(bidirectional, tmp_path / "m.onnx", kv_cache=True)
+    broken = pbe.build_model(pbe.ModelConfig(**SMALL), seed=0)
+    with torch.no_grad():
+        broken.blocks[0].mlp.up.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="'blocks.0.mlp.up.weight' holds NaN"):
+        pbe.export_onnx(broken, tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_large_model_goes_to_external_data_checked_by_path(tmp_path, monkeypatch):
+    """Models past protobuf's 2 GB limit: the tensors go to model.onnx.data, the full checker
+    runs on the written files (an in-memory check cannot serialize them), both files get the
+    normal permissions, and the summary names the data file. The threshold is lowered here so
+    a small model takes the same path (the real 2.4 GB case is a slow test)."""
+    from posbias_export.export import files
+
+    monkeypatch.setattr(files, "EXTERNAL_DATA_THRESHOLD", 0)
+    checked = []
+    monkeypatch.setattr(checks, "check_full", lambda model: checked.append(model) or onnx.checker.check_model(model, full_check=True))
+    model = pbe.build_model(pbe.ModelConfig(**SMALL), seed=0)
+    report = pbe.export_onnx(model, tmp_path / "m.onnx")
+    assert checked and isinstance(checked[0], str), "the check must run on the written file, by path"
+    data = tmp_path / "m.onnx.data"
+    assert report.data_path == str(data) and data.stat().st_size == report.data_bytes > 0.9 * report.initializer_bytes
+    assert "m.onnx.data" in report.summary()
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in (tmp_path / "m.onnx", data):
+        assert f.stat().st_mode & 0o777 == 0o666 & ~umask
+    import onnxruntime as ort
+
+    ids = torch.randint(0, 256, (2, 40))
+    got = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"input_ids": ids.numpy()})[0]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(got), model(ids), rtol=1e-4, atol=1e-4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]  # no temporary left
+
+
+@pytest.mark.slow
+def test_model_over_2gb_exports(tmp_path):
+    """dim 4096, 32 heads, 3 layers: 2.4 GB of float32 weights (about 10 GB RSS while tracing)."""
+    model = pbe.build_model(pbe.ModelConfig(dim=4096, num_heads=32, num_layers=3), seed=0)
+    report = pbe.export_onnx(model, tmp_path / "big.onnx", check_growth=False)
+    assert report.data_bytes > 2 ** 31 and (tmp_path / "big.onnx.data").stat().st_size == report.data_bytes
+    onnx.checker.check_model(str(tmp_path / "big.onnx"), full_check=True)

@@ -131,3 +131,23 @@ def test_bench_decode_smoke(tmp_path):
     rows = json.loads((tmp_path / "decode.json").read_text())["rows"]
     assert rows[0]["bias"] == "kerple_log" and rows[0]["ort_ms_median"] > 0 and rows[0]["torch_ms_median"] > 0
     assert "| kerple_log | 20 |" in (tmp_path / "decode.md").read_text()
+
+
+def test_steps_come_one_at_a_time(decoders):
+    """A streaming client gets the first byte without waiting for the rest: 10^6 requested tokens
+    (within a raised --max-context) still yield at once, and equal the first greedy token."""
+    steps = gen.generate_steps(decoders("alibi"), [b"To be"], 10 ** 6, max_context=2 * 10 ** 6)
+    first = next(steps)
+    steps.close()
+    assert first.tolist() == list(gen.generate(decoders("alibi"), [b"To be"], 1)[0])
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), float("inf"), -0.5])
+def test_temperature_must_be_finite_and_not_negative(decoders, temperature):
+    with pytest.raises(gen.RunnerError, match="finite number >= 0"):
+        gen.generate(decoders("alibi"), [b"ab"], 2, temperature=temperature)
+
+
+def test_default_context_bounds_a_huge_request(decoders):
+    with pytest.raises(gen.RunnerError, match=f"exceeds --max-context \\({gen.DEFAULT_MAX_CONTEXT}\\)"):
+        gen.generate(decoders("alibi"), [b"ab"], 10 ** 18)

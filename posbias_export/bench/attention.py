@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..biases import BIASES, DEFAULT_BIAS, bias_class
 from ..environment import describe, environment
+from ..plots import pyplot_for
 
 LENGTHS = (512, 2048, 8192, 16384)
 CONFIGS = ("ort-blocked", "ort-plain", "openvino", "torch-eager", "torch-sdpa")
@@ -205,8 +206,9 @@ def markdown(cells, env: dict, heads: int, head_dim: int) -> str:
     ]
     for t in targets(cells):
         m = t["measured"]
-        shown = "n/a" if m is None else (f"{m / 1e9:.2f} GB" if "RSS" in t["target"] else f"{m:.2f}x")
-        lines.append(f"| {t['target']} | {shown} | {'yes' if t['met'] else 'NO'} |")
+        shown = "-" if m is None else (f"{m / 1e9:.2f} GB" if "RSS" in t["target"] else f"{m:.2f}x")
+        verdict = "yes" if t["met"] else ("not measured in this run" if m is None else "NO")
+        lines.append(f"| {t['target']} | {shown} | {verdict} |")
     lines += ["", "## Ratios (min time): ORT blocked vs the PyTorch anchors", "",
               "| bias | " + " | ".join(f"L={n} vs SDPA | L={n} vs eager" for n in lengths) + " |",
               "|---|" + "---|---|" * len(lengths)]
@@ -228,11 +230,11 @@ def markdown(cells, env: dict, heads: int, head_dim: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(cells, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(cells, path: Path) -> bool:
+    """Writes the figure; returns False when matplotlib is missing (skipped, said on stderr)."""
+    plt = pyplot_for(path)
+    if plt is None:
+        return False
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.8))
     styles = {"ort-blocked": "-o", "ort-plain": "--s", "openvino": "-^", "torch-eager": ":x", "torch-sdpa": "-k"}
@@ -259,6 +261,7 @@ def plot(cells, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def write(cells, out_dir: Path, heads: int, head_dim: int, stem: str = "attention") -> list[Path]:
@@ -268,8 +271,7 @@ def write(cells, out_dir: Path, heads: int, head_dim: int, stem: str = "attentio
     paths[0].write_text(json.dumps({"heads": heads, "head_dim": head_dim, "environment": env,
                                     "targets": targets(cells), "cells": [c.as_dict() for c in cells]}, indent=1))
     paths[1].write_text(markdown(cells, env, heads, head_dim))
-    plot(cells, paths[2])
-    return paths
+    return paths if plot(cells, paths[2]) else paths[:2]
 
 
 def profile_biases(biases) -> list[str]:

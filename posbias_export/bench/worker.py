@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+PACKAGE = Path(__file__).resolve().parents[1]
+# the runners: inside the package when installed from a wheel, beside it in a source checkout
+RUNTIMES_DIR = PACKAGE / "runtimes" if (PACKAGE / "runtimes").is_dir() else PACKAGE.parent / "runtimes"
 RUNNERS = ("ort", "openvino", "torch-eager", "torch-sdpa")
 
 
@@ -49,7 +51,7 @@ def ort_forward(model: str, inputs):
 
 
 def openvino_forward(model: str, inputs):
-    sys.path.insert(0, str(REPO / "runtimes"))
+    sys.path.insert(0, str(RUNTIMES_DIR))
     from common.loading import load_runner
 
     ov_run = load_runner("openvino/run.py")
@@ -59,7 +61,7 @@ def openvino_forward(model: str, inputs):
 
 
 def torch_forward(runner: str, bias: str, inputs):
-    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(PACKAGE.parent))
     import torch
     from torch.nn import functional as F
 

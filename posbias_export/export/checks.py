@@ -8,10 +8,7 @@ from onnx import TensorProto
 
 from ..biases.onnx_domain import DOMAIN as FUNCTION_DOMAIN
 from ..biases.onnx_domain import STANDARD_DOMAINS
-
-
-class ExportCheckError(RuntimeError):
-    pass
+from ..errors import ExportCheckError
 
 
 def check_symbolic_axes(model: onnx.ModelProto, dynamic_axes: dict[str, tuple[int, ...]]) -> None:
@@ -70,7 +67,8 @@ def check_no_trace_length_growth(a: onnx.ModelProto, b: onnx.ModelProto, len_a: 
         )
 
 
-def check_full(model: onnx.ModelProto) -> None:
+def check_full(model: onnx.ModelProto | str) -> None:
+    """onnx.checker with full shape inference; give a path for models over 2 GB (external data)."""
     try:
         onnx.checker.check_model(model, full_check=True)
     except Exception as err:  # checker raises ValidationError / InferenceError

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -30,19 +32,57 @@ def ensure_writable(path: str | os.PathLike) -> Path:
     return path
 
 
-def save_atomic(proto: onnx.ModelProto, path: Path) -> int:
-    """Write to a temporary file in the same directory, then rename: a failure leaves no partial
-    file and never clobbers an existing one. Models over ~2 GB get external data beside them."""
+def check_outputs(outputs, inputs=()) -> None:
+    """Before any work: every output path can be written and none of them is one of the inputs
+    (writing a model over the checkpoint it came from would lose the checkpoint)."""
+    sources = [Path(p).resolve() for p in inputs if p]
+    for out in outputs:
+        if not out:
+            continue
+        ensure_writable(out)
+        target = Path(out).resolve()
+        for source in sources:
+            if target == source or (target.exists() and source.exists() and os.path.samefile(target, source)):
+                raise OSError(f"refusing to write {out}: it is also an input ({source.name}); choose another output path")
+
+
+def default_file_mode() -> int:
+    """What open() would give a new file: 0666 minus the umask (temporary files get 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@dataclass(frozen=True)
+class SavedModel:
+    model_bytes: int
+    data_path: Path | None  # external data beside the model (models over ~2 GB), else None
+    data_bytes: int = 0
+
+
+def save_checked(proto: onnx.ModelProto, path: Path, check: Callable[[str], None]) -> SavedModel:
+    """Write to a temporary folder beside `path`, run `check` on the written file (by path, so
+    models over protobuf's 2 GB limit are checked with their external data), then rename into
+    place: a failure leaves no partial file and never clobbers an existing one. Models over
+    ~2 GB keep their tensors in `<name>.data` beside the model. Note: saving as external data
+    moves the tensors out of `proto`."""
     path = Path(path)
-    external = proto.ByteSize() > EXTERNAL_DATA_THRESHOLD
+    # the tensors decide; proto.ByteSize() itself fails past 2 GB
+    external = sum(t.ByteSize() for t in proto.graph.initializer) > EXTERNAL_DATA_THRESHOLD
+    data_name = path.name + ".data"
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
-        tmp_model = Path(tmp) / path.name
+        tmp_model, tmp_data = Path(tmp) / path.name, Path(tmp) / data_name
         if external:
-            data_name = path.name + ".data"
-            onnx.save_model(proto, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True, location=data_name)
-            os.replace(Path(tmp) / data_name, path.parent / data_name)
+            onnx.save_model(proto, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=data_name, size_threshold=1024)
         else:
             onnx.save_model(proto, tmp_model)
-        size = tmp_model.stat().st_size
-        os.replace(tmp_model, path)
-    return size
+        check(str(tmp_model))
+        written = [tmp_data, tmp_model] if external else [tmp_model]  # data first: the model never points at nothing
+        for f in written:
+            os.chmod(f, default_file_mode())
+        saved = SavedModel(tmp_model.stat().st_size, path.parent / data_name if external else None,
+                           tmp_data.stat().st_size if external else 0)
+        for f in written:
+            os.replace(f, path.parent / f.name)
+    return saved

@@ -3,10 +3,11 @@ be validated later on its own: the model config, the arch, dtype, opset, the att
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import onnx
 
-from ..nn import AttentionSettings, ModelConfig
+from ..nn import AttentionSettings, ModelConfig, file_sha256
 
 PREFIX = "posbias."
 FORMAT_VERSION = "1"
@@ -34,6 +35,11 @@ def export_metadata(cfg: ModelConfig, arch: str, dtype: str, opset: int, trace_l
         meta["max_positions"] = str(cfg.max_positions)  # runners refuse longer inputs with a clear error
     meta.update({k: str(v) for k, v in (extra or {}).items()})
     return meta
+
+
+def checkpoint_metadata(checkpoint: str | Path) -> dict[str, str]:
+    """Where the weights are (absolute: the file may be validated from another folder) and their hash."""
+    return {"checkpoint": str(Path(checkpoint).resolve()), "checkpoint_sha256": file_sha256(checkpoint)}
 
 
 def write_metadata(proto: onnx.ModelProto, meta: dict[str, str]) -> None:

@@ -1,7 +1,7 @@
 """torch -> ONNX with dynamic batch and sequence axes, as a list of named passes:
 
     validate_request -> prepare -> trace -> attach_functions -> (inline) -> check_exported
-    -> check_trace_growth -> add_metadata -> check_full -> save_atomic -> report
+    -> check_trace_growth -> add_metadata -> save_checked (onnx.checker full check on the written file) -> report
 
 Each pass is a function below; export_onnx() runs them in that order. A pass either returns
 what the next needs or raises (ValueError: bad request; OSError: unwritable output;
@@ -24,11 +24,11 @@ import onnx
 import torch
 
 from ..biases import AttentionBias
-from ..nn import DEFAULT_BLOCK, AttentionSettings, ModelConfig
+from ..nn import DEFAULT_BLOCK, AttentionSettings, ModelConfig, non_finite_tensor
 from ..errors import first_line
 from . import checks, functions
 from .blocked_graph import function_proto as blocked_function_proto
-from .files import ensure_writable, save_atomic
+from .files import SavedModel, ensure_writable, save_checked
 from .metadata import export_metadata, write_metadata
 from .signature import Signature, signature
 
@@ -51,13 +51,18 @@ class ExportReport:
     file_bytes: int
     seconds: float
     checks: list[str] = field(default_factory=list)
+    data_path: str | None = None  # external tensor data beside the model (over ~2 GB)
+    data_bytes: int = 0
+    notes: list[str] = field(default_factory=list)  # what a user of the file should know
 
     def summary(self) -> str:
         shape = ", ".join(f"{k} {v}" for k, v in self.inputs.items())
-        return (
-            f"wrote {self.path} ({self.file_bytes / 1e6:.2f} MB): {self.arch} with {self.bias} bias, "
+        data = f" + {self.data_path} ({self.data_bytes / 1e6:.1f} MB of tensors: keep the two together)" if self.data_path else ""
+        lines = [
+            f"wrote {self.path} ({self.file_bytes / 1e6:.2f} MB){data}: {self.arch} with {self.bias} bias, "
             f"opset {self.opset}, {self.dtype}, inputs {shape}; checks passed: {', '.join(self.checks)}"
-        )
+        ]
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
 
 @dataclass(frozen=True)
@@ -106,8 +111,13 @@ def validate_request(model: torch.nn.Module, path, opset, dtype, trace_len, *, a
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"export_onnx needs a model from posbias_export.build_model (with a .cfg), got {type(model).__name__}")
     arch = getattr(model, "arch", "lm")
+    bad = non_finite_tensor(model)
+    if bad:
+        raise ValueError(f"the model's tensor {bad!r} holds NaN or infinity; refusing to export it")
     if kv_cache and arch != "lm":
         raise ValueError("kv_cache needs the lm arch")
+    if kv_cache and not cfg.causal:  # a cache replays past keys for new queries: causal decoding only
+        raise ValueError("a KV cache is for causal decoding; a bidirectional model has none (drop kv_cache or bidirectional)")
     if arch == "attention" and attention_mask:
         raise ValueError("the attention arch takes no attention_mask")
     # Opset 23 has the ONNX Attention op, which the exporter emits for SDPA.
@@ -183,13 +193,19 @@ def add_metadata(proto: onnx.ModelProto, request: ExportRequest) -> None:
     proto.producer_name = "posbias_export"
 
 
-def report(proto: onnx.ModelProto, request: ExportRequest, file_bytes: int, seconds: float, done: list[str]) -> ExportReport:
+def report(proto: onnx.ModelProto, request: ExportRequest, initializer_bytes: int, saved: SavedModel, seconds: float,
+           done: list[str]) -> ExportReport:
     dims = lambda values: {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
+    notes = []
+    if proto.functions:
+        notes.append("OpenVINO cannot load model-local functions: give it a file exported with --inline-functions "
+                     "(ONNX Runtime, onnxruntime-node and the reference evaluator load this one as it is)")
     return ExportReport(
         path=str(request.path), arch=request.arch, bias=request.cfg.bias, opset=request.opset, dtype=request.dtype,
         trace_len=request.trace_len, inputs=dims(proto.graph.input), outputs=dims(proto.graph.output),
-        op_types=sorted({n.op_type for n in proto.graph.node}),
-        initializer_bytes=checks.initializer_bytes(proto), file_bytes=file_bytes, seconds=seconds, checks=done,
+        op_types=sorted({n.op_type for n in proto.graph.node}), initializer_bytes=initializer_bytes,
+        file_bytes=saved.model_bytes, seconds=seconds, checks=done,
+        data_path=str(saved.data_path) if saved.data_path else None, data_bytes=saved.data_bytes, notes=notes,
     )
 
 
@@ -235,7 +251,7 @@ def export_onnx(
     done = check_exported(proto, sig, request)
     done += check_trace_growth(proto, prepared, request, generated)
     add_metadata(proto, request)
-    checks.check_full(proto)
+    initializer_bytes = checks.initializer_bytes(proto)  # before saving: external data empties the proto
+    saved = save_checked(proto, request.path, checks.check_full)
     done.append("onnx.checker full check")
-    file_bytes = save_atomic(proto, request.path)
-    return report(proto, request, file_bytes, time.perf_counter() - start, done)
+    return report(proto, request, initializer_bytes, saved, time.perf_counter() - start, done)

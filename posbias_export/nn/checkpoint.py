@@ -2,6 +2,7 @@
 torch file. The model config travels inside, so a checkpoint alone rebuilds its model."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -49,10 +50,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
         except Exception as err:
             raise CheckpointError(f"cannot read torch checkpoint {path}: {first_line(err)}") from None
         if isinstance(obj, dict) and "state_dict" in obj:
-            cfg, arch = obj.get("config"), obj.get("arch")
-            if isinstance(cfg, str):
-                cfg = json.loads(cfg)
-            return obj["state_dict"], cfg, arch
+            return obj["state_dict"], _saved_config(path, obj.get("config")), obj.get("arch")
         if isinstance(obj, dict) and all(isinstance(v, torch.Tensor) for v in obj.values()):
             return obj, None, None
         raise CheckpointError(f"torch checkpoint {path} holds neither a state_dict nor {{'state_dict', 'config'}}")
@@ -64,8 +62,29 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
             meta = f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as err:
         raise CheckpointError(f"cannot read checkpoint {path}: not a safetensors or torch file ({err})") from None
-    cfg = json.loads(meta[CONFIG_KEY]) if CONFIG_KEY in meta else None
-    return state, cfg, meta.get(ARCH_KEY)
+    return state, _saved_config(path, meta.get(CONFIG_KEY)), meta.get(ARCH_KEY)
+
+
+def _saved_config(path: Path, text: str | dict | None) -> dict | None:
+    """The config a checkpoint carries (JSON text or a dict), or None; a broken one names the file and field."""
+    if text is None or isinstance(text, dict):
+        return text
+    try:
+        cfg = json.loads(text)
+    except ValueError as err:
+        raise CheckpointError(f"checkpoint {path}: metadata field {CONFIG_KEY} is not valid JSON ({err})") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"checkpoint {path}: metadata field {CONFIG_KEY} is not a JSON object")
+    return cfg
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Content hash of a checkpoint: an export records it, validate checks it (the file moved or changed?)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def load_checkpoint(path: str | os.PathLike, cfg: ModelConfig | None = None, arch: str | None = None) -> torch.nn.Module:
@@ -73,7 +92,10 @@ def load_checkpoint(path: str | os.PathLike, cfg: ModelConfig | None = None, arc
     carries none; when both exist and disagree, that is an error rather than a silent choice."""
     state, saved_cfg, saved_arch = read_checkpoint(path)
     if saved_cfg is not None:
-        saved = ModelConfig.from_dict(saved_cfg)
+        try:
+            saved = ModelConfig.from_dict(saved_cfg)
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"checkpoint {path}: its saved config is invalid: {first_line(err)}") from None
         if cfg is not None and cfg != saved:
             diff = {k: (v, getattr(saved, k)) for k, v in cfg.to_dict().items() if getattr(saved, k) != v}
             raise CheckpointError(f"options disagree with the checkpoint's config (given, saved): {diff}")
@@ -93,4 +115,15 @@ def load_checkpoint(path: str | os.PathLike, cfg: ModelConfig | None = None, arc
     except RuntimeError as err:
         first = str(err).splitlines()
         raise CheckpointError(f"checkpoint {path} does not fit the model: {' '.join(l.strip() for l in first[:3])}") from None
+    bad = non_finite_tensor(model)
+    if bad:
+        raise CheckpointError(f"checkpoint {path}: tensor {bad!r} holds NaN or infinity")
     return model.eval()
+
+
+def non_finite_tensor(model: torch.nn.Module) -> str | None:
+    """The name of the first floating parameter or buffer holding NaN or inf, else None."""
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None

@@ -1,11 +1,22 @@
 """Proving an export: the validate matrix (every runtime vs a float64 PyTorch reference), the
-tolerance policy that judges it, and its rendering."""
-from .matrix import Cell, Matrix, run_matrix
-from .reference import ParityInputError, load_model_file, reference_model, torch_outputs
-from .report import format_matrix, parity_markdown
-from .runtimes import DEFAULT_RUNTIMES, RUNTIMES, RUNTIMES_DIR, load_runner
-from .tolerance import BFLOAT16, FLOAT16, FLOAT32, Parity, Tolerance, compare
+tolerance policy that judges it, and its rendering.
 
-__all__ = ["BFLOAT16", "DEFAULT_RUNTIMES", "FLOAT16", "FLOAT32", "RUNTIMES", "RUNTIMES_DIR", "Cell", "Matrix",
-           "Parity", "ParityInputError", "Tolerance", "compare", "format_matrix", "load_model_file", "load_runner",
-           "parity_markdown", "reference_model", "run_matrix", "torch_outputs"]
+Names are imported on first use: the runtime table (runtimes.py) is torch-free, so the command
+line can list runtimes and run the runners without paying for a torch import."""
+from __future__ import annotations
+
+from ..lazy import lazy_names
+
+_HOMES = {
+    "Cell": "matrix", "Matrix": "matrix", "run_matrix": "matrix",
+    "ParityInputError": "reference", "load_model_file": "reference", "reference_model": "reference",
+    "torch_outputs": "reference",
+    "format_matrix": "report", "parity_markdown": "report",
+    "DEFAULT_RUNTIMES": "runtimes", "RUNTIMES": "runtimes", "RUNTIMES_DIR": "runtimes",
+    "installed_defaults": "runtimes", "load_runner": "runtimes",
+    "BFLOAT16": "tolerance", "FLOAT16": "tolerance", "FLOAT32": "tolerance", "Parity": "tolerance",
+    "Tolerance": "tolerance", "compare": "tolerance",
+}
+__all__ = sorted(_HOMES)
+
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)

@@ -59,8 +59,9 @@ def check_user_inputs(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> N
         t = value.type.tensor_type
         dims = tuple(d.dim_param or (d.dim_value if d.HasField("dim_value") else None) for d in t.shape.dim)
         specs.append(InputSpec(value.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)), dims))
+    metadata = {p.key: p.value for p in proto.metadata_props}
     try:
-        check_feeds(feeds, specs)
+        check_feeds(feeds, feeds_module.with_token_limit(specs, metadata))
     except RunnerError as err:
         raise ParityInputError(str(err)) from None
 

@@ -12,7 +12,7 @@ import torch
 
 from ..errors import first_line
 from ..export import INPUT_NAMES, read_metadata
-from ..nn import EAGER, AttentionSettings, ModelConfig, build_model, load_checkpoint
+from ..nn import EAGER, AttentionSettings, ModelConfig, build_model, file_sha256, load_checkpoint
 
 
 class ParityInputError(ValueError):
@@ -41,7 +41,12 @@ def reference_model(meta: dict, checkpoint: str | None = None) -> torch.nn.Modul
     checkpoint = checkpoint or meta.get("checkpoint")
     if checkpoint:
         if not Path(checkpoint).is_file():
-            raise ParityInputError(f"checkpoint {checkpoint} (needed for this model's weights) does not exist")
+            raise ParityInputError(f"checkpoint {checkpoint} (needed for this model's weights) does not exist; "
+                                   "pass --checkpoint with its new path")
+        recorded = meta.get("checkpoint_sha256")
+        if recorded and file_sha256(checkpoint) != recorded:
+            raise ParityInputError(f"checkpoint {checkpoint} is not the file this model was exported from "
+                                   f"(sha256 differs from the recorded {recorded[:12]}...)")
         return load_checkpoint(checkpoint, cfg, arch)
     return build_model(cfg, seed=int(meta.get("seed", 0)), arch=arch)
 

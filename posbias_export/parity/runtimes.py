@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-RUNTIMES_DIR = Path(__file__).resolve().parents[2] / "runtimes"
+def _runtimes_dir() -> Path:
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "runtimes"  # a wheel ships the runners inside the package
+    return installed if installed.is_dir() else package.parent / "runtimes"  # a source checkout
+
+
+RUNTIMES_DIR = _runtimes_dir()
 
 
 @dataclass(frozen=True)
@@ -54,12 +60,12 @@ def load_runner(relative: str) -> ModuleType:
 def unavailable_reason(runtime: Runtime) -> str | None:
     script = RUNTIMES_DIR / runtime.command[0]
     if not script.is_file():
-        return f"runner {script} not found (is this a source checkout?)"
+        return f"runner {script} not found (a broken install: reinstall posbias_export)"
     if runtime.interpreter == "node":
         if shutil.which("node") is None:
             return "node is not on PATH"
         if not (RUNTIMES_DIR / "node" / "node_modules" / "onnxruntime-node").is_dir():
-            return "onnxruntime-node is not installed (cd runtimes/node && npm install --ignore-scripts)"
+            return f"onnxruntime-node is not installed (cd {RUNTIMES_DIR / 'node'} && npm install --ignore-scripts)"
     elif runtime.module and importlib.util.find_spec(runtime.module) is None:
         return f"python package {runtime.module!r} is not installed"
     return None
@@ -78,3 +84,9 @@ def run_runner(runtime: Runtime, model_path: Path, data_dir: Path, out_dir: Path
         lines = [l for l in proc.stderr.splitlines() if "error" in l.lower()] or proc.stderr.strip().splitlines() or ["no message"]
         return lines[-1].split("error: ", 1)[-1].strip()
     return None
+
+
+def installed_defaults() -> tuple[tuple[str, ...], dict[str, str]]:
+    """The default runtimes this machine can run, and why each of the others cannot."""
+    missing = {name: reason for name in DEFAULT_RUNTIMES if (reason := unavailable_reason(RUNTIMES[name]))}
+    return tuple(n for n in DEFAULT_RUNTIMES if n not in missing), missing

@@ -54,6 +54,9 @@ def evaluate(model_path: str | Path, corpus: str | Path, lengths=(64, 128, 256, 
     cfg = json.loads(meta["config"])
     limit = int(meta["max_positions"]) if "max_positions" in meta else None
     heldout = split(read_corpus(corpus)[0])[1]
+    too_long = [n for n in lengths if n > len(heldout)]
+    if too_long:  # checked before any work: not even one window of that length exists
+        raise ValueError(f"length {too_long[0]} is longer than the corpus's held-out split ({len(heldout)} bytes)")
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     session = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])

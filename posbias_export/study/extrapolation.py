@@ -7,8 +7,9 @@ import tempfile
 from pathlib import Path
 
 from ..biases import BIASES
-from ..export import export_onnx
+from ..export import checkpoint_metadata, export_onnx
 from ..nn import load_checkpoint
+from ..plots import pyplot_for
 from .evaluate import as_json, evaluate
 from .train import SCHEMES, scheme_of
 
@@ -37,7 +38,7 @@ def run(models_dir: str | Path, corpus: str | Path, lengths, max_tokens: int, ou
                 variants.append((f"{ckpt.stem}_interpolated", f"{ckpt.stem} (table {trained} interpolated to {max(lengths)})", stretched))
             for key, label, model in variants:
                 onnx_path = Path(tmp) / f"{key}.onnx"
-                export_onnx(model, onnx_path, check_growth=False, metadata={"checkpoint": str(ckpt)})
+                export_onnx(model, onnx_path, check_growth=False, metadata=checkpoint_metadata(ckpt))
                 # The PyTorch cross-check uses the same (possibly resized) weights.
                 rows = evaluate(onnx_path, corpus, lengths, max_tokens, reference=model)
                 results[key] = {"label": label, "rows": as_json(rows)}
@@ -74,10 +75,9 @@ def write_markdown(results: dict, lengths, max_tokens: int, path: Path, models_d
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot_for(path)
+    if plt is None:
+        return
 
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = plt.cm.tab20.colors  # 20 distinct colours: the default cycle repeats after 10

@@ -2,7 +2,8 @@
 own messages for a wrong name, rank or dtype are often cryptic or, worse, a silent cast."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -14,6 +15,27 @@ class InputSpec:
     name: str
     dtype: np.dtype
     dims: tuple  # int for a fixed axis, str (symbol) or None for a dynamic one
+    id_limit: int | None = None  # token ids: every value must lie in [0, id_limit)
+
+
+TOKEN_INPUT = "input_ids"
+
+
+def token_limit(metadata: dict[str, str]) -> int | None:
+    """The vocabulary size of a posbias language model, from its file's metadata_props (None
+    for other models): an Embedding lookup with an id outside it is an error in PyTorch, but
+    runtimes silently wrap -1 to the last row or return garbage."""
+    if metadata.get("posbias.arch", "lm") != "lm" or "posbias.config" not in metadata:
+        return None
+    try:
+        return int(json.loads(metadata["posbias.config"])["vocab_size"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def with_token_limit(specs: list[InputSpec], metadata: dict[str, str]) -> list[InputSpec]:
+    limit = token_limit(metadata)
+    return [replace(s, id_limit=limit) if s.name == TOKEN_INPUT and limit else s for s in specs]
 
 
 def check_feeds(feeds: dict[str, np.ndarray], specs: list[InputSpec]) -> None:
@@ -43,6 +65,11 @@ def check_feeds(feeds: dict[str, np.ndarray], specs: list[InputSpec]) -> None:
                     raise RunnerError(f"inputs {seen[0]!r} and {spec.name!r} disagree on axis {want!r}: {seen[1]} vs {got}")
         if array.size == 0:
             raise RunnerError(f"input {spec.name!r} is empty (shape {list(array.shape)})")
+        if spec.id_limit is not None:
+            low, high = int(array.min()), int(array.max())
+            if low < 0 or high >= spec.id_limit:
+                bad = low if low < 0 else high
+                raise RunnerError(f"input {spec.name!r}: token id {bad} is outside the vocabulary [0, {spec.id_limit})")
 
 
 ONNX_TYPE_TO_NUMPY = {

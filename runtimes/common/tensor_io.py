@@ -13,6 +13,13 @@ class RunnerError(Exception):
     """A problem with the request (model, inputs, runtime): one line for the user."""
 
 
+
+def default_file_mode() -> int:
+    """What open() would give a new file: 0666 minus the umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
 def _onnx():
     try:
         import onnx
@@ -69,6 +76,7 @@ def write_tensors(location: Path, arrays: dict[str, np.ndarray], prefix: str = "
         location.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=location.parent, suffix=".npz", delete=False) as tmp:
             np.savez(tmp, **arrays)
+        os.chmod(tmp.name, default_file_mode())  # NamedTemporaryFile makes 0600; a results file is shared like any other
         os.replace(tmp.name, location)
         return
     onnx, numpy_helper = _onnx()

@@ -6,7 +6,7 @@
 // Inputs are checked against the model's declared names, dtypes and ranks before running.
 const fs = require('fs');
 const path = require('path');
-const { decodeTensor, encodeTensor } = require('./tensor_proto');
+const { decodeTensor, encodeTensor, readModelMetadata } = require('./tensor_proto');
 
 class RunnerError extends Error {}
 
@@ -18,6 +18,7 @@ function numbered(dir, prefix) {
 
 function dataSets(inputs) {
   if (!fs.existsSync(inputs)) throw new RunnerError(`inputs ${inputs} do not exist`);
+  if (inputs.endsWith('.npz')) throw new RunnerError(`inputs ${inputs}: the node runner reads ONNX tensor folders (input_N.pb), not .npz`);
   if (!fs.statSync(inputs).isDirectory()) throw new RunnerError(`inputs ${inputs}: expected a folder of input_N.pb files`);
   const sets = numbered(inputs, 'test_data_set').filter((d) => fs.statSync(path.join(inputs, d)).isDirectory());
   if (sets.length) return sets.map((d) => [d, path.join(inputs, d), true]);
@@ -25,7 +26,19 @@ function dataSets(inputs) {
   throw new RunnerError(`inputs ${inputs}: no input_N.pb files and no test_data_set_N folders`);
 }
 
-function checkFeeds(tensors, metadata) {
+// The vocabulary size of a posbias language model (its metadata), else null: runtimes wrap
+// or ignore out-of-range ids where PyTorch refuses them.
+function tokenLimit(modelMeta) {
+  if ((modelMeta['posbias.arch'] || 'lm') !== 'lm' || !modelMeta['posbias.config']) return null;
+  try {
+    const limit = JSON.parse(modelMeta['posbias.config']).vocab_size;
+    return Number.isInteger(limit) ? limit : null;
+  } catch (err) {
+    return null;
+  }
+}
+
+function checkFeeds(tensors, metadata, idLimit) {
   const expected = metadata.map((m) => m.name);
   const given = tensors.map((t) => t.name);
   const missing = expected.filter((n) => !given.includes(n));
@@ -46,6 +59,12 @@ function checkFeeds(tensors, metadata) {
         symbols[want] = symbols[want] || [m.name, got];
       }
     });
+    if (t.data.length === 0) throw new RunnerError(`input '${m.name}' is empty (shape [${t.dims}])`);
+    if (m.name === 'input_ids' && idLimit !== null) {
+      for (const v of t.data) {
+        if (v < 0 || v >= idLimit) throw new RunnerError(`input 'input_ids': token id ${v} is outside the vocabulary [0, ${idLimit})`);
+      }
+    }
   }
 }
 
@@ -68,6 +87,12 @@ async function main(argv) {
   } catch (err) {
     throw new RunnerError(`cannot load model ${modelPath}: ${String(err.message || err).split('\n')[0]}`);
   }
+  let idLimit = null;
+  try {
+    idLimit = tokenLimit(readModelMetadata(fs.readFileSync(modelPath)));
+  } catch (err) {
+    idLimit = null; // the session above loaded it; a metadata we cannot parse checks nothing
+  }
   for (const [name, dir, grouped] of dataSets(inputs)) {
     const tensors = numbered(dir, 'input').map((f, i) => {
       try {
@@ -78,7 +103,7 @@ async function main(argv) {
         throw new RunnerError(`cannot read tensor ${path.join(dir, f)}: ${err.message}`);
       }
     });
-    checkFeeds(tensors, session.inputMetadata);
+    checkFeeds(tensors, session.inputMetadata, idLimit);
     const feeds = {};
     for (const t of tensors) feeds[t.name] = new ort.Tensor(t.type, t.data, t.dims);
     const start = process.hrtime.bigint();

@@ -25,11 +25,9 @@ function readVarint(buf, pos) {
   }
 }
 
-function decodeTensor(buf) {
-  const dims = [];
-  let dataType = 0;
-  let name = '';
-  let raw = null;
+// The fields of a protobuf message as [field number, wire type, value]: a BigInt for varints,
+// the bytes for length-delimited fields; fixed-width fields are skipped.
+function* fieldsOf(buf) {
   let pos = 0;
   while (pos < buf.length) {
     let key;
@@ -39,24 +37,35 @@ function decodeTensor(buf) {
     if (wire === 0) {
       let value;
       [value, pos] = readVarint(buf, pos);
-      if (field === 1) dims.push(Number(BigInt.asIntN(64, value)));
-      else if (field === 2) dataType = Number(value);
+      yield [field, wire, value];
     } else if (wire === 2) {
       let len;
       [len, pos] = readVarint(buf, pos);
       const end = pos + Number(len);
       if (end > buf.length) throw new Error('truncated field');
-      const bytes = buf.subarray(pos, end);
-      if (field === 1) { // packed dims
-        let p = 0;
-        while (p < bytes.length) { let v; [v, p] = readVarint(bytes, p); dims.push(Number(BigInt.asIntN(64, v))); }
-      } else if (field === 8) name = bytes.toString('utf8');
-      else if (field === 9) raw = bytes;
-      else if (field === 4 || field === 5 || field === 7 || field === 10) throw new Error('only raw_data tensors are supported');
+      yield [field, wire, buf.subarray(pos, end)];
       pos = end;
     } else if (wire === 5) pos += 4;
     else if (wire === 1) pos += 8;
     else throw new Error(`unsupported wire type ${wire}`);
+  }
+}
+
+function decodeTensor(buf) {
+  const dims = [];
+  let dataType = 0;
+  let name = '';
+  let raw = null;
+  for (const [field, wire, value] of fieldsOf(buf)) {
+    if (wire === 0) {
+      if (field === 1) dims.push(Number(BigInt.asIntN(64, value)));
+      else if (field === 2) dataType = Number(value);
+    } else if (field === 1) { // packed dims
+      let p = 0;
+      while (p < value.length) { let v; [v, p] = readVarint(value, p); dims.push(Number(BigInt.asIntN(64, v))); }
+    } else if (field === 8) name = value.toString('utf8');
+    else if (field === 9) raw = value;
+    else if (field === 4 || field === 5 || field === 7 || field === 10) throw new Error('only raw_data tensors are supported');
   }
   const type = TYPES[dataType];
   if (!type) throw new Error(`unsupported data_type ${dataType}`);
@@ -93,4 +102,16 @@ function encodeTensor(name, type, dims, data) {
   return Buffer.concat(parts);
 }
 
-module.exports = { decodeTensor, encodeTensor };
+// ModelProto.metadata_props (field 14): StringStringEntryProto {key: 1, value: 2}.
+function readModelMetadata(buf) {
+  const meta = {};
+  for (const [field, wire, bytes] of fieldsOf(buf)) {
+    if (field !== 14 || wire !== 2) continue;
+    const entry = {};
+    for (const [f, w, b] of fieldsOf(bytes)) if (w === 2) entry[f] = b.toString('utf8');
+    if (entry[1] !== undefined) meta[entry[1]] = entry[2] || '';
+  }
+  return meta;
+}
+
+module.exports = { decodeTensor, encodeTensor, readModelMetadata };

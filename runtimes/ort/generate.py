@@ -10,6 +10,8 @@ batch; positions come from the attention mask, so each row equals that prompt ru
 from __future__ import annotations
 
 import argparse
+import codecs
+import math
 import sys
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import numpy as np  # noqa: E402
 
 from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
 from common.loading import load_runner  # noqa: E402
+from common.runner_cli import OneLineParser  # noqa: E402
 from common.tensor_io import RunnerError  # noqa: E402
 
 create_session = load_runner("ort/run.py").create_session  # the sibling runner's session, checks included
@@ -83,6 +86,14 @@ def left_pad(prompts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
+DEFAULT_MAX_CONTEXT = 8192  # prompt + new tokens; the KV cache grows with it (raise it with --max-context)
+
+
+def check_temperature(temperature: float) -> None:
+    if not math.isfinite(temperature) or temperature < 0:
+        raise RunnerError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature}")
+
+
 def check_request(prompts: list[bytes], max_new_tokens: int, max_context: int | None, max_positions: int | None) -> None:
     if not prompts:
         raise RunnerError("no prompt given")
@@ -107,37 +118,67 @@ def choose(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> 
     return np.array([rng.choice(len(p), p=p) for p in probs], np.int64)
 
 
-def generate(decoder: CachedDecoder, prompts: list[bytes], max_new_tokens: int, temperature: float = 0.0,
-             seed: int = 0, max_context: int | None = None) -> list[bytes]:
-    """New bytes per prompt (the prompt itself not included)."""
+def generate_steps(decoder: CachedDecoder, prompts: list[bytes], max_new_tokens: int, temperature: float = 0.0,
+                   seed: int = 0, max_context: int | None = DEFAULT_MAX_CONTEXT):
+    """Yields the next byte of every prompt, [B] int64, one step at a time (for streaming)."""
     check_request(prompts, max_new_tokens, max_context, decoder.max_positions)
-    if temperature < 0:
-        raise RunnerError(f"temperature must be >= 0, got {temperature}")
+    check_temperature(temperature)
     rng = np.random.default_rng(seed)
     ids, mask = left_pad(prompts)
-    new_tokens = np.zeros((len(prompts), max_new_tokens), np.int64)
     past = decoder.empty_past(len(prompts))
-    for step in range(max_new_tokens):
+    for _ in range(max_new_tokens):
         logits, past = decoder.step(ids, mask, past)  # prefill at step 0, then one token at a time
         ids = choose(logits[:, -1], temperature, rng)[:, None]  # [B, 1]
-        new_tokens[:, step] = ids[:, 0]
         mask = np.concatenate([mask, np.ones((len(prompts), 1), np.int64)], axis=1)
+        yield ids[:, 0]
+
+
+def generate(decoder: CachedDecoder, prompts: list[bytes], max_new_tokens: int, temperature: float = 0.0,
+             seed: int = 0, max_context: int | None = DEFAULT_MAX_CONTEXT) -> list[bytes]:
+    """New bytes per prompt (the prompt itself not included)."""
+    steps = list(generate_steps(decoder, prompts, max_new_tokens, temperature, seed, max_context))
+    new_tokens = np.stack(steps, axis=1) if steps else np.zeros((len(prompts), 0), np.int64)  # [B, T]
     return [bytes(row.astype(np.uint8).tolist()) for row in new_tokens]
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _check_output(path: str, model: str) -> None:
+    """Before generating: the output can be written and is not the model."""
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise RunnerError(f"cannot write {path}: directory {target.parent} does not exist")
+    if target.is_dir():
+        raise RunnerError(f"cannot write {path}: it is a directory")
+    if target.resolve() == Path(model).resolve():
+        raise RunnerError(f"refusing to write {path}: it is the model")
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="generate", description=__doc__.splitlines()[0])
-    p.add_argument("model")
+    p = OneLineParser(prog="generate", description=__doc__.splitlines()[0])
+    p.add_argument("model", help="an export made with --kv-cache")
     p.add_argument("--prompt", action="append", help="text prompt (UTF-8); repeat for a batch")
     p.add_argument("--prompt-file", action="append", help="a file whose raw bytes are a prompt; repeatable")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-context", type=int, default=None, help="refuse requests longer than this many tokens")
+    p.add_argument("--max-new-tokens", type=_positive, default=64, help="bytes to generate per prompt (default 64)")
+    p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ONNX Runtime execution provider")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampling")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--max-context", type=_positive, default=DEFAULT_MAX_CONTEXT,
+                   help=f"refuse requests whose prompt + new tokens exceed this (default {DEFAULT_MAX_CONTEXT})")
     p.add_argument("--output", help="write the generated bytes of the first prompt here (raw)")
     args = p.parse_args(argv)
     try:
+        check_temperature(args.temperature)
+        if args.output:
+            _check_output(args.output, args.model)
         prompts = [t.encode("utf-8") for t in args.prompt or []]
         for file in args.prompt_file or []:
             try:
@@ -146,16 +187,42 @@ def main(argv=None) -> int:
                 raise RunnerError(f"cannot read prompt file {file}: {err.strerror}") from None
         check_request(prompts, args.max_new_tokens, args.max_context, None)
         decoder = CachedDecoder(args.model, args.provider)
-        outputs = generate(decoder, prompts, args.max_new_tokens, args.temperature, args.seed, args.max_context)
+        steps = generate_steps(decoder, prompts, args.max_new_tokens, args.temperature, args.seed, args.max_context)
+        outputs = _stream(prompts[0], steps) if len(prompts) == 1 else generate_rows(steps, len(prompts))
     except RunnerError as err:
         print(f"generate: error: {err}", file=sys.stderr)
         return 2
-    for prompt, out in zip(prompts, outputs):
-        # Generated bytes need not be valid UTF-8: shown with escapes, written raw with --output.
-        print((prompt + out).decode("utf-8", errors="backslashreplace"))
+    if len(prompts) > 1:
+        for prompt, out in zip(prompts, outputs):
+            print(_text(prompt + out))
     if args.output:
         Path(args.output).write_bytes(outputs[0])
     return 0
+
+
+def _text(data: bytes) -> str:
+    # Generated bytes need not be valid UTF-8: shown with escapes, written raw with --output.
+    return data.decode("utf-8", errors="backslashreplace")
+
+
+def _stream(prompt: bytes, steps) -> list[bytes]:
+    """One prompt: print it, then each byte as it comes (UTF-8 sequences completed first)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+    print(decoder.decode(prompt), end="", flush=True)
+    out = bytearray()
+    for token in steps:
+        out.append(int(token[0]))
+        print(decoder.decode(bytes([out[-1]])), end="", flush=True)
+    print(decoder.decode(b"", final=True))
+    return [bytes(out)]
+
+
+def generate_rows(steps, rows: int) -> list[bytes]:
+    out = [bytearray() for _ in range(rows)]
+    for tokens in steps:
+        for row, token in zip(out, tokens.tolist()):
+            row.append(token)
+    return [bytes(row) for row in out]
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
 
     args = parse(__doc__.splitlines()[0], options, argv)
     return run_all(args, lambda path: create_session(path, args.provider, args.threads), input_specs, run,
-                   f"ort-{args.provider}")
+                   f"ort-{args.provider}", metadata_of=lambda session: session.get_modelmeta().custom_metadata_map)
 
 
 if __name__ == "__main__":

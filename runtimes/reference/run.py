@@ -56,7 +56,8 @@ def run(handle, feeds):
 
 def main(argv=None) -> int:
     args = parse(__doc__.splitlines()[0], None, argv)
-    return run_all(args, load, input_specs, run, "reference")
+    return run_all(args, load, input_specs, run, "reference",
+                   metadata_of=lambda handle: {p.key: p.value for p in handle[0].metadata_props})
 
 
 if __name__ == "__main__":
