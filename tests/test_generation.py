@@ -151,3 +151,19 @@ def test_temperature_must_be_finite_and_not_negative(decoders, temperature):
 def test_default_context_bounds_a_huge_request(decoders):
     with pytest.raises(gen.RunnerError, match=f"exceeds --max-context \\({gen.DEFAULT_MAX_CONTEXT}\\)"):
         gen.generate(decoders("alibi"), [b"ab"], 10 ** 18)
+
+
+def test_device_cache_path_equals_host_path(decoders):
+    """generate keeps the cache as OrtValues bound from one step's outputs to the next step's
+    inputs (IOBinding; on a GPU they stay on the device). Exercised here on ORT CPU: the same
+    logits as feeding numpy arrays, through a prefill and three decode steps, padded batch."""
+    d = decoders("sandwich")
+    ids, mask = gen.left_pad([b"To be, or", b"not"])
+    cache, past = d.empty_cache(2), d.empty_past(2)
+    for step in range(4):
+        on_device, cache = d.step_on_device(ids, mask, cache)
+        on_host, past = d.step(ids, mask, past)
+        np.testing.assert_array_equal(on_device, on_host)
+        assert all(type(v).__name__ == "OrtValue" and v.shape()[2] == mask.shape[1] for v in cache)
+        ids = on_host[:, -1].argmax(-1)[:, None].astype(np.int64)
+        mask = np.concatenate([mask, np.ones((2, 1), np.int64)], axis=1)

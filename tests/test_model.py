@@ -99,3 +99,20 @@ def test_config_reads_the_fields_older_files_carry():
     assert pbe.ModelConfig.from_dict(old).bias_params == {"window": 32}
     old["bias"] = "t5"
     assert pbe.ModelConfig.from_dict(old).bias_params == {"num_buckets": 8, "max_distance": 20}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16], ids=str)
+def test_sdpa_form_equals_explicit_form(dtype):
+    """The opset-23 form (SDPA with the bias as a float mask) in every dtype a reference or a
+    model runs in, with a float32 bias and masked keys: equal to the explicit form (the float64
+    reference used to fail: float64's lowest does not fit the float32 mask)."""
+    from posbias_export.nn.attention import attend
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 5, 8, generator=gen, dtype=torch.float64).to(dtype) for _ in range(3))
+    bias = pbe.create_bias("alibi", num_heads=4)(5, 5)  # [4, 5, 5] float32
+    allowed = torch.ones(5, 5, dtype=torch.bool).tril()
+    explicit = attend(q, k, v, bias, allowed, "explicit").double()
+    sdpa = attend(q, k, v, bias, allowed, "sdpa").double()
+    tol = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 2e-3}[dtype]
+    torch.testing.assert_close(sdpa, explicit, atol=tol, rtol=tol)

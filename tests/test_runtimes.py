@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import posbias_export as pbe
-from posbias_export.parity import RUNTIMES_DIR, run_matrix
+from posbias_export.parity import RUNTIMES_DIR, load_runner, run_matrix
 from conftest import TRACE_LEN
 
 RUNTIME_NAMES = ["ort-cpu", "openvino", "node", "reference"]
@@ -132,8 +133,36 @@ def _cuda_active() -> str | None:
 @pytest.mark.skipif(_cuda_active() is not None, reason=str(_cuda_active()))
 @pytest.mark.parametrize("bias", pbe.BIASES)
 def test_ort_cuda_matches_pytorch(exports, bias):
-    matrix = run_matrix(exports.cli(bias), ("ort-cuda",), (1, 17, 1024), batch=3)
-    assert matrix.ok, [(c.case, c.verdict, c.parity) for c in matrix.cells]
+    """ort-cuda runs float32 exactly (TF32 off) under the float32 policy; TF32 is its own row."""
+    matrix = run_matrix(exports.cli(bias), ("ort-cuda", "ort-cuda-tf32"), (1, 17, 1024), batch=3)
+    assert matrix.ok, [(c.runtime, c.case, c.verdict, c.parity) for c in matrix.cells]
+
+
+def test_cuda_sessions_keep_tf32_off_unless_asked():
+    ort_run = load_runner("ort/run.py")
+    assert ort_run.provider_list("cuda") == [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    assert ort_run.provider_list("cuda", tf32=True)[0] == ("CUDAExecutionProvider", {"use_tf32": "1"})
+    assert ort_run.provider_list("cpu") == ["CPUExecutionProvider"]
+
+
+def test_tf32_policy_admits_tf32_rounding_and_float32_does_not():
+    """Outputs whose matmul inputs were rounded to TF32's 10-bit mantissa (simulated here on the
+    CPU): within the TF32 budget (relative to PyTorch float16's error), outside float32's."""
+    from posbias_export.parity import FLOAT32, TF32, compare
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 256, generator=gen, dtype=torch.float64), torch.randn(256, 64, generator=gen, dtype=torch.float64)
+    ref64 = (a @ b).numpy()
+
+    def rounded(t, bits):  # keep `bits` explicit mantissa bits, as TF32 (10) or float32 (23) do
+        mantissa, exponent = np.frexp(t.numpy())
+        return torch.from_numpy(np.ldexp(np.round(mantissa * 2.0 ** (bits + 1)) / 2.0 ** (bits + 1), exponent))
+
+    tf32 = (rounded(a, 10) @ rounded(b, 10)).numpy()
+    fp16 = (a.half().float() @ b.half().float()).double().numpy()
+    fp32 = (a.float() @ b.float()).double().numpy()
+    assert compare(tf32, ref64, fp16, TF32).passed
+    assert not compare(tf32, ref64, fp32, FLOAT32).passed
 
 
 def _validate(*args, env=None):

@@ -38,13 +38,14 @@ def measure(bias: str, contexts=(512, 4096), steps: int = 32, cfg_kwargs: dict |
     rows = []
     for context in contexts:
         ids = np.random.default_rng(context).integers(0, 256, (1, context)).astype(np.int64)
-        # ONNX Runtime: prefill (untimed), then single-token steps with a growing cache.
-        logits, past = decoder.step(ids, np.ones((1, context), np.int64), decoder.empty_past(1))
+        # ONNX Runtime as generate runs it: prefill (untimed), then single-token steps with the
+        # growing cache bound from each step's outputs to the next step's inputs.
+        logits, past = decoder.step_on_device(ids, np.ones((1, context), np.int64), decoder.empty_cache(1))
         state = {"past": past, "len": context}
 
         def ort_step():
             nxt = np.array([[7]], np.int64)
-            _, state["past"] = decoder.step(nxt, np.ones((1, state["len"] + 1), np.int64), state["past"])
+            _, state["past"] = decoder.step_on_device(nxt, np.ones((1, state["len"] + 1), np.int64), state["past"])
             state["len"] += 1
 
         ort_times = _time_steps(ort_step, steps)

@@ -86,7 +86,10 @@ def attend(q, k, v, bias, allowed, impl: str = "explicit") -> torch.Tensor:
     low = mask_value(torch.float32)
     if impl == "sdpa":
         mask = bias if allowed is None else torch.where(allowed, bias, low)  # [H|1, Lq, Lk]
-        mask = mask.clamp_min(mask_value(q.dtype)).to(q.dtype)
+        # clamp at the narrower dtype's lowest: fp16's for fp16 models; for a float64 reference
+        # over a float32 bias, float32's (float64's lowest does not fit a float32 tensor)
+        floor = max(mask_value(q.dtype), mask_value(mask.dtype))
+        mask = mask.clamp_min(floor).to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     scores = (q * scale) @ k.transpose(-1, -2)  # [B, H, Lq, Lk]
     scores = scores.to(torch.promote_types(q.dtype, torch.float32)) + bias

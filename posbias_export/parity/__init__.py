@@ -14,7 +14,7 @@ _HOMES = {
     "format_matrix": "report", "parity_markdown": "report",
     "DEFAULT_RUNTIMES": "runtimes", "RUNTIMES": "runtimes", "RUNTIMES_DIR": "runtimes",
     "installed_defaults": "runtimes", "load_runner": "runtimes",
-    "BFLOAT16": "tolerance", "FLOAT16": "tolerance", "FLOAT32": "tolerance", "Parity": "tolerance",
+    "BFLOAT16": "tolerance", "FLOAT16": "tolerance", "FLOAT32": "tolerance", "Parity": "tolerance", "TF32": "tolerance",
     "Tolerance": "tolerance", "compare": "tolerance",
 }
 __all__ = sorted(_HOMES)

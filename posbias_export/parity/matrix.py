@@ -16,7 +16,7 @@ from onnx import numpy_helper
 from ..export import settings_from_metadata
 from .reference import ParityInputError, generated_inputs, load_model_file, reference_model, torch_args, torch_outputs
 from .runtimes import DEFAULT_RUNTIMES, RUNTIMES, run_runner, runtimes_common, unavailable_reason
-from .tolerance import BFLOAT16, FLOAT16, FLOAT32, compare
+from .tolerance import BFLOAT16, FLOAT16, FLOAT32, TF32, compare
 
 
 @dataclass
@@ -122,6 +122,8 @@ def run_matrix(
                 tol = FLOAT16 if dtype == "float16" else FLOAT32
                 if runtime.precision == "bfloat16":
                     same, tol = torch_outputs(model, args, torch.bfloat16, settings), BFLOAT16
+                elif runtime.precision == "tf32" and dtype == "float32":  # a float16 file has no float32 matmul
+                    same, tol = torch_outputs(model, args, torch.float16, settings), TF32
                 parity = compare(out, ref64, same, tol)
                 matrix.cells.append(Cell(name, case, dtype, "pass" if parity.passed else "FAIL", parity.as_dict()))
             if progress:

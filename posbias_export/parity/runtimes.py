@@ -25,14 +25,15 @@ class Runtime:
     command: tuple[str, ...]  # runner script relative to runtimes/, and fixed options; the interpreter is added
     interpreter: str  # "python" or "node"
     module: str | None = None  # a Python package it needs
-    precision: str = "native"  # "bfloat16": judged against a PyTorch bfloat16 run
+    precision: str = "native"  # "bfloat16" / "tf32": judged against a PyTorch bfloat16 / float16 run
 
 
 RUNTIMES = {
     r.name: r
     for r in (
         Runtime("ort-cpu", ("ort/run.py", "--provider", "cpu"), "python", "onnxruntime"),
-        Runtime("ort-cuda", ("ort/run.py", "--provider", "cuda"), "python", "onnxruntime"),
+        Runtime("ort-cuda", ("ort/run.py", "--provider", "cuda"), "python", "onnxruntime"),  # TF32 off: exact float32
+        Runtime("ort-cuda-tf32", ("ort/run.py", "--provider", "cuda", "--tf32"), "python", "onnxruntime", "tf32"),
         Runtime("openvino", ("openvino/run.py", "--precision", "f32"), "python", "openvino"),
         Runtime("openvino-bf16", ("openvino/run.py", "--precision", "bf16"), "python", "openvino", "bfloat16"),
         Runtime("node", ("node/run.js",), "node"),

@@ -30,8 +30,9 @@ create_session = load_runner("ort/run.py").create_session  # the sibling runner'
 class CachedDecoder:
     """A session over a --kv-cache export, with its cache layout read from the model."""
 
-    def __init__(self, model_path: str, provider: str = "cpu", threads: int = 0):
-        self.session = create_session(model_path, provider, threads)
+    def __init__(self, model_path: str, provider: str = "cpu", threads: int = 0, tf32: bool = False):
+        self.session = create_session(model_path, provider, threads, tf32)
+        self.device = "cuda" if provider == "cuda" else "cpu"  # where the cache lives between steps
         inputs = {i.name: i for i in self.session.get_inputs()}
         if "attention_mask" not in inputs or "past_key.0" not in inputs:
             raise RunnerError(f"{model_path} has no KV cache inputs; export it with --kv-cache")
@@ -43,6 +44,7 @@ class CachedDecoder:
         # A learned absolute position table (if any) bounds the context; biases do not.
         self.max_positions = int(meta["posbias.max_positions"]) if "posbias.max_positions" in meta else None
         self.output_names = [o.name for o in self.session.get_outputs()]
+        self.past_names = [f"past_{kind}.{i}" for i in range(self.layers) for kind in ("key", "value")]
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
         shape = (batch, self.heads, 0, self.head_dim)
@@ -73,6 +75,37 @@ class CachedDecoder:
         except Exception as err:
             raise RunnerError(f"onnxruntime failed: {str(err).strip().splitlines()[0]}") from None
         return outputs[0], outputs[1:]
+
+
+    def empty_cache(self, batch: int) -> list:
+        """The prefill's empty cache, as OrtValues on the session's device."""
+        import onnxruntime as ort
+
+        return [ort.OrtValue.ortvalue_from_numpy(a, self.device, 0) for a in self.empty_past(batch)]
+
+    def step_on_device(self, input_ids: np.ndarray, attention_mask: np.ndarray, cache: list):
+        """One step with the cache kept where the session runs (IOBinding): the step's present
+        tensors stay on the device and are bound as the next step's past; only input_ids,
+        the mask (host -> device) and the logits (device -> host) cross.
+        -> (logits [B, L, V] numpy, present OrtValues [B, H, P+L, d])."""
+        past_len = cache[0].shape()[2]
+        if attention_mask.shape != (input_ids.shape[0], past_len + input_ids.shape[1]):
+            raise RunnerError(f"attention_mask must be [{input_ids.shape[0]}, past + new = "
+                              f"{past_len + input_ids.shape[1]}], got {list(attention_mask.shape)}")
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, np.int64))
+        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, np.int64))
+        for name, value in zip(self.past_names, cache):
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output(self.output_names[0], "cpu")  # logits: the host samples from them
+        for name in self.output_names[1:]:
+            binding.bind_output(name, self.device, 0)
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as err:
+            raise RunnerError(f"onnxruntime failed: {str(err).strip().splitlines()[0]}") from None
+        outputs = binding.get_outputs()
+        return outputs[0].numpy(), outputs[1:]
 
 
 def left_pad(prompts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
@@ -125,9 +158,9 @@ def generate_steps(decoder: CachedDecoder, prompts: list[bytes], max_new_tokens:
     check_temperature(temperature)
     rng = np.random.default_rng(seed)
     ids, mask = left_pad(prompts)
-    past = decoder.empty_past(len(prompts))
+    cache = decoder.empty_cache(len(prompts))
     for _ in range(max_new_tokens):
-        logits, past = decoder.step(ids, mask, past)  # prefill at step 0, then one token at a time
+        logits, cache = decoder.step_on_device(ids, mask, cache)  # prefill at step 0, then one token at a time
         ids = choose(logits[:, -1], temperature, rng)[:, None]  # [B, 1]
         mask = np.concatenate([mask, np.ones((len(prompts), 1), np.int64)], axis=1)
         yield ids[:, 0]
@@ -168,7 +201,9 @@ def main(argv=None) -> int:
     p.add_argument("--prompt", action="append", help="text prompt (UTF-8); repeat for a batch")
     p.add_argument("--prompt-file", action="append", help="a file whose raw bytes are a prompt; repeatable")
     p.add_argument("--max-new-tokens", type=_positive, default=64, help="bytes to generate per prompt (default 64)")
-    p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ONNX Runtime execution provider")
+    p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu",
+                   help="ONNX Runtime execution provider; the KV cache stays on its device between steps")
+    p.add_argument("--tf32", action="store_true", help="cuda: allow TF32 matmuls (faster; off by default)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampling")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--max-context", type=_positive, default=DEFAULT_MAX_CONTEXT,
@@ -186,7 +221,7 @@ def main(argv=None) -> int:
             except OSError as err:
                 raise RunnerError(f"cannot read prompt file {file}: {err.strerror}") from None
         check_request(prompts, args.max_new_tokens, args.max_context, None)
-        decoder = CachedDecoder(args.model, args.provider)
+        decoder = CachedDecoder(args.model, args.provider, tf32=args.tf32)
         steps = generate_steps(decoder, prompts, args.max_new_tokens, args.temperature, args.seed, args.max_context)
         outputs = _stream(prompts[0], steps) if len(prompts) == 1 else generate_rows(steps, len(prompts))
     except RunnerError as err:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run an ONNX model with ONNX Runtime on the CPU or CUDA execution provider.
 
-    python runtimes/ort/run.py model.onnx inputs/ outputs/ [--provider cpu|cuda] [--threads N]
+    python runtimes/ort/run.py model.onnx inputs/ outputs/ [--provider cpu|cuda] [--threads N] [--tf32]
 
 Needs onnxruntime (or onnxruntime-gpu for cuda) and numpy. A CUDA request fails loudly when
 the CUDA provider is not really active: ONNX Runtime silently falls back to CPU otherwise.
@@ -22,7 +22,15 @@ from common.tensor_io import RunnerError  # noqa: E402
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
 
-def create_session(model_path: str, provider: str = "cpu", threads: int = 0):
+def provider_list(provider: str, tf32: bool = False) -> list:
+    """What InferenceSession gets. CUDA runs float32 matmuls in TF32 by default (10-bit mantissa:
+    errors ~1e-3 where float32 gives ~1e-6); we run it exactly unless TF32 is asked for."""
+    if provider == "cpu":
+        return [PROVIDERS["cpu"]]
+    return [(PROVIDERS["cuda"], {"use_tf32": "1" if tf32 else "0"}), PROVIDERS["cpu"]]
+
+
+def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf32: bool = False):
     """An InferenceSession on exactly the requested provider, or RunnerError naming the cause."""
     try:
         import onnxruntime as ort
@@ -45,9 +53,10 @@ def create_session(model_path: str, provider: str = "cpu", threads: int = 0):
     opts.log_severity_level = 3
     if threads:
         opts.intra_op_num_threads = threads
-    providers = [wanted] if provider == "cpu" else [wanted, "CPUExecutionProvider"]
+    if tf32 and provider != "cuda":
+        raise RunnerError("--tf32 applies to the cuda provider only")
     try:
-        session = ort.InferenceSession(model_path, opts, providers=providers)
+        session = ort.InferenceSession(model_path, opts, providers=provider_list(provider, tf32))
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise RunnerError(f"cannot load model {model_path}: {first}") from None
@@ -80,10 +89,12 @@ def main(argv=None) -> int:
     def options(p):
         p.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
         p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: runtime default)")
+        p.add_argument("--tf32", action="store_true", help="cuda: allow TF32 matmuls (faster, ~1e-3 error)")
 
     args = parse(__doc__.splitlines()[0], options, argv)
-    return run_all(args, lambda path: create_session(path, args.provider, args.threads), input_specs, run,
-                   f"ort-{args.provider}", metadata_of=lambda session: session.get_modelmeta().custom_metadata_map)
+    return run_all(args, lambda path: create_session(path, args.provider, args.threads, args.tf32), input_specs, run,
+                   f"ort-{args.provider}{'-tf32' if args.tf32 else ''}",
+                   metadata_of=lambda session: session.get_modelmeta().custom_metadata_map)
 
 
 if __name__ == "__main__":
