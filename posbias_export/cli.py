@@ -135,8 +135,8 @@ def build_export_parser() -> argparse.ArgumentParser:
                    help="cached decoder for generation: input_ids, attention_mask, past_key.N/past_value.N in; "
                    "logits, present_key.N/present_value.N out (prefill and decode in one file)")
     p.add_argument("--attention", choices=ATTENTION_FORMS, default=None,
-                   help="blocked: a Loop over query blocks, memory linear in L (default for causal opset-18 "
-                   "exports); plain: the whole [heads, L, L] bias and scores at once (default otherwise)")
+                   help="blocked: a Loop over query blocks, memory linear in L (default for opset 18, causal "
+                   "or bidirectional); plain: the whole [heads, L, L] bias and scores at once (default for opset 23)")
     p.add_argument("--block", type=_positive_int, default=None, help="blocked form: query rows per block (default 128)")
     p.add_argument("--inline-functions", action="store_true",
                    help="expand the posbias.* functions into a flat graph of standard ops")

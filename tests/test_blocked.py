@@ -27,32 +27,25 @@ def _qkv(batch, heads, q_len, k_len, head_dim, seed=0, dtype=torch.float64):
     return q, k, v
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("block", [1, 7, 64])
 @pytest.mark.parametrize("bias", pbe.BIASES)
-def test_torch_blocked_equals_plain_float64(bias, block):
+def test_torch_blocked_equals_plain_float64(bias, block, causal):
     """Same math, other order: equal to float64 rounding, with q_len < k_len and left padding."""
-    cfg = pbe.ModelConfig(bias=bias, **SMALL)
+    cfg = pbe.ModelConfig(bias=bias, causal=causal, **SMALL)
     module = layer_bias(cfg).double()
     q, k, v = _qkv(2, cfg.num_heads, 37, 50, cfg.head_dim)
     key_mask = torch.ones(2, 50, dtype=torch.int64)
     key_mask[1, :9] = 0  # the second row is left-padded
     k_pos = (key_mask.cumsum(-1) - 1).clamp_min(0)  # [B, Lk]
     q_pos = k_pos[:, -37:]  # [B, Lq]
-    plain = attention_heads(q, k, v, q_pos, k_pos, key_mask, module, True, AttentionSettings(form="plain"))
-    blocked = attention_heads(q, k, v, q_pos, k_pos, key_mask, module, True, AttentionSettings(form="blocked", block=block))
+    plain = attention_heads(q, k, v, q_pos, k_pos, key_mask, module, causal, AttentionSettings(form="plain"))
+    blocked = attention_heads(q, k, v, q_pos, k_pos, key_mask, module, causal, AttentionSettings(form="blocked", block=block))
     torch.testing.assert_close(blocked, plain, rtol=0, atol=1e-12)
 
 
-def test_blocked_form_refuses_bidirectional():
-    cfg = pbe.ModelConfig(bias="alibi", causal=False, **SMALL)
-    q, k, v = _qkv(1, cfg.num_heads, 5, 5, cfg.head_dim)
-    pos = torch.arange(5)
-    with pytest.raises(ValueError, match="causal"):
-        attention_heads(q, k, v, pos, pos, None, layer_bias(cfg), False, AttentionSettings(form="blocked"))
-
-
-def _export_core(tmp_path, bias, block, shape=SMALL, **kwargs):
-    cfg = pbe.ModelConfig(bias=bias, **shape)
+def _export_core(tmp_path, bias, block, shape=SMALL, causal=True, **kwargs):
+    cfg = pbe.ModelConfig(bias=bias, causal=causal, **shape)
     core = pbe.build_model(cfg, arch="attention")
     path = tmp_path / f"{bias}_core_{block}.onnx"
     pbe.export_onnx(core, path, block=block, check_growth=False, **kwargs)
@@ -111,8 +104,10 @@ def test_causal_lm_export_defaults_to_blocked(exports):
     assert not any(n.op_type == "Alibi" for n in model.graph.node)
 
 
-def test_bidirectional_and_plain_exports_use_the_plain_form(exports):
-    for path in (exports.cli("alibi", "lm", False), exports.cli("alibi", "lm", True, ("--attention", "plain"))):
+def test_bidirectional_defaults_to_blocked_and_plain_on_request(exports):
+    assert read_metadata(onnx.load(exports.cli("alibi", "lm", False)))["attention"] == "blocked"
+    for path in (exports.cli("alibi", "lm", False, ("--attention", "plain")),
+                 exports.cli("alibi", "lm", True, ("--attention", "plain"))):
         model = onnx.load(path)
         assert read_metadata(model)["attention"] == "plain"
         assert not any(f.name.startswith("BlockedAttention") for f in model.functions)
@@ -130,10 +125,45 @@ def test_bad_attention_options(tmp_path, kwargs, message):
     assert not (tmp_path / "x.onnx").exists()
 
 
-def test_blocked_on_bidirectional_model_is_refused(tmp_path):
-    model = pbe.build_model(pbe.ModelConfig(bias="alibi", causal=False, **SMALL))
-    with pytest.raises(ValueError, match="causal"):
-        pbe.export_onnx(model, tmp_path / "x.onnx", attention="blocked")
+@pytest.mark.parametrize("bias", pbe.BIASES)
+def test_bidirectional_blocked_export_matches_plain_float64(tmp_path, bias):
+    """--bidirectional --attention blocked: every query block sees every key (a symmetric
+    window only its reach), no causal mask. Judged against the PLAIN float64 form (an
+    independent computation), on ORT and the reference evaluator, across block boundaries."""
+    core, path = _export_core(tmp_path, bias, 16, causal=False, attention="blocked")
+    model = onnx.load(path)
+    assert read_metadata(model)["attention"] == "blocked"
+    assert any(f.name.startswith("BlockedAttention") for f in model.functions)
+    session = ort_session(path)
+    plain = AttentionSettings(form="plain")
+    for length in (1, 17, 300):
+        q, k, v = _qkv(2, SMALL["num_heads"], length, length, SMALL["dim"] // SMALL["num_heads"], seed=length,
+                       dtype=torch.float32)
+        ref64 = torch_outputs(core, (q, k, v), torch.float64, plain)
+        torch32 = torch_outputs(core, (q, k, v), torch.float32, plain)
+        feeds = {"query": q.numpy(), "key": k.numpy(), "value": v.numpy()}
+        got = session.run(None, feeds)[0]
+        assert compare(got, ref64, torch32, FLOAT32).passed, f"L={length}: {compare(got, ref64, torch32, FLOAT32)}"
+        if length == 17:
+            evaluated = ReferenceEvaluator(model).run(None, feeds)[0]
+            assert compare(evaluated, ref64, torch32, FLOAT32).passed
+
+
+def test_bidirectional_blocked_lm_with_left_padding(tmp_path):
+    """A T5-style bidirectional LM in the blocked form with an attention_mask: equal to the
+    plain float64 model on every real token."""
+    model = pbe.build_model(pbe.ModelConfig(bias="t5", causal=False, **SMALL))
+    ids = lm_inputs(2, 41, seed=5)
+    mask = torch.ones(2, 41, dtype=torch.int64)
+    mask[0, :7] = 0
+    plain = AttentionSettings(form="plain")
+    ref64 = torch_outputs(model, (ids, mask), torch.float64, plain)
+    torch32 = torch_outputs(model, (ids, mask), torch.float32, plain)
+    pbe.export_onnx(model, tmp_path / "m.onnx", attention="blocked", block=8, attention_mask=True, check_growth=False)
+    got = ort_session(tmp_path / "m.onnx").run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+    real = mask.numpy().astype(bool)
+    parity = compare(got[real], ref64[real], torch32[real], FLOAT32)
+    assert parity.passed, str(parity)
 
 
 def test_lm_blocked_and_plain_exports_with_left_padding(tmp_path):

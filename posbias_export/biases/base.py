@@ -161,6 +161,12 @@ class AttentionBias(nn.Module):
         """How many keys before its own position a query can attend to (None: all)."""
         return None
 
+    @property
+    def lookahead(self) -> int | None:
+        """How many keys after its own position a query can attend to (None: all). Causal: 0;
+        bidirectional: the look-back mirrored (a symmetric window), else all."""
+        return 0 if self.causal else self.lookback
+
     def function_inputs(self) -> tuple[list[torch.Tensor], dict]:
         """Tensors after (q_pos, k_pos), and attributes, for `function`."""
         return [], {}

@@ -26,6 +26,10 @@ _UNBOUNDED = 1 << 40  # "look back as far as you like" (more keys than any input
 _ELEM_TYPES = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.float64: TensorProto.DOUBLE}
 
 
+def scalar_node(name, value, elem=TensorProto.INT64):
+    return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, elem, [], [value]))
+
+
 def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: int) -> onnx.FunctionProto:
     """posbias.BlockedAttention<Family>(q, k, v, q_pos, k_pos, keep, *bias tensors) -> out.
 
@@ -34,8 +38,17 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
     """
     tensors, attrs = bias.function_inputs()
     params = [f"bias_input_{i}" for i in range(len(tensors))]
-    reach = bias.lookback
+    reach, ahead = bias.lookback, bias.lookahead
     key_row = bias.key_row_name() if bias.causal else None
+    # BlockAttend masks keys past each query (k_idx <= q_idx); a bidirectional model moves
+    # every query's index past all keys instead, so only padding is masked
+    horizon = [] if bias.causal else [scalar_node("horizon", _UNBOUNDED)]
+
+    def reach_of(q_idx):  # the index BlockAttend compares keys with
+        return q_idx if bias.causal else q_idx + "_reach"
+
+    def reach_nodes(q_idx):
+        return [] if bias.causal else [helper.make_node("Add", [q_idx, "horizon"], [reach_of(q_idx)])]
 
     def call(op_type, inputs, outputs, **attributes):
         return helper.make_node(op_type, inputs, outputs, domain=DOMAIN, **attributes)
@@ -45,17 +58,16 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
             return call(key_row, [q_pos, k_pos, *params], [out])
         return call(bias.function_name, [q_pos, k_pos, *params], [out], **attrs)
 
-    def scalar(name, value, elem=TensorProto.INT64):
-        return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, elem, [], [value]))
 
     out_type = _ELEM_TYPES[dtype]
     body = helper.make_graph(
         [
             call("BlockQueries", ["it", "q_pad", "q_pos_pad", "block", "offset"], ["q_b", "q_pos_b", "q_idx"]),
-            call("BlockKeys", ["it", "k_t", "v", "k_pos", "keep", "block", "offset", "lookback"],
+            call("BlockKeys", ["it", "k_t", "v", "k_pos", "keep", "block", "offset", "lookback", "lookahead"],
                  ["k_t_b", "v_b", "k_pos_b", "k_idx", "keep_b"]),
             bias_node("q_pos_b", "k_pos_b", "bias_b"),
-            call("BlockAttend", ["q_b", "k_t_b", "v_b", "bias_b", "q_idx", "k_idx", "keep_b"], ["attended_b"]),
+            *reach_nodes("q_idx"),
+            call("BlockAttend", ["q_b", "k_t_b", "v_b", "bias_b", reach_of("q_idx"), "k_idx", "keep_b"], ["attended_b"]),
             # a leading 1-axis: see BlockAssemble for why
             helper.make_node("Constant", [], ["axis0"], value=helper.make_tensor("axis0", TensorProto.INT64, [1], [0])),
             helper.make_node("Unsqueeze", ["attended_b", "axis0"], ["out_b"]),  # [1, B, H, Bq, d]
@@ -69,8 +81,9 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
     )
     blocks = helper.make_graph(
         [
-            scalar("lookback", _UNBOUNDED if reach is None else reach),
-            scalar("go", True, TensorProto.BOOL),
+            scalar_node("lookback", _UNBOUNDED if reach is None else reach),
+            scalar_node("lookahead", _UNBOUNDED if ahead is None else ahead),
+            scalar_node("go", True, TensorProto.BOOL),
             call("BlockPrepare", ["q", "k", "v", "q_pos", "max_block"],
                  ["q_pad", "k_t", "q_pos_pad", "block", "n_blocks", "offset"]),
             helper.make_node("Loop", ["n_blocks", "go"], ["blocks"], body=body),  # [n, 1, B, H, Bq, d] (or [n, B, ...])
@@ -84,12 +97,15 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
         [
             call("DirectPrepare", ["q", "k"], ["q_scaled", "k_t_all", "q_idx_all", "k_idx_all"]),
             bias_node("q_pos", "k_pos", "bias_all"),
-            call("BlockAttend", ["q_scaled", "k_t_all", "v", "bias_all", "q_idx_all", "k_idx_all", "keep"], ["out_direct"]),
+            *reach_nodes("q_idx_all"),
+            call("BlockAttend", ["q_scaled", "k_t_all", "v", "bias_all", reach_of("q_idx_all"), "k_idx_all", "keep"],
+                 ["out_direct"]),
         ],
         "one_block", [], [helper.make_tensor_value_info("out_direct", out_type, None)],
     )
     nodes = [
-        scalar("max_block", block),
+        *horizon,
+        scalar_node("max_block", block),
         call("FitsOneBlock", ["q", "max_block"], ["fits"]),
         helper.make_node("If", ["fits"], ["out"], then_branch=direct, else_branch=blocks),
     ]

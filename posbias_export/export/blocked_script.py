@@ -1,4 +1,4 @@
-"""The pieces of query-blocked causal attention, as ONNX Script functions in domain posbias.
+"""The pieces of query-blocked attention, as ONNX Script functions in domain posbias.
 
 blocked_graph.py strings them together: BlockPrepare, then a Loop over query blocks whose body is
 BlockQueries -> BlockKeys -> (the family's bias function on the block) -> BlockAttend, then
@@ -83,9 +83,10 @@ def BlockQueries(it: INT64, q_pad: FLOAT, q_pos_pad: INT64, block: INT64, offset
 
 @script(posbias, default_opset=op)
 def BlockKeys(it: INT64, k_t: FLOAT, v: FLOAT, k_pos: INT64, keep: BOOL, block: INT64, offset: INT64,
-              lookback: INT64):
-    """The keys query block `it` can see: [lo, end) with end = offset + (it+1)*Bq (causal:
-    nothing above the diagonal) and lo = max(0, offset + it*Bq - lookback) (a local window
+              lookback: INT64, lookahead: INT64):
+    """The keys query block `it` can see: [lo, end) with end = min(Lk, offset + (it+1)*Bq +
+    lookahead) (causal: lookahead 0, nothing above the diagonal; bidirectional: a window's
+    reach, or >= Lk for all keys) and lo = max(0, offset + it*Bq - lookback) (a local window
     sees at most `lookback` keys before its first query; others pass a lookback >= Lk).
 
     Returns k_t_b [B, H, d, W], v_b [B, H, W, d], k_pos_b [..., W], k_idx [W], keep_b [B|1, 1, 1, W].
@@ -94,7 +95,7 @@ def BlockKeys(it: INT64, k_t: FLOAT, v: FLOAT, k_pos: INT64, keep: BOOL, block: 
     """
     k_len = op.Shape(k_t, start=3, end=4)  # [1]
     first = op.Reshape(op.Add(op.Mul(it, block), offset), [1])  # [1] key index of the first query
-    end = op.Min(op.Add(first, op.Reshape(block, [1])), k_len)  # [1]
+    end = op.Min(op.Add(op.Add(first, op.Reshape(block, [1])), op.Reshape(lookahead, [1])), k_len)  # [1]
     lo = op.Max(op.Sub(first, op.Reshape(lookback, [1])), op.Constant(value_ints=[0]))  # [1]
     k_t_b = op.Slice(k_t, lo, end, [3])  # [B, H, d, W]
     v_b = op.Slice(v, lo, end, [2])  # [B, H, W, d]

@@ -88,11 +88,10 @@ class ExportRequest:
 
 
 def attention_form(cfg: ModelConfig, opset: int, requested: str | None) -> str:
-    """blocked for causal opset-18 exports unless the plain form is asked for."""
+    """blocked (memory linear in L, causal or bidirectional) for opset-18 exports unless the
+    plain form is asked for; opset 23 uses the ONNX Attention op, which needs the plain form."""
     if requested is None:
-        return "blocked" if cfg.causal and opset < 23 else "plain"
-    if requested == "blocked" and not cfg.causal:
-        raise ValueError("the blocked attention form needs a causal model (bidirectional exports are plain)")
+        return "blocked" if opset < 23 else "plain"
     if requested == "blocked" and opset >= 23:
         raise ValueError("opset 23 exports use the ONNX Attention op (the plain form); use opset 18 for blocked")
     return requested

@@ -64,9 +64,7 @@ def attention_heads(q, k, v, q_pos, k_pos, key_mask, bias: AttentionBias, causal
     """Bias-augmented attention on split heads: q [B, H, Lq, hd], k/v [B, H, Lk, hd] (queries are
     the last Lq key positions), q_pos [..., Lq], k_pos [..., Lk], key_mask [B, Lk] or None."""
     Lq, Lk = q.shape[2], k.shape[2]
-    if settings.form == "blocked":
-        if not causal:
-            raise ValueError("the blocked attention form is for causal models; use the plain form")
+    if settings.form == "blocked":  # causal or not: the bias knows (bias.causal == causal)
         return blocked_attention(q, k, v, q_pos, k_pos, keep_mask(key_mask, Lk, q.device), bias, settings.block,
                                  settings.functions)
     q_idx, k_idx = query_key_positions(Lq, Lk, device=q.device)  # [Lq], [Lk]

@@ -1,8 +1,8 @@
-"""Query-blocked causal attention in PyTorch: memory linear in L per block instead of H * L^2.
+"""Query-blocked attention in PyTorch: memory linear in L per block instead of H * L^2.
 
-Queries are cut into blocks of `block` rows; each block sees only the keys at or before its
-last row (causality skips everything above the diagonal), and a local window only the keys it
-can reach. Its bias is built for that block alone, so nothing holds the [H, L, L] bias or
+Queries are cut into blocks of `block` rows; each block sees only the keys it can reach: in a
+causal model those at or before its last row (everything above the diagonal is skipped), in
+a bidirectional one all keys, and under a local window only those within the window. Its bias is built for that block alone, so nothing holds the [H, L, L] bias or
 score matrix. With float64 this is the reference we judge long inputs against (the plain
 float64 form would need 17 GB at 16k). During ONNX export it is ONE
 posbias.BlockedAttention<Family> node; export/blocked_graph.py builds that function's body
@@ -32,7 +32,7 @@ def keep_mask(key_mask: torch.Tensor | None, k_len, device=None) -> torch.Tensor
 
 
 def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: int, as_function: bool = False):
-    """softmax(q k^T / sqrt(d) + bias, causal & keep) v, one query block at a time.
+    """softmax(q k^T / sqrt(d) + bias, (causal if bias.causal) & keep) v, one query block at a time.
 
     q [B, H, Lq, d], k/v [B, H, Lk, d] (queries are the last Lq key positions), q_pos [..., Lq],
     k_pos [..., Lk], keep bool [B|1, 1, 1, Lk]. During ONNX export with as_function this is one
@@ -47,18 +47,19 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
         )
     Lq, Lk = q.shape[2], k.shape[2]
     offset = Lk - Lq
-    reach = bias.lookback if Lq > block else None  # one block: every key, as the ONNX If's direct branch
+    # one block: every key, as the ONNX If's direct branch
+    reach, ahead = (bias.lookback, bias.lookahead) if Lq > block else (None, None)
     scale = 1.0 / math.sqrt(q.shape[-1])
     work = torch.promote_types(q.dtype, torch.float32)  # float32 scores, as the plain form; float64 stays
     outputs = []
     for start in range(0, Lq, block):
         stop = min(start + block, Lq)
         lo = 0 if reach is None else max(0, offset + start - reach)
-        end = offset + stop
+        end = Lk if ahead is None else min(Lk, offset + stop + ahead)  # causal: offset + stop
         q_idx = torch.arange(offset + start, offset + stop, device=q.device)[:, None]  # [Bq, 1]
         k_idx = torch.arange(lo, end, device=q.device)  # [W]
         scores = (q[:, :, start:stop] * scale) @ k[:, :, lo:end].transpose(-1, -2)  # [B, H, Bq, W]
-        allowed = (k_idx <= q_idx) & keep[..., lo:end]  # [B|1, 1, Bq, W]
+        allowed = keep[..., lo:end] & ((k_idx <= q_idx) if bias.causal else True)  # [B|1, 1, Bq|1, W]
         penalty = torch.where(allowed, 0.0, MASK_PENALTY).to(work)  # [B|1, 1, Bq, W], see BlockAttend
         block_bias = bias.from_positions(q_pos[..., start:stop], k_pos[..., lo:end]).to(work)  # [.., H|1, Bq, W]
         probs = torch.softmax(scores.to(work) + (block_bias + penalty), dim=-1)  # [B, H, Bq, W]
