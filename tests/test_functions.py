@@ -133,9 +133,9 @@ def test_script_block_matches_exported_block_and_pytorch(exports, name, causal):
 
 @pytest.mark.parametrize("name", pbe.BIASES)
 def test_plain_export_shares_fixed_bias_nodes(exports, name):
-    """Bidirectional exports are plain: a learned bias is one posbias node per layer (its own
-    tensors), a fixed one a single node the exporter's common-subexpression pass shares."""
-    model = onnx.load(str(exports.cli(name, "lm", causal=False)))
+    """In the plain form a learned bias is one posbias node per layer (its own tensors), a
+    fixed one a single node the exporter's common-subexpression pass shares."""
+    model = onnx.load(str(exports.cli(name, "lm", causal=False, extra=("--attention", "plain"))))
     nodes = [n.op_type for n in model.graph.node if n.domain == "posbias"]
     expected = SMALL["num_layers"] if bias_class(name).learned else 1
     assert nodes == [bias_class(name).function_name] * expected
