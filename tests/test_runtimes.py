@@ -224,3 +224,12 @@ def test_validate_cuda_without_provider_is_a_failing_verdict(exports):
 def test_validate_unknown_runtime_is_usage_error(exports):
     proc = _validate(exports.cli("alibi"), "--runtimes", "tensorrt")
     assert proc.returncode == 2 and "unknown runtime" in proc.stderr
+
+
+@pytest.mark.parametrize("bias", ["alibi", "window"])
+def test_validate_judges_kv_cache_exports(exports, bias):
+    """A --kv-cache file is judged on a step after a random cache (CACHE_LEN positions): the
+    runtimes' logits against the float64 PyTorch cache path, on every runtime."""
+    matrix = run_matrix(exports.cli(bias, extra=("--kv-cache",)), ("ort-cpu", "reference"), (1, 17), batch=2)
+    assert matrix.ok and len(matrix.cells) == 4, [(c.runtime, c.case, c.verdict) for c in matrix.cells]
+    assert all(c.parity["max_abs"] > 0 for c in matrix.cells)  # a real comparison, not an empty one

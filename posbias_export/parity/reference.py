@@ -47,8 +47,26 @@ def reference_model(meta: dict, checkpoint: str | None = None) -> torch.nn.Modul
         if recorded and file_sha256(checkpoint) != recorded:
             raise ParityInputError(f"checkpoint {checkpoint} is not the file this model was exported from "
                                    f"(sha256 differs from the recorded {recorded[:12]}...)")
-        return load_checkpoint(checkpoint, cfg, arch)
-    return build_model(cfg, seed=int(meta.get("seed", 0)), arch=arch)
+        model = load_checkpoint(checkpoint, cfg, arch)
+    else:
+        model = build_model(cfg, seed=int(meta.get("seed", 0)), arch=arch)
+    return CachedLogits(model) if meta.get("kv_cache") == "1" else model
+
+
+class CachedLogits(torch.nn.Module):
+    """A --kv-cache file's first output from its flat inputs: (input_ids [B, L], attention_mask
+    [B, P+L], past_key.0, past_value.0, ...) -> logits [B, L, V], through the model's cache path."""
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids, attention_mask, *past_flat, settings: AttentionSettings = EAGER):
+        past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
+        return self.lm(input_ids, attention_mask, past, settings=settings)[0]
+
+
+CACHE_LEN = 5  # a --kv-cache file is validated on a step with this many cached positions before it
 
 
 def generated_inputs(meta: dict, length: int, batch: int, seed: int) -> dict[str, np.ndarray]:
@@ -63,6 +81,13 @@ def generated_inputs(meta: dict, length: int, batch: int, seed: int) -> dict[str
         return {name: torch.randn(shape, generator=gen).numpy().astype(dtype) for name in INPUT_NAMES[arch]}
     else:
         feeds = {"hidden_states": torch.randn(batch, length, cfg.dim, generator=gen).numpy().astype(dtype)}
+    if meta.get("kv_cache") == "1":  # a decode step after CACHE_LEN cached positions (random keys and values)
+        feeds["attention_mask"] = np.ones((batch, CACHE_LEN + length), dtype=np.int64)
+        shape = (batch, cfg.num_heads, CACHE_LEN, cfg.head_dim)
+        for layer in range(cfg.num_layers):
+            for kind in ("key", "value"):
+                feeds[f"past_{kind}.{layer}"] = torch.randn(shape, generator=gen).numpy().astype(dtype)
+        return feeds
     if meta.get("attention_mask") == "1":
         feeds["attention_mask"] = np.ones((batch, length), dtype=np.int64)
     return feeds
@@ -77,6 +102,10 @@ def torch_args(meta: dict, feeds: dict[str, np.ndarray]) -> tuple:
     if "attention_mask" not in feeds:
         return (first,)
     mask = torch.from_numpy(feeds["attention_mask"])
+    if meta.get("kv_cache") == "1":  # CachedLogits' order: past_key.0, past_value.0, past_key.1, ...
+        layers = sum(1 for name in feeds if name.startswith("past_key."))
+        past = [torch.from_numpy(feeds[f"past_{kind}.{i}"]) for i in range(layers) for kind in ("key", "value")]
+        return (first, mask, *past)
     return (first, mask) if arch == "lm" else (first, None, mask)
 
 
