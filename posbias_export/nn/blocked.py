@@ -1,12 +1,12 @@
 """Query-blocked attention in PyTorch: memory linear in L per block instead of H * L^2.
 
 Queries are cut into blocks of `block` rows; each block sees only the keys it can reach: in a
-causal model those at or before its last row (everything above the diagonal is skipped), in
-a bidirectional one all keys, and under a local window only those within the window. Its bias is built for that block alone, so nothing holds the [H, L, L] bias or
-score matrix. With float64 this is the reference we judge long inputs against (the plain
-float64 form would need 17 GB at 16k). During ONNX export it is ONE
-posbias.BlockedAttention<Family> node; export/blocked_graph.py builds that function's body
-(an ONNX Loop over the same blocks).
+causal model those at or before its last row (everything above the diagonal is skipped), in a
+bidirectional one all keys, and under a local window only those within the window. Its bias is
+built for that block alone, so nothing holds the [H, L, L] bias or score matrix. With float64
+this is the reference we judge long inputs against (the plain float64 form would need 17 GB at
+16k). During ONNX export it is ONE posbias.BlockedAttention<Family> node;
+export/blocked_graph.py builds that function's body (an ONNX Loop over the same blocks).
 """
 from __future__ import annotations
 
