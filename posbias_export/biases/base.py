@@ -104,7 +104,10 @@ class AttentionBias(nn.Module):
     # [.., H, 1, W] that equals the bias up to a per-query-row constant (softmax ignores those).
     key_row_function: ClassVar[Any] = None
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, family: bool = True, **kwargs):
+        """family=False: a bias one imported model needs (Falcon's rounded ALiBi), with its own
+        functions but outside the registry: not a --bias choice, not in the shared library
+        (the export attaches its functions itself, see export/pipeline.py)."""
         super().__init_subclass__(**kwargs)
         if not cls.__dict__.get("name"):
             return  # an abstract helper base, not a family
@@ -112,6 +115,8 @@ class AttentionBias(nn.Module):
             cls.function_name = _camel(cls.name)
         if cls.function is None:
             raise TypeError(f"bias family {cls.name!r} declares no ONNX Script function")
+        if not family:
+            return
         previous = FAMILIES.get(cls.name)
         if previous is not None and previous.__qualname__ != cls.__qualname__:
             raise TypeError(f"two bias families are named {cls.name!r}: {previous.__module__} and {cls.__module__}")

@@ -23,7 +23,7 @@ from pathlib import Path
 import onnx
 import torch
 
-from ..biases import AttentionBias
+from ..biases import FAMILIES, AttentionBias
 from ..nn import DEFAULT_BLOCK, AttentionSettings, ModelConfig, non_finite_tensor
 from ..errors import first_line
 from . import checks, functions
@@ -87,7 +87,7 @@ class ExportRequest:
         return DTYPES[self.dtype]
 
 
-def attention_form(cfg: ModelConfig, opset: int, requested: str | None) -> str:
+def attention_form(cfg, opset: int, requested: str | None) -> str:
     """blocked (memory linear in L, causal or bidirectional) for opset-18 exports unless the
     plain form is asked for; opset 23 uses the ONNX Attention op, which needs the plain form."""
     if requested is None:
@@ -131,34 +131,49 @@ def prepare(model: torch.nn.Module, request: ExportRequest) -> torch.nn.Module:
     return copy.deepcopy(model).eval().to(request.torch_dtype)
 
 
-def blocked_functions(model: torch.nn.Module, request: ExportRequest) -> list[onnx.FunctionProto]:
-    """The posbias.BlockedAttention<Family> bodies this model's layers emit (block size baked in)."""
-    if request.settings.form != "blocked":
-        return []
+def generated_functions(model: torch.nn.Module, settings: AttentionSettings, dtype: torch.dtype,
+                        opset: int) -> list[onnx.FunctionProto]:
+    """Function bodies made per export, callees first: those of biases outside the registry
+    (an imported model's own bias, e.g. Falcon's) and, for the blocked form, the
+    posbias.BlockedAttention<Family> bodies its layers emit (block size baked in)."""
     protos = {}
     for bias in model.modules():
-        if isinstance(bias, AttentionBias):
-            proto = blocked_function_proto(bias, request.settings.block, request.torch_dtype, request.opset)
+        if not isinstance(bias, AttentionBias):
+            continue
+        if type(bias).name not in FAMILIES:
+            for proto in reversed(type(bias).function_protos()):  # the key row first: the bias calls it
+                protos[proto.name] = proto
+        if settings.form == "blocked":
+            proto = blocked_function_proto(bias, settings.block, dtype, opset)
             protos[proto.name] = proto
     return list(protos.values())
 
 
-def trace(model: torch.nn.Module, request: ExportRequest, trace_len: int) -> tuple[onnx.ModelProto, Signature]:
-    """One dynamo export with the signature's dynamic axes."""
-    sig = signature(model, request.cfg, request.arch, trace_len, request.torch_dtype, request.settings,
-                    request.attention_mask, request.kv_cache)
+def blocked_functions(model: torch.nn.Module, request: ExportRequest) -> list[onnx.FunctionProto]:
+    return generated_functions(model, request.settings, request.torch_dtype, request.opset)
+
+
+def run_exporter(sig: Signature, opset: int) -> onnx.ModelProto:
+    """One dynamo export of a signature (module, example inputs, dynamic shapes, names)."""
     # The exporter prints progress and warnings of its own; the report carries what matters.
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         try:
             program = torch.onnx.export(
-                sig.module, sig.args, dynamo=True, dynamic_shapes=sig.dynamic_shapes, opset_version=request.opset,
+                sig.module, sig.args, dynamo=True, dynamic_shapes=sig.dynamic_shapes, opset_version=opset,
                 input_names=sig.input_names, output_names=sig.output_names, verbose=False,
             )
         except Exception as err:  # the exporter's errors are long; keep the first line
             raise checks.ExportCheckError(f"torch.onnx.export failed: {first_line(err)}") from err
-    return program.model_proto, sig
+    return program.model_proto
+
+
+def trace(model: torch.nn.Module, request: ExportRequest, trace_len: int) -> tuple[onnx.ModelProto, Signature]:
+    """One dynamo export with the signature's dynamic axes."""
+    sig = signature(model, request.cfg, request.arch, trace_len, request.torch_dtype, request.settings,
+                    request.attention_mask, request.kv_cache)
+    return run_exporter(sig, request.opset), sig
 
 
 def attach_functions(proto: onnx.ModelProto, request: ExportRequest, generated: list[onnx.FunctionProto]) -> None:
@@ -192,9 +207,14 @@ def add_metadata(proto: onnx.ModelProto, request: ExportRequest) -> None:
     proto.producer_name = "posbias_export"
 
 
+def report_dims(values) -> dict[str, list]:
+    """name -> shape of graph inputs or outputs (symbolic axes by name)."""
+    return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
+
+
 def report(proto: onnx.ModelProto, request: ExportRequest, initializer_bytes: int, saved: SavedModel, seconds: float,
            done: list[str]) -> ExportReport:
-    dims = lambda values: {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
+    dims = report_dims
     notes = []
     if proto.functions:
         notes.append("OpenVINO cannot load model-local functions: give it a file exported with --inline-functions "

@@ -24,7 +24,13 @@ TOKEN_INPUT = "input_ids"
 def token_limit(metadata: dict[str, str]) -> int | None:
     """The vocabulary size of a posbias language model, from its file's metadata_props (None
     for other models): an Embedding lookup with an id outside it is an error in PyTorch, but
-    runtimes silently wrap -1 to the last row or return garbage."""
+    runtimes silently wrap -1 to the last row or return garbage. Imported models (BLOOM, T5, ...)
+    record it as posbias.vocab_size."""
+    if "posbias.vocab_size" in metadata:
+        try:
+            return int(metadata["posbias.vocab_size"])
+        except ValueError:
+            return None
     if metadata.get("posbias.arch", "lm") != "lm" or "posbias.config" not in metadata:
         return None
     try:

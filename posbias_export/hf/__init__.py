@@ -1,0 +1,7 @@
+"""Models people already have: BLOOM, MPT, Falcon (alibi=True) and the T5 encoder, read from a
+local Hugging Face folder into our biased attention, exported and validated against
+transformers itself."""
+from .folder import SUPPORTED, FolderError
+from .models import load_model
+
+__all__ = ["SUPPORTED", "FolderError", "load_model"]

@@ -1,0 +1,198 @@
+"""Falcon with alibi=True (FalconForCausalLM) on our biased attention, names and layouts as
+transformers' modeling_falcon: fused QKV in its three layouts (classic, multi-query, the new
+grouped architecture), sequential or parallel attention/MLP, one or two LayerNorms.
+
+Falcon's ALiBi is not BLOOM's. transformers computes it in bfloat16 whatever the model dtype:
+bf16(bf16(slope) * bf16(position)), positions from cumsum(mask) - 1, then divides by sqrt(d).
+At 8192 tokens that rounding moves a bias by up to 16 / sqrt(d) from the exact value, and a
+file that drops it (Optimum's, measured 0.17 off in the logits) computes another model. The
+rounding is not shift-invariant either, so positions must come from the mask. ONNX Runtime
+has no bfloat16 Mul; OpenVINO's bf16 Convert truncates. The function below rounds in float32
+arithmetic instead (Veltkamp's split: c = x * (2^16 + 1); x_bf16 = c - (c - x)), which is
+round-to-nearest-even to 8 significant bits for the values a bias takes (checked against
+torch's bfloat16 on every integer up to 2^20 in tests/test_hf_models.py).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from onnxscript import FLOAT, INT64, script
+from onnxscript import opset18 as op
+from torch import nn
+from torch.nn import functional as F
+
+from ..biases import AttentionBias
+from ..biases.onnx_domain import posbias
+from ..nn.attention import EAGER
+from .layers import ImportedModel, bloom_style_slopes, merge_heads, self_attention
+
+BF16_SPLIT = 65537.0  # 2^16 + 1: keeps 24 - 16 = 8 significant bits
+
+
+def round_to_bfloat16(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> float32 rounded to bfloat16's 8 significant bits (round to nearest even)."""
+    c = x * BF16_SPLIT
+    return c - (c - x)
+
+
+@script(posbias, default_opset=op)
+def FalconAlibiKeyRow(q_pos_b: INT64, k_pos_b: INT64, slopes: FLOAT, sqrt_d: FLOAT) -> FLOAT:
+    """Falcon's bias of each key, one row per head: bf16(slope * bf16(k_pos)) / sqrt(d) (slopes
+    arrive rounded to bfloat16). [..., Bq] x [..., W] x [H] x [] -> [..., H, 1, W]"""
+    pos = op.Cast(op.Unsqueeze(k_pos_b, [-2, -3]), to=1)  # [..., 1, 1, W]
+    c = op.Mul(pos, op.Constant(value_float=65537.0))
+    pos16 = op.Sub(c, op.Sub(c, pos))
+    product = op.Mul(op.Reshape(slopes, [-1, 1, 1]), pos16)  # [..., H, 1, W]
+    c2 = op.Mul(product, op.Constant(value_float=65537.0))
+    return op.Div(op.Sub(c2, op.Sub(c2, product)), sqrt_d)
+
+
+@script(posbias, default_opset=op)
+def FalconAlibi(q_pos: INT64, k_pos: INT64, slopes: FLOAT, sqrt_d: FLOAT) -> FLOAT:
+    """Falcon's bias for every (query, key): the key row broadcast over the queries,
+    [..., Lq] x [..., Lk] x [H] x [] -> [..., H, Lq, Lk]."""
+    row = FalconAlibiKeyRow(q_pos, k_pos, slopes, sqrt_d)  # [..., H, 1, Lk]
+    shape = op.Concat(op.Shape(row, end=-2), op.Shape(q_pos, start=-1), op.Shape(k_pos, start=-1), axis=0)
+    return op.Expand(row, shape)
+
+
+class FalconAlibiBias(AttentionBias, family=False):
+    """Falcon's rounded ALiBi. Causal: the key row is the whole bias, up to the per-row
+    constant softmax ignores."""
+
+    name = "falcon_alibi"
+    function = FalconAlibi
+    key_row_function = FalconAlibiKeyRow
+
+    def __init__(self, num_heads: int, head_dim: int):
+        super().__init__(num_heads, causal=True)
+        slopes = bloom_style_slopes(num_heads).bfloat16().float()  # [H], as transformers rounds them
+        self.register_buffer("slopes", slopes, persistent=False)
+        self.register_buffer("sqrt_d", torch.tensor(math.sqrt(head_dim)), persistent=False)
+
+    def function_inputs(self):
+        return [self.slopes, self.sqrt_d], {}
+
+    def from_positions(self, q_pos, k_pos):
+        """[..., Lq] x [..., Lk] -> [..., H, Lq, Lk] float32, rounded as transformers does (bfloat16)."""
+        key_row = (self.slopes.bfloat16().view(-1, 1, 1) * k_pos.unsqueeze(-2).unsqueeze(-3).bfloat16())  # [..., H, 1, Lk]
+        row = key_row.float() / self.sqrt_d
+        return row.expand(*row.shape[:-2], q_pos.shape[-1], k_pos.shape[-1])
+
+
+class FalconAttention(nn.Module):
+    def __init__(self, config, bias):
+        super().__init__()
+        D, H = config.hidden_size, config.num_attention_heads
+        self.num_heads, self.head_dim = H, D // H
+        self.new_arch, self.multi_query = config.new_decoder_architecture, config.multi_query
+        self.num_kv_heads = config.num_kv_heads if (self.new_arch or not self.multi_query) else 1
+        if self.new_arch:
+            out = (2 * config.num_kv_heads + H) * self.head_dim
+        else:
+            out = D + 2 * self.head_dim if self.multi_query else 3 * D
+        self.query_key_value = nn.Linear(D, out, bias=config.bias)
+        self.dense = nn.Linear(D, D, bias=config.bias)
+        self.alibi = bias
+
+    def split(self, fused):
+        """fused [B, L, out] -> q, k, v [B, H, L, d] (keys and values repeated over the heads they serve)."""
+        B, L, _ = fused.shape
+        H, d = self.num_heads, self.head_dim
+        if self.new_arch:
+            qkv = fused.view(B, L, self.num_kv_heads, H // self.num_kv_heads + 2, d)
+            q = qkv[:, :, :, :-2].flatten(2, 3)  # [B, L, H, d]
+            k = qkv[:, :, :, -2:-1].expand(-1, -1, -1, H // self.num_kv_heads, -1).flatten(2, 3)
+            v = qkv[:, :, :, -1:].expand(-1, -1, -1, H // self.num_kv_heads, -1).flatten(2, 3)
+        elif self.multi_query:
+            qkv = fused.view(B, L, H + 2, d)
+            q, k, v = qkv[:, :, :-2], qkv[:, :, -2:-1].expand(-1, -1, H, -1), qkv[:, :, -1:].expand(-1, -1, H, -1)
+        else:
+            qkv = fused.view(B, L, H, 3, d)
+            q, k, v = qkv[..., 0, :], qkv[..., 1, :], qkv[..., 2, :]
+        return (t.transpose(1, 2) for t in (q, k, v))
+
+    def forward(self, x, attention_mask, past, settings):
+        q, k, v = self.split(self.query_key_value(x))
+        y, present = self_attention(q, k, v, attention_mask, past, self.alibi, settings, positions_from_mask=True)
+        return self.dense(merge_heads(y)), present
+
+
+class FalconMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        from transformers.activations import get_activation
+
+        self.dense_h_to_4h = nn.Linear(config.hidden_size, config.ffn_hidden_size, bias=config.bias)
+        self.act = get_activation(config.activation)
+        self.dense_4h_to_h = nn.Linear(config.ffn_hidden_size, config.hidden_size, bias=config.bias)
+
+    def forward(self, x):
+        return self.dense_4h_to_h(self.act(self.dense_h_to_4h(x)))
+
+
+class FalconLayer(nn.Module):
+    def __init__(self, config, bias):
+        super().__init__()
+        D, eps = config.hidden_size, config.layer_norm_epsilon
+        self.new_arch, self.parallel = config.new_decoder_architecture, config.parallel_attn
+        lns = config.num_ln_in_parallel_attn or (2 if self.new_arch else None)
+        self.two_norms = self.new_arch and lns == 2
+        if self.two_norms:
+            self.ln_attn = nn.LayerNorm(D, eps=eps)
+            self.ln_mlp = nn.LayerNorm(D, eps=eps)
+        else:
+            self.input_layernorm = nn.LayerNorm(D, eps=eps)
+            if not self.parallel:
+                self.post_attention_layernorm = nn.LayerNorm(D, eps=eps)
+        self.self_attention = FalconAttention(config, bias)
+        self.mlp = FalconMLP(config)
+
+    def forward(self, x, attention_mask, past, settings):
+        h_attn = self.ln_attn(x) if self.two_norms else self.input_layernorm(x)
+        attn, present = self.self_attention(h_attn, attention_mask, past, settings)
+        if self.two_norms:
+            h_mlp = self.ln_mlp(x)
+        elif self.new_arch or self.parallel:
+            h_mlp = h_attn
+        else:
+            x = x + attn
+            h_mlp = self.post_attention_layernorm(x)
+        out = self.mlp(h_mlp)
+        if self.new_arch or self.parallel:
+            out = out + attn
+        return x + out, present
+
+
+class FalconTransformer(nn.Module):
+    def __init__(self, config, bias):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.h = nn.ModuleList(FalconLayer(config, bias) for _ in range(config.num_hidden_layers))
+        self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+
+
+class FalconLM(ImportedModel):
+    """input_ids [B, L], attention_mask [B, P + L] -> logits [B, L, V] (+ presents with past)."""
+
+    tied_keys = ("lm_head.weight",)
+
+    def __init__(self, config):
+        H = config.num_attention_heads
+        d = config.hidden_size // H
+        super().__init__(config, "falcon", FalconAlibiBias.name, H, d, config.num_hidden_layers, config.vocab_size)
+        self.transformer = FalconTransformer(config, FalconAlibiBias(H, d))
+        self.tied = config.tie_word_embeddings
+        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids, attention_mask=None, past=None, settings=EAGER):
+        t = self.transformer
+        x = t.word_embeddings(input_ids)  # [B, L, D]
+        presents = []
+        for index, layer in enumerate(t.h):
+            x, present = layer(x, attention_mask, None if past is None else past[index], settings)
+            presents.append(present)
+        x = t.ln_f(x)
+        logits = F.linear(x, t.word_embeddings.weight) if self.tied else self.lm_head(x)  # [B, L, V]
+        return logits if past is None else (logits, presents)

@@ -1,0 +1,112 @@
+"""MPT (MptForCausalLM) on our biased attention, names and layout as transformers'
+modeling_mpt: bias-free LayerNorms and linears, Wqkv chunked q|k|v, optional clip_qkv and
+softmax_scale, exact GELU, tied head.
+
+transformers builds MPT's ALiBi as a [H, 1, max_seq_len] table of slope * (j - max_seq_len + 1),
+so neither it nor an export of it runs past max_seq_len. Here the bias comes from the
+positions of the input (our alibi family with MPT's slopes): up to max_seq_len the two are
+the same function under the causal mask; past it this file keeps going. MPT's bias ignores
+the attention mask (positions are raw indices); with left padding that changes nothing,
+since ALiBi depends on i - j only.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..biases import create_bias
+from ..nn.attention import EAGER
+from .layers import ImportedModel, merge_heads, scale_queries, self_attention, split_heads
+
+
+def mpt_slopes(num_heads: int, alibi_bias_max: float = 8.0) -> torch.Tensor:
+    """MPT's slopes, float32 [H]: 2^-(k * alibi_bias_max / n) over n = the next power of two,
+    then (when n > H) the odd-indexed ones followed by the even-indexed, first H kept."""
+    n = 2 ** math.ceil(math.log2(num_heads))
+    slopes = 1.0 / torch.pow(2, torch.arange(1, n + 1, dtype=torch.int64).float() * (alibi_bias_max / n))
+    if n != num_heads:
+        slopes = torch.cat([slopes[1::2], slopes[::2]])[:num_heads]
+    return slopes
+
+
+class MptAttention(nn.Module):
+    def __init__(self, config, bias):
+        super().__init__()
+        D, H = config.hidden_size, config.n_heads
+        self.num_heads = H
+        self.softmax_scale = config.attn_config.softmax_scale or 1 / math.sqrt(D / H)
+        self.clip_qkv = config.attn_config.clip_qkv
+        self.Wqkv = nn.Linear(D, 3 * D, bias=False)
+        self.out_proj = nn.Linear(D, D, bias=False)
+        self.alibi = bias
+
+    def forward(self, x, attention_mask, past, settings):
+        qkv = self.Wqkv(x)  # [B, L, 3D]
+        if self.clip_qkv:
+            qkv = qkv.clamp(min=-self.clip_qkv, max=self.clip_qkv)
+        q, k, v = (split_heads(t, self.num_heads) for t in qkv.chunk(3, dim=2))  # [B, H, L, d] each
+        q = scale_queries(q, self.softmax_scale)
+        y, present = self_attention(q, k, v, attention_mask, past, self.alibi, settings)
+        return self.out_proj(merge_heads(y)), present
+
+
+class MptMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.up_proj = nn.Linear(config.hidden_size, 4 * config.hidden_size, bias=False)
+        self.down_proj = nn.Linear(4 * config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.gelu(self.up_proj(x)))
+
+
+class MptBlock(nn.Module):
+    def __init__(self, config, bias):
+        super().__init__()
+        D, eps = config.hidden_size, config.layer_norm_epsilon
+        self.norm_1 = nn.LayerNorm(D, eps=eps, bias=False)
+        self.attn = MptAttention(config, bias)
+        self.norm_2 = nn.LayerNorm(D, eps=eps, bias=False)
+        self.ffn = MptMLP(config)
+
+    def forward(self, x, attention_mask, past, settings):
+        attn, present = self.attn(self.norm_1(x), attention_mask, past, settings)
+        x = x + attn
+        return x + self.ffn(self.norm_2(x)), present
+
+
+class MptTransformer(nn.Module):
+    def __init__(self, config, bias):
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.blocks = nn.ModuleList(MptBlock(config, bias) for _ in range(config.n_layers))
+        self.norm_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon, bias=False)
+
+
+class MptLM(ImportedModel):
+    """input_ids [B, L], attention_mask [B, P + L] -> logits [B, L, V] (+ presents with past)."""
+
+    tied_keys = ("lm_head.weight",)
+
+    def __init__(self, config):
+        H = config.n_heads
+        super().__init__(config, "mpt", "alibi", H, config.hidden_size // H, config.n_layers, config.vocab_size)
+        bias = create_bias("alibi", H, causal=True)
+        bias.slopes.copy_(mpt_slopes(H, config.attn_config.alibi_bias_max))
+        self.transformer = MptTransformer(config, bias)
+        self.tied = config.tie_word_embeddings
+        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids, attention_mask=None, past=None, settings=EAGER):
+        t = self.transformer
+        x = t.wte(input_ids)  # [B, L, D]
+        presents = []
+        for index, block in enumerate(t.blocks):
+            x, present = block(x, attention_mask, None if past is None else past[index], settings)
+            presents.append(present)
+        x = t.norm_f(x)
+        logits = F.linear(x, t.wte.weight) if self.tied else self.lm_head(x)  # [B, L, V]
+        return logits if past is None else (logits, presents)

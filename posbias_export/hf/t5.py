@@ -1,0 +1,109 @@
+"""The T5 encoder (T5EncoderModel, or the encoder of T5ForConditionalGeneration) on our
+biased attention, names as transformers' modeling_t5: RMS LayerNorms, unscaled attention
+(q k^T without 1/sqrt(d)), the relative-position bias learned in the first block and shared by
+all, ReLU or gated-GELU feed-forward. The bias is our t5 family, bidirectional, whose buckets
+equal transformers' bit for bit; blocked export gives the encoder memory linear in L."""
+from __future__ import annotations
+
+from torch import nn
+
+from ..biases import create_bias
+from ..nn.attention import EAGER
+from .layers import ImportedModel, RMSNorm, merge_heads, scale_queries, self_attention, split_heads
+
+BIAS_KEY = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+
+
+class T5SelfAttention(nn.Module):
+    def __init__(self, config, bias):
+        super().__init__()
+        inner = config.num_heads * config.d_kv
+        self.num_heads = config.num_heads
+        self.q = nn.Linear(config.d_model, inner, bias=False)
+        self.k = nn.Linear(config.d_model, inner, bias=False)
+        self.v = nn.Linear(config.d_model, inner, bias=False)
+        self.o = nn.Linear(inner, config.d_model, bias=False)
+        self.position_bias = bias  # the first block's, shared by all
+
+    def forward(self, x, attention_mask, settings):
+        q, k, v = (split_heads(proj(x), self.num_heads) for proj in (self.q, self.k, self.v))  # [B, H, L, d]
+        y, _ = self_attention(scale_queries(q, 1.0), k, v, attention_mask, None, self.position_bias, settings)
+        return self.o(merge_heads(y))
+
+
+class T5FeedForward(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        from transformers.activations import ACT2FN
+
+        self.gated = config.is_gated_act
+        if self.gated:
+            self.wi_0 = nn.Linear(config.d_model, config.d_ff, bias=False)
+            self.wi_1 = nn.Linear(config.d_model, config.d_ff, bias=False)
+        else:
+            self.wi = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.wo = nn.Linear(config.d_ff, config.d_model, bias=False)
+        self.act = ACT2FN[config.dense_act_fn]
+
+    def forward(self, x):
+        h = self.act(self.wi_0(x)) * self.wi_1(x) if self.gated else self.act(self.wi(x))
+        return self.wo(h)
+
+
+class T5AttentionLayer(nn.Module):
+    def __init__(self, config, bias):
+        super().__init__()
+        self.SelfAttention = T5SelfAttention(config, bias)
+        self.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+
+
+class T5FeedForwardLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.DenseReluDense = T5FeedForward(config)
+        self.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+
+
+class T5Block(nn.Module):
+    def __init__(self, config, bias):
+        super().__init__()
+        self.layer = nn.ModuleList([T5AttentionLayer(config, bias), T5FeedForwardLayer(config)])
+
+    def forward(self, x, attention_mask, settings):
+        attn, ff = self.layer
+        x = x + attn.SelfAttention(attn.layer_norm(x), attention_mask, settings)
+        return x + ff.DenseReluDense(ff.layer_norm(x))
+
+
+class T5Stack(nn.Module):
+    def __init__(self, config, bias):
+        super().__init__()
+        self.block = nn.ModuleList(T5Block(config, bias) for _ in range(config.num_layers))
+        self.final_layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+
+
+class T5Encoder(ImportedModel):
+    """input_ids [B, L], attention_mask [B, L] -> last_hidden_state [B, L, d_model]."""
+
+    arch = "encoder"
+    output_name = "last_hidden_state"
+    causal = False
+    tied_keys = ("encoder.embed_tokens.weight",)
+    ignored_prefixes = ("decoder.", "lm_head.")  # a T5ForConditionalGeneration folder: its encoder
+
+    def __init__(self, config):
+        super().__init__(config, "t5", "t5", config.num_heads, config.d_kv, config.num_layers, config.vocab_size)
+        params = {"num_buckets": config.relative_attention_num_buckets,
+                  "max_distance": config.relative_attention_max_distance}
+        self.bias = create_bias("t5", config.num_heads, causal=False, **params)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model)
+        self.encoder = T5Stack(config, self.bias)
+
+    def weight_key(self, name: str) -> str:
+        return BIAS_KEY if name == "bias.relative_attention_bias.weight" else name
+
+    def forward(self, input_ids, attention_mask=None, settings=EAGER):
+        x = self.shared(input_ids)  # [B, L, D]
+        for block in self.encoder.block:
+            x = block(x, attention_mask, settings)
+        return self.encoder.final_layer_norm(x)

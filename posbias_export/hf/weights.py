@@ -1,0 +1,38 @@
+"""Copy a transformers state dict into an imported model, one tensor per parameter: a missing
+weight, a shape the config does not imply, or a weight nothing uses is one readable line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..nn import non_finite_tensor
+from .folder import FolderError
+from .layers import ImportedModel
+
+
+def load_weights(model: ImportedModel, state: dict[str, torch.Tensor], where: Path) -> None:
+    used = set()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            key = model.weight_key(name)
+            tensor = state.get(key)
+            if tensor is None:
+                raise FolderError(f"{where}: weight {key} is missing (the config describes a {model.model_type} "
+                                  f"with {model.num_layers} layers; the weights do not match it)")
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise FolderError(f"{where}: weight {key} has shape {list(tensor.shape)}, the config implies "
+                                  f"{list(param.shape)}")
+            if not tensor.is_floating_point():
+                raise FolderError(f"{where}: weight {key} is {tensor.dtype}, not a floating-point tensor")
+            param.copy_(tensor.to(param.dtype))
+            used.add(key)
+    unused = sorted(k for k in state if k not in used and k not in model.tied_keys
+                    and not k.startswith(model.ignored_prefixes))
+    if unused:
+        more = f" and {len(unused) - 1} more" if len(unused) > 1 else ""
+        raise FolderError(f"{where}: weight {unused[0]}{more} has no place in a {model.model_type} model with this "
+                          "config (a different architecture or a config that does not match the weights?)")
+    bad = non_finite_tensor(model)
+    if bad:
+        raise FolderError(f"{where}: weight {model.weight_key(bad)} holds NaN or infinity")
