@@ -148,6 +148,10 @@ def build_export_parser() -> argparse.ArgumentParser:
     p.add_argument("--resize-method", choices=RESIZE_METHODS, default="interpolate",
                    help="how --resize-positions fills the new rows")
     p.add_argument("--checkpoint", help="safetensors or weights-only torch file; its saved config is used")
+    p.add_argument("--model", metavar="DIR",
+                   help="a local Hugging Face folder (config.json + safetensors) of a BLOOM, MPT, Falcon (alibi) or "
+                   "T5 model: exported with input_ids, attention_mask -> logits (T5: the encoder, -> "
+                   "last_hidden_state); nothing is downloaded")
     p.add_argument("--validate", action="store_true",
                    help="after export, run the parity matrix (ort-cpu, openvino, node, reference); exit 1 on failure")
     return p
@@ -170,8 +174,35 @@ def given_config(args) -> dict:
     return given
 
 
+# options that describe our own models; an imported folder brings its own architecture
+_MODEL_FOLDER_CONFLICTS = ("bias", "heads", "dim", "layers", "bidirectional", "arch", "checkpoint", "resize_positions",
+                           "attention_mask")
+
+
+def run_export_folder(args) -> int:
+    from .export import check_outputs
+    from .hf.export import export_model
+
+    given = [name for name in _MODEL_FOLDER_CONFLICTS if getattr(args, name)] + (["bias_param"] if args.bias_param else [])
+    if args.dtype != "float32":
+        given.append("dtype")
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise CliError(f"--model takes the architecture and weights from the folder; drop {flags}")
+    check_outputs([args.out], [args.model])
+    report = export_model(args.model, args.out, opset=args.opset, trace_len=args.trace_len, kv_cache=args.kv_cache,
+                          inline_functions=args.inline_functions, attention=args.attention,
+                          **({"block": args.block} if args.block else {}))
+    print(report.summary())
+    if args.validate:
+        return validate_and_report([args.out], None, None, 3, model_dir=args.model)
+    return 0
+
+
 def run_export(argv: list[str]) -> int:
     args = build_export_parser().parse_args(argv)
+    if args.model:
+        return run_export_folder(args)
     from .export import check_outputs, checkpoint_metadata, export_onnx
     from .nn import ModelConfig, build_model, load_checkpoint, read_checkpoint
 
@@ -218,7 +249,7 @@ def build_validate_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=f"{PROG} validate", description="Run an exported model on several runtimes and compare "
                 "each with a float64 PyTorch reference rebuilt from the file's metadata.",
                 epilog=VALIDATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("models", nargs="+", help="ONNX files written by posbias_export")
+    p.add_argument("models", nargs="+", help="ONNX files written by posbias_export (with --model: any exporter's)")
     p.add_argument("--runtimes", type=_name_list, default=None,
                    help=f"comma-separated, from: {', '.join(RUNTIMES)} (default: those of {','.join(DEFAULT_RUNTIMES)} "
                    "that are installed; a runtime named here that is not installed is a failure)")
@@ -227,6 +258,9 @@ def build_validate_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=_positive_int, default=3, help="rows per generated input (default 3)")
     p.add_argument("--checkpoint", help="trained weights the model was exported from (else metadata/seed)")
     p.add_argument("--inputs", help="your own inputs (.npz) instead of generated lengths")
+    p.add_argument("--model", metavar="DIR",
+                   help="a local Hugging Face folder (BLOOM, MPT, Falcon alibi, T5): judge the files (any exporter's) "
+                   "against this model, left-padded batches, real tokens compared")
     p.add_argument("--json", help="write the full report as JSON")
     p.add_argument("--markdown", help="write the matrix as markdown")
     return p
@@ -239,8 +273,11 @@ def run_validate(argv: list[str]) -> int:
     if args.json and args.markdown and args.json == args.markdown:
         raise CliError("--json and --markdown name the same file")
     check_outputs([args.json, args.markdown], [*args.models, args.inputs, args.checkpoint])
+    if args.model and (args.checkpoint or args.inputs):
+        raise CliError("--model judges generated left-padded inputs against the folder's model; drop "
+                       + ("--checkpoint" if args.checkpoint else "--inputs"))
     return validate_and_report(args.models, args.runtimes, args.lengths, args.batch, args.checkpoint,
-                               args.inputs, args.json, args.markdown)
+                               args.inputs, args.json, args.markdown, args.model)
 
 
 def read_npz(path: str) -> dict:
@@ -259,12 +296,15 @@ def read_npz(path: str) -> dict:
         raise CliError(f"cannot read inputs {path}: {str(err).splitlines()[0]} (object arrays are refused)") from None
 
 
-def validate_and_report(models, runtimes, lengths, batch, checkpoint=None, inputs=None, json_path=None, markdown=None) -> int:
+def validate_and_report(models, runtimes, lengths, batch, checkpoint=None, inputs=None, json_path=None, markdown=None,
+                        model_dir=None) -> int:
     import json
 
     from tqdm import tqdm
 
+    from .export.metadata import read_metadata
     from .parity import format_matrix, installed_defaults, load_model_file, parity_markdown, run_matrix
+    from .parity.reference import read_onnx
 
     if runtimes is None:  # the defaults: validate on what is installed, say what is not
         runtimes, missing = installed_defaults()
@@ -277,8 +317,15 @@ def validate_and_report(models, runtimes, lengths, batch, checkpoint=None, input
     matrices = []
     with tqdm(total=len(models) * len(runtimes), desc="validate", unit="runtime", disable=None, file=sys.stderr) as bar:
         for model in models:
-            _, meta = load_model_file(model)
+            meta = read_metadata(read_onnx(model))
             model_lengths = lengths or (1, 17, 64 * int(meta.get("trace_len", 16)))
+            if model_dir or meta.get("source") == "huggingface":  # a model from a Hugging Face folder, any exporter
+                from .hf.validate import run_hf_matrix
+
+                matrices.append(run_hf_matrix(model, model_dir, tuple(runtimes), model_lengths, batch,
+                                              progress=bar.update))
+                continue
+            load_model_file(model)  # our own export: its metadata must be complete
             matrices.append(run_matrix(model, tuple(runtimes), model_lengths, batch, checkpoint, feeds, progress=bar.update))
     for m in matrices:
         print(format_matrix(m))

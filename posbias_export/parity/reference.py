@@ -19,7 +19,8 @@ class ParityInputError(ValueError):
     pass
 
 
-def load_model_file(path: str | Path) -> tuple[onnx.ModelProto, dict]:
+def read_onnx(path: str | Path) -> onnx.ModelProto:
+    """Any ONNX file, checked; a missing or corrupt file is one ParityInputError line."""
     path = Path(path)
     if not path.is_file():
         raise ParityInputError(f"model {path} does not exist")
@@ -28,7 +29,15 @@ def load_model_file(path: str | Path) -> tuple[onnx.ModelProto, dict]:
         onnx.checker.check_model(proto)
     except Exception as err:
         raise ParityInputError(f"model {path} is not a valid ONNX file: {first_line(err, 200)}") from None
+    return proto
+
+
+def load_model_file(path: str | Path) -> tuple[onnx.ModelProto, dict]:
+    """A file we wrote from one of our own models, and its metadata."""
+    proto = read_onnx(path)
     meta = read_metadata(proto)
+    if meta.get("source") == "huggingface":
+        raise ParityInputError(f"model {path} was exported from a Hugging Face folder: validate it with --model DIR")
     if "config" not in meta:
         raise ParityInputError(f"model {path} has no posbias metadata: export it with posbias_export")
     return proto, meta

@@ -1,0 +1,127 @@
+"""Judge ANY ONNX file of a BLOOM / MPT / Falcon / T5-encoder model (ours, Optimum's, a plain
+dynamo export) against the model in its Hugging Face folder, on every runtime and length, with
+the policy of parity/tolerance.py.
+
+The float64 reference is our implementation of the folder's model (hf/), not transformers in
+float64: transformers' BLOOM and MPT turn NaN in float64 with left padding (a fully masked
+padding row meets finfo(float64).min plus the bias, giving -inf - -inf), and MPT computes its
+softmax in float32 whatever the dtype. transformers itself is judged as one more row of the
+matrix, float32 against the same reference, so a disagreement between it and our
+implementation fails the matrix too. Only real tokens are compared (padding rows are arbitrary
+in every implementation)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from ..export.metadata import read_metadata
+from ..parity.matrix import NOT_RUN, Cell, Matrix, runtime_outputs
+from ..parity.reference import ParityInputError, read_onnx
+from ..parity.runtimes import DEFAULT_RUNTIMES, RUNTIMES
+from ..parity.tolerance import FLOAT32, compare
+from .folder import transformers_module
+from .models import load_model
+
+TRANSFORMERS_ROW = "transformers"
+
+
+def file_inputs(proto: onnx.ModelProto, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+    """Feeds for whatever the file asks: input_ids, attention_mask, position_ids (from the
+    mask), and empty past tensors for a cached decoder (past length 0: a prefill)."""
+    feeds = {}
+    batch = ids.shape[0]
+    for value in proto.graph.input:
+        name = value.name
+        if name == "input_ids":
+            feeds[name] = ids
+        elif name == "attention_mask":
+            feeds[name] = mask
+        elif name == "position_ids":
+            feeds[name] = np.clip(mask.cumsum(-1) - 1, 0, None).astype(np.int64)
+        elif "past" in name:
+            dims = value.type.tensor_type.shape.dim
+            shape = [batch if i == 0 else (d.dim_value if d.HasField("dim_value") else 0) for i, d in enumerate(dims)]
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+            feeds[name] = np.zeros(shape, dtype)
+        else:
+            raise ParityInputError(f"cannot feed input {name!r}: validate --model knows input_ids, attention_mask, "
+                                   "position_ids and past key/value tensors")
+    if "input_ids" not in feeds:
+        raise ParityInputError("the file has no input_ids input")
+    return feeds
+
+
+def left_padded(length: int, batch: int, vocab: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """input_ids, attention_mask [B, L]: row r padded on the left by r * L / (2B) (row 0 none)."""
+    gen = np.random.default_rng(seed)
+    ids = gen.integers(0, vocab, (batch, length), dtype=np.int64)
+    mask = np.ones((batch, length), np.int64)
+    for row in range(batch):
+        mask[row, : row * length // (2 * batch)] = 0
+    return ids, mask
+
+
+def transformers_model(model_dir: Path, model_type: str):
+    transformers = transformers_module()
+    cls = transformers.T5EncoderModel if model_type == "t5" else transformers.AutoModelForCausalLM
+    return cls.from_pretrained(str(model_dir)).float().eval()
+
+
+@torch.no_grad()
+def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
+                  runtimes: tuple[str, ...] = DEFAULT_RUNTIMES, lengths: tuple[int, ...] = (1, 17, 1024),
+                  batch: int = 3, timeout: float = 1800.0, progress=None) -> Matrix:
+    unknown = [r for r in runtimes if r not in RUNTIMES]
+    if unknown:
+        raise ParityInputError(f"unknown runtime(s) {unknown}; choose from {', '.join(RUNTIMES)}")
+    model_path = Path(model_path)
+    proto = read_onnx(model_path)
+    meta = read_metadata(proto)
+    model_dir = model_dir or meta.get("model_dir")
+    if not model_dir:
+        raise ParityInputError(f"{model_path} does not say which model it holds: pass --model DIR")
+    ours = load_model(model_dir)
+    theirs = transformers_model(Path(model_dir), ours.model_type)
+    output = proto.graph.output[0].name
+    matrix = Matrix(str(model_path), ours.bias_name, f"{ours.model_type} {ours.arch} ({output})")
+    cases, refs = [], []
+    limit = getattr(ours.config, "max_seq_len", None) if ours.model_type == "mpt" else None
+    for n in lengths:
+        ids, mask = left_padded(n, batch, ours.vocab_size, seed=n)
+        keep = mask.astype(bool)
+        args = torch.from_numpy(ids), torch.from_numpy(mask)
+        ref64 = ours.double()(*args).numpy()[keep]
+        same = ours.float()(*args).numpy()[keep]
+        if limit is not None and n > limit:
+            hf = f"{NOT_RUN}transformers' MPT stops at max_seq_len ({limit})"
+        else:
+            out = theirs(input_ids=args[0], attention_mask=args[1])
+            hf = (out.last_hidden_state if ours.arch == "encoder" else out.logits).numpy()[keep]
+        cases.append((f"L={n} B={batch}", file_inputs(proto, ids, mask)))
+        refs.append((ref64, same, keep, hf))
+    for index, (case, _) in enumerate(cases):
+        ref64, same, _, hf = refs[index]
+        if isinstance(hf, str):
+            matrix.cells.append(Cell(TRANSFORMERS_ROW, case, "float32", hf))
+        else:
+            parity = compare(hf, ref64, same, FLOAT32)
+            matrix.cells.append(Cell(TRANSFORMERS_ROW, case, "float32", "pass" if parity.passed else "FAIL",
+                                     parity.as_dict()))
+    for name, _, problem, outputs in runtime_outputs(runtimes, model_path, [f for _, f in cases], timeout):
+        for index, (case, _) in enumerate(cases):
+            if problem:
+                matrix.cells.append(Cell(name, case, "float32", problem))
+                continue
+            ref64, same, keep, _ = refs[index]
+            if outputs[index].shape[:2] != keep.shape:
+                matrix.cells.append(Cell(name, case, "float32", f"error: output {output} has shape "
+                                         f"{list(outputs[index].shape)}, expected [{keep.shape[0]}, {keep.shape[1]}, ...]"))
+                continue
+            parity = compare(outputs[index][keep], ref64, same, FLOAT32)
+            matrix.cells.append(Cell(name, case, "float32", "pass" if parity.passed else "FAIL", parity.as_dict()))
+        if progress:
+            progress(1)
+    return matrix
