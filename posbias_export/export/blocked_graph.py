@@ -22,7 +22,7 @@ from ..biases import AttentionBias
 from ..biases.onnx_domain import DOMAIN, VERSION
 from ..nn.blocked import function_name
 
-_UNBOUNDED = 1 << 40  # "look back as far as you like" (more keys than any input has)
+_UNBOUNDED = 1 << 30  # "look as far as you like": more keys than any input has, and within int32 (OpenVINO runs int64 index math in int32)
 _ELEM_TYPES = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.float64: TensorProto.DOUBLE}
 
 
@@ -40,15 +40,16 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
     params = [f"bias_input_{i}" for i in range(len(tensors))]
     reach, ahead = bias.lookback, bias.lookahead
     key_row = bias.key_row_name() if bias.causal else None
-    # BlockAttend masks keys past each query (k_idx <= q_idx); a bidirectional model moves
-    # every query's index past all keys instead, so only padding is masked
-    horizon = [] if bias.causal else [scalar_node("horizon", _UNBOUNDED)]
-
+    # BlockAttend masks keys past each query (k_idx <= q_idx); a bidirectional model compares
+    # keys with one index past all of them instead ([1, 1]), so only padding is masked.
     def reach_of(q_idx):  # the index BlockAttend compares keys with
         return q_idx if bias.causal else q_idx + "_reach"
 
     def reach_nodes(q_idx):
-        return [] if bias.causal else [helper.make_node("Add", [q_idx, "horizon"], [reach_of(q_idx)])]
+        if bias.causal:
+            return []
+        reach = helper.make_tensor(reach_of(q_idx), TensorProto.INT64, [1, 1], [_UNBOUNDED])
+        return [helper.make_node("Constant", [], [reach_of(q_idx)], value=reach)]
 
     def call(op_type, inputs, outputs, **attributes):
         return helper.make_node(op_type, inputs, outputs, domain=DOMAIN, **attributes)
@@ -104,7 +105,6 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
         "one_block", [], [helper.make_tensor_value_info("out_direct", out_type, None)],
     )
     nodes = [
-        *horizon,
         scalar_node("max_block", block),
         call("FitsOneBlock", ["q", "max_block"], ["fits"]),
         helper.make_node("If", ["fits"], ["out"], then_branch=direct, else_branch=blocks),

@@ -1,0 +1,54 @@
+"""Tiny random-weight transformers models saved as local folders (no download): the models
+the hf tests import, with head counts that are not powers of two."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB = 300
+MPT_MAX_SEQ_LEN = 64
+
+
+def _configs(tf):
+    return {
+        "bloom": lambda: tf.BloomForCausalLM(tf.BloomConfig(vocab_size=VOCAB, hidden_size=48, n_layer=2, n_head=6)),
+        "mpt": lambda: tf.MptForCausalLM(tf.MptConfig(vocab_size=VOCAB, d_model=48, n_layers=2, n_heads=6,
+                                                      max_seq_len=MPT_MAX_SEQ_LEN)),
+        # transformers' default Falcon layout: multi-query, parallel attention and MLP
+        "falcon": lambda: tf.FalconForCausalLM(tf.FalconConfig(vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2,
+                                                               num_attention_heads=6, alibi=True)),
+        # the grouped ("new decoder") layout with two LayerNorms, sequential classic layout
+        "falcon_grouped": lambda: tf.FalconForCausalLM(tf.FalconConfig(
+            vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_kv_heads=2, alibi=True,
+            new_decoder_architecture=True, bias=True)),
+        "falcon_sequential": lambda: tf.FalconForCausalLM(tf.FalconConfig(
+            vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=6, alibi=True,
+            multi_query=False, parallel_attn=False, bias=True)),
+        "t5": lambda: tf.T5EncoderModel(tf.T5Config(vocab_size=VOCAB, d_model=48, d_kv=8, d_ff=96, num_layers=2,
+                                                    num_heads=6, relative_attention_max_distance=20)),
+        # T5 v1.1 (gated GELU), saved as the full encoder-decoder: its encoder is what we import
+        "t5_gated": lambda: tf.T5ForConditionalGeneration(tf.T5Config(
+            vocab_size=VOCAB, d_model=48, d_kv=8, d_ff=96, num_layers=2, num_heads=6, feed_forward_proj="gated-gelu",
+            relative_attention_num_buckets=16, relative_attention_max_distance=20)),
+    }
+
+
+KINDS = ("bloom", "mpt", "falcon", "falcon_grouped", "falcon_sequential", "t5", "t5_gated")
+
+
+def model_type(kind: str) -> str:
+    return kind.split("_")[0]
+
+
+def save_tiny_model(kind: str, folder: Path, seed: int = 0) -> Path:
+    """Random weights large enough (std 0.1 on top of the init) that tokens differ step to step."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    model = _configs(tf)[kind]()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    return folder

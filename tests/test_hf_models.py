@@ -1,0 +1,174 @@
+"""Models people already have (BLOOM, MPT, Falcon with ALiBi, T5) read from local Hugging Face
+folders: our implementation equals transformers, the export equals both on every runtime, a
+cached decoder generates transformers' greedy tokens, and validate --model judges files we
+did not write (and catches the Falcon rounding that Optimum's file drops)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from hf_folders import KINDS, MPT_MAX_SEQ_LEN, VOCAB, model_type, save_tiny_model  # noqa: E402
+from posbias_export.hf import load_model  # noqa: E402
+from posbias_export.hf.export import export_model  # noqa: E402
+from posbias_export.hf.falcon import round_to_bfloat16  # noqa: E402
+from posbias_export.hf.validate import left_padded, run_hf_matrix, transformers_model  # noqa: E402
+from posbias_export.nn import AttentionSettings  # noqa: E402
+from posbias_export.parity import FLOAT32, compare, load_runner  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    return {kind: save_tiny_model(kind, root / kind) for kind in KINDS}
+
+
+@pytest.fixture(scope="module")
+def exported(folders, tmp_path_factory):
+    """(kind, kv_cache) -> an inlined blocked export (block 16: several blocks at short lengths)."""
+    root, made = tmp_path_factory.mktemp("hf_onnx"), {}
+
+    def get(kind, kv_cache=False):
+        if (kind, kv_cache) not in made:
+            path = root / f"{kind}_{int(kv_cache)}.onnx"
+            export_model(folders[kind], path, kv_cache=kv_cache, inline_functions=True, block=16, check_growth=False)
+            made[kind, kv_cache] = path
+        return made[kind, kv_cache]
+
+    return get
+
+
+def test_float32_rounding_to_bfloat16_matches_torch():
+    """Falcon's ONNX bias rounds with Veltkamp's split; torch's bfloat16 cast is the reference
+    (round to nearest even), on every integer position up to 2^20 and on products of slopes."""
+    ints = torch.arange(0, 1 << 20, dtype=torch.float32)
+    assert torch.equal(round_to_bfloat16(ints), ints.bfloat16().float())
+    values = torch.rand(200_000, generator=torch.Generator().manual_seed(0)) * 1e6
+    assert torch.equal(round_to_bfloat16(values), values.bfloat16().float())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("form", ["plain", "blocked"])
+def test_ours_equals_transformers(folders, kind, form):
+    """float32, left-padded batch, real tokens: our PyTorch model against transformers', each
+    judged against our float64 run by the FLOAT32 policy (transformers is float32-exact only)."""
+    ours, theirs = load_model(folders[kind]), transformers_model(folders[kind], model_type(kind))
+    length = MPT_MAX_SEQ_LEN if kind == "mpt" else 150
+    ids, mask = left_padded(length, 3, VOCAB, seed=1)
+    keep = mask.astype(bool)
+    args = torch.from_numpy(ids), torch.from_numpy(mask)
+    settings = AttentionSettings(form=form, block=16)
+    with torch.no_grad():
+        ref64 = ours.double()(*args, settings=settings).numpy()[keep]
+        mine = ours.float()(*args, settings=settings).numpy()[keep]
+        out = theirs(input_ids=args[0], attention_mask=args[1])
+        hf = (out.last_hidden_state if kind.startswith("t5") else out.logits).numpy()[keep]
+    parity = compare(hf, ref64, mine, FLOAT32)
+    assert parity.passed, parity
+    assert np.abs(hf - mine).max() < 1e-4  # and directly, float32 against float32
+
+
+# T5 computes every step in float64: agreement to float64 rounding. BLOOM builds its ALiBi in
+# float32 whatever the dtype (slope * j; ours -slope * (i - j), the same up to a per-row
+# constant), so at 120 tokens the bias carries float32 rounding of values up to 60 (ulp 4e-6):
+# a bound of 1e-5 on the logits, ten times below what float32 arithmetic gives (see above).
+@pytest.mark.parametrize("kind,atol", [("t5", 1e-10), ("bloom", 1e-5)])
+def test_ours_equals_transformers_in_float64(folders, kind, atol):
+    """Without padding transformers' float64 runs are clean."""
+    ours, theirs = load_model(folders[kind]).double(), transformers_model(folders[kind], kind).double()
+    ids = torch.randint(0, VOCAB, (2, 120), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = theirs(input_ids=ids)
+        hf = out.last_hidden_state if kind == "t5" else out.logits
+        assert (ours(ids) - hf).abs().max().item() < atol
+
+
+@pytest.mark.parametrize("kind", ["bloom", "mpt", "falcon", "falcon_grouped", "t5_gated"])
+def test_export_matches_on_every_runtime(folders, exported, kind):
+    """The inlined blocked file on ORT, OpenVINO and the reference evaluator, left-padded, far
+    beyond the trace length (16); MPT's 300 is past its max_seq_len (64): transformers cannot
+    run it (its row says so) and the file is judged against our float64 reference."""
+    lengths = (1, 17, 300)
+    matrix = run_hf_matrix(exported(kind), folders[kind], ("ort-cpu", "openvino", "reference"), lengths)
+    assert matrix.ok, [(c.runtime, c.case, c.verdict) for c in matrix.cells if not c.ok]
+    rows = {(c.runtime, c.case): c.verdict for c in matrix.cells}
+    assert all(rows[r, f"L={n} B=3"] == "pass" for r in ("ort-cpu", "openvino", "reference") for n in lengths)
+    if kind == "mpt":
+        assert rows["transformers", "L=300 B=3"].startswith("not run: transformers' MPT stops at max_seq_len")
+    else:
+        assert rows["transformers", "L=300 B=3"] == "pass"
+
+
+@pytest.mark.parametrize("kind", ["bloom", "mpt", "falcon"])
+def test_cached_decoder_generates_transformers_greedy_tokens(folders, exported, kind):
+    """--kv-cache file, left-padded batch of two prompts, 10 greedy steps through the ORT
+    runner's CachedDecoder: the same tokens as transformers' generate."""
+    decoder = load_runner("ort/generate.py").CachedDecoder(str(exported(kind, kv_cache=True)))
+    ids, mask = left_padded(9, 2, VOCAB, seed=3)
+    past, step_ids, step_mask, tokens, step_logits = decoder.empty_past(2), ids, mask, [], []
+    for _ in range(10):
+        logits, past = decoder.step(step_ids, step_mask, past)
+        step_logits.append(logits[:, -1])
+        step_ids = logits[:, -1].argmax(-1)[:, None]
+        tokens.append(step_ids)
+        step_mask = np.concatenate([step_mask, np.ones((2, 1), np.int64)], axis=1)
+    theirs = transformers_model(folders[kind], kind)
+    expected = theirs.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                               max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0,
+                               output_logits=True, return_dict_in_generate=True)
+    assert np.array_equal(np.concatenate(tokens, axis=1), expected.sequences[:, 9:].numpy())
+    # every step's logits too (float32 both sides, |logits| ~ 1-10): the cache path, not just the argmax
+    their_logits = torch.stack(expected.logits, 1).numpy()  # [B, 10, V]
+    assert np.abs(np.stack(step_logits, 1) - their_logits).max() < 1e-4
+
+
+def _dynamo_export(folder, path, kind, drop_falcon_rounding=False, monkeypatch=None):
+    """A plain torch.onnx.export(dynamo=True) of the transformers model, as users make today."""
+    if drop_falcon_rounding:  # what Optimum's patcher does: BLOOM's exact ALiBi in Falcon
+        import transformers.models.bloom.modeling_bloom as bloom
+        import transformers.models.falcon.modeling_falcon as falcon
+
+        monkeypatch.setattr(falcon, "build_alibi_tensor", bloom.build_alibi_tensor)
+    model = transformers_model(folder, kind)
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+    args = (torch.randint(0, VOCAB, (2, 16)), torch.ones(2, 16, dtype=torch.int64))
+    program = torch.onnx.export(Logits(), args, dynamo=True, dynamic_shapes=({0: batch, 1: seq},) * 2,
+                                input_names=["input_ids", "attention_mask"], output_names=["logits"], verbose=False)
+    program.save(str(path))
+    return path
+
+
+def test_validate_judges_a_plain_dynamo_export(folders, tmp_path):
+    path = _dynamo_export(folders["bloom"], tmp_path / "bloom_dynamo.onnx", "bloom")
+    matrix = run_hf_matrix(path, folders["bloom"], ("ort-cpu", "reference"), (17, 300))
+    assert matrix.ok, [(c.runtime, c.case, c.verdict) for c in matrix.cells]
+
+
+def test_validate_catches_falcon_without_bfloat16_rounding(folders, tmp_path, monkeypatch):
+    """An export that computes Falcon's ALiBi exactly (Optimum's) is another model: it fails,
+    by more the longer the input (bfloat16's spacing grows with the position)."""
+    path = _dynamo_export(folders["falcon"], tmp_path / "falcon_exact.onnx", "falcon", True, monkeypatch)
+    matrix = run_hf_matrix(path, folders["falcon"], ("ort-cpu",), (17, 600))
+    verdicts = {(c.runtime, c.case): c for c in matrix.cells}
+    short, long = verdicts["ort-cpu", "L=17 B=3"], verdicts["ort-cpu", "L=600 B=3"]
+    assert long.verdict == "FAIL" and long.parity["max_abs"] > 100 * long.parity["budget_abs"]
+    assert long.parity["max_abs"] > short.parity["max_abs"]
+    assert verdicts["transformers", "L=600 B=3"].verdict == "pass"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["bloom", "mpt", "falcon", "t5"])
+def test_export_matches_at_4096(folders, exported, kind):
+    matrix = run_hf_matrix(exported(kind), folders[kind], ("ort-cpu", "openvino", "reference"), (4096,), batch=2)
+    assert matrix.ok, [(c.runtime, c.case, c.verdict) for c in matrix.cells if not c.ok]
