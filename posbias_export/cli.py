@@ -189,7 +189,8 @@ def run_export_folder(args) -> int:
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise CliError(f"--model takes the architecture and weights from the folder; drop {flags}")
-    check_outputs([args.out], [args.model])
+    folder = Path(args.model)
+    check_outputs([args.out], [args.model, *(sorted(folder.iterdir()) if folder.is_dir() else [])])
     report = export_model(args.model, args.out, opset=args.opset, trace_len=args.trace_len, kv_cache=args.kv_cache,
                           inline_functions=args.inline_functions, attention=args.attention,
                           **({"block": args.block} if args.block else {}))

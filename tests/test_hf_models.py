@@ -174,3 +174,82 @@ def test_validate_catches_falcon_without_bfloat16_rounding(folders, tmp_path, mo
 def test_export_matches_at_4096(folders, exported, kind):
     matrix = run_hf_matrix(exported(kind), folders[kind], ("ort-cpu", "openvino", "reference"), (4096,), batch=2)
     assert matrix.ok, [(c.runtime, c.case, c.verdict) for c in matrix.cells if not c.ok]
+
+
+@pytest.fixture(scope="module")
+def bad_folders(folders, tmp_path_factory):
+    """Folders a user might point --model at, each wrong in one way."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path_factory.mktemp("bad_hf")
+    bloom_config = json.loads((folders["bloom"] / "config.json").read_text())
+
+    def folder(name, config=None, weights=None):
+        path = root / name
+        path.mkdir()
+        if config is not None:
+            (path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+        if weights is not None:
+            save_file(weights, str(path / "model.safetensors"))
+        return path
+
+    weights = load_file(str(folders["bloom"] / "model.safetensors"))
+    folder("empty")
+    folder("not_json", "{model_type: bloom")
+    folder("gpt2", {"model_type": "gpt2", "n_layer": 2})
+    folder("remote_code", {**bloom_config, "auto_map": {"AutoModel": "modeling_x.XModel"}})
+    folder("falcon_rotary", {"model_type": "falcon", "alibi": False, "hidden_size": 48, "num_attention_heads": 6})
+    folder("no_weights", bloom_config)
+    folder("missing_weight", bloom_config, {k: v for k, v in weights.items() if "h.1.mlp.dense_4h_to_h.weight" not in k})
+    folder("wrong_shape", {**bloom_config, "hidden_size": 96}, weights)
+    folder("extra_layer", {**bloom_config, "n_layer": 1}, weights)
+    corrupt = folder("corrupt", bloom_config)
+    (corrupt / "model.safetensors").write_bytes(b"\x00" * 64)
+    shutil.copytree(folders["t5"], root / "t5")
+    return root
+
+
+# (id, argv; {d} is the bad folders' root), words the one error line must contain
+FOLDER_CASES = [
+    ("not-a-folder", ["--model", "{d}/none", "--out", "{d}/x.onnx"], "is not a folder"),
+    ("no-config", ["--model", "{d}/empty", "--out", "{d}/x.onnx"], "has no config.json"),
+    ("config-not-json", ["--model", "{d}/not_json", "--out", "{d}/x.onnx"], "not valid JSON"),
+    ("unsupported-type", ["--model", "{d}/gpt2", "--out", "{d}/x.onnx"], "model_type 'gpt2' is not supported"),
+    ("trust-remote-code", ["--model", "{d}/remote_code", "--out", "{d}/x.onnx"], "trust_remote_code"),
+    ("falcon-rotary", ["--model", "{d}/falcon_rotary", "--out", "{d}/x.onnx"], "alibi=false"),
+    ("no-weights", ["--model", "{d}/no_weights", "--out", "{d}/x.onnx"], "has no weights"),
+    ("missing-weight", ["--model", "{d}/missing_weight", "--out", "{d}/x.onnx"], "dense_4h_to_h.weight is missing"),
+    ("shape-mismatch", ["--model", "{d}/wrong_shape", "--out", "{d}/x.onnx"], "has shape"),
+    ("weights-of-more-layers", ["--model", "{d}/extra_layer", "--out", "{d}/x.onnx"], "has no place"),
+    ("corrupt-weights", ["--model", "{d}/corrupt", "--out", "{d}/x.onnx"], "cannot read the weights"),
+    ("model-with-bias-flag", ["--model", "{d}/t5", "--bias", "alibi", "--out", "{d}/x.onnx"], "drop --bias"),
+    ("encoder-kv-cache", ["--model", "{d}/t5", "--kv-cache", "--out", "{d}/x.onnx"], "has none"),
+    ("out-is-the-weights", ["--model", "{d}/t5", "--out", "{d}/t5/model.safetensors"], "also an input"),
+]
+
+
+@pytest.mark.parametrize("argv,words", [pytest.param(a, w, id=i) for i, a, w in FOLDER_CASES])
+def test_bad_folders_get_one_line(bad_folders, argv, words):
+    import contextlib
+    import io
+
+    from posbias_export.cli import main as cli_main
+
+    before = sorted(str(p) for p in bad_folders.rglob("*"))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli_main([a.replace("{d}", str(bad_folders)) for a in argv])
+    lines = [line for line in err.getvalue().splitlines() if line.strip() and "Loading weights" not in line]
+    assert code == 2, err.getvalue()
+    assert len(lines) == 1 and words in lines[0], err.getvalue()
+    assert sorted(str(p) for p in bad_folders.rglob("*")) == before, "a refused command created a file"
+
+
+def test_export_onnx_points_transformers_models_to_the_folder_path(folders):
+    import posbias_export as pbe
+
+    with pytest.raises(ValueError, match="save_pretrained"):
+        pbe.export_onnx(transformers_model(folders["bloom"], "bloom"), "unused.onnx")

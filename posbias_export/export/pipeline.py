@@ -108,7 +108,10 @@ def validate_request(model: torch.nn.Module, path, opset, dtype, trace_len, *, a
         raise ValueError(f"trace_len must be an integer >= 2 (1 would specialize the axis), got {trace_len!r}")
     cfg = getattr(model, "cfg", None)
     if not isinstance(cfg, ModelConfig):
-        raise ValueError(f"export_onnx needs a model from posbias_export.build_model (with a .cfg), got {type(model).__name__}")
+        hint = (" (a transformers model: save it with save_pretrained and export the folder with "
+                "posbias_export.hf.export_model or --model DIR)" if type(model).__module__.startswith("transformers") else "")
+        raise ValueError(f"export_onnx needs a model from posbias_export.build_model (with a .cfg), "
+                         f"got {type(model).__name__}{hint}")
     arch = getattr(model, "arch", "lm")
     bad = non_finite_tensor(model)
     if bad:
