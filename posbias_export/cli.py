@@ -29,11 +29,12 @@ exit codes: 0 every runtime passed; 1 a failure, an error or an unavailable runt
 
 
 COMMANDS_HELP = """commands (python -m posbias_export COMMAND --help):
-  (none)         export a model to ONNX (the options above)
+  (none)         export a model to ONNX (the options above; --model DIR for a Hugging Face folder)
   validate       run a file on every runtime against a float64 PyTorch reference
   generate       generate bytes with a --kv-cache export on ONNX Runtime (CPU or CUDA)
   bench          long-context attention: time and peak memory, side by side with PyTorch
   bench-decode   per-token decode latency: ONNX Runtime vs PyTorch
+  bench-models   imported BLOOM/MPT/Falcon/T5: our export vs dynamo vs Optimum, time, memory, error
   train          train a byte-level decoder on a text corpus
   evaluate       perplexity vs length through an exported file
   extrapolation  every checkpoint in models/: export, evaluate, tabulate"""
@@ -426,6 +427,40 @@ def run_bench_decode(argv: list[str]) -> int:
 
 
 # --- train short, test long -----------------------------------------------------------------
+def build_bench_models_parser() -> argparse.ArgumentParser:
+    from .bench import models as bench
+
+    p = _Parser(prog=f"{PROG} bench-models", description="Imported BLOOM / MPT / Falcon (alibi) / T5-encoder models: "
+                "our blocked export vs a plain dynamo export vs Optimum's (if installed), time, peak RSS and error "
+                "vs transformers on ONNX Runtime CPU, each cell in its own process; writes models.md/.json.")
+    p.add_argument("--models", type=_name_list, default=bench.KINDS, help=f"from: {', '.join(bench.KINDS)}")
+    p.add_argument("--lengths", type=_int_list, default=bench.LENGTHS,
+                   help=f"comma-separated sequence lengths (default {','.join(map(str, bench.LENGTHS))})")
+    p.add_argument("--repeats", type=_positive_int, default=2, help="timed forwards per cell (default 2)")
+    p.add_argument("--out-dir", default="benchmarks", help="where models.md/.json go (default benchmarks)")
+    return p
+
+
+def run_bench_models(argv: list[str]) -> int:
+    args = build_bench_models_parser().parse_args(argv)
+    from tqdm import tqdm
+
+    from .bench import models as bench
+
+    unknown = [k for k in args.models if k not in bench.KINDS]
+    if unknown:
+        raise CliError(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(bench.KINDS)}")
+    ensure_folder = Path(args.out_dir)
+    if ensure_folder.exists() and not ensure_folder.is_dir():
+        raise CliError(f"--out-dir {args.out_dir} is not a folder")
+    total = len(args.models) * len(args.lengths) * len(bench.EXPORTERS)
+    with tqdm(total=total, desc="bench-models", unit="cell", disable=None, file=sys.stderr) as bar:
+        cells = bench.run(tuple(args.models), tuple(args.lengths), repeats=args.repeats, progress=bar.update)
+    for path in bench.write(cells, ensure_folder):
+        print(f"wrote {path}")
+    return 0
+
+
 def build_train_parser() -> argparse.ArgumentParser:
     from .biases import BIASES
     from .study.train import SCHEMES
@@ -527,6 +562,7 @@ def run_extrapolation(argv: list[str]) -> int:
 
 # --- dispatch --------------------------------------------------------------------------------
 COMMANDS = {"validate": run_validate, "generate": run_generate, "bench": run_bench, "bench-decode": run_bench_decode,
+            "bench-models": run_bench_models,
             "train": run_train, "evaluate": run_evaluate, "extrapolation": run_extrapolation}  # the default: export
 
 

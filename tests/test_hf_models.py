@@ -12,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from hf_folders import KINDS, MPT_MAX_SEQ_LEN, VOCAB, model_type, save_tiny_model  # noqa: E402
 from posbias_export.hf import load_model  # noqa: E402
+from posbias_export.hf.baselines import dynamo_export  # noqa: E402
 from posbias_export.hf.export import export_model  # noqa: E402
 from posbias_export.hf.falcon import round_to_bfloat16  # noqa: E402
 from posbias_export.hf.validate import left_padded, run_hf_matrix, transformers_model  # noqa: E402
@@ -124,35 +125,8 @@ def test_cached_decoder_generates_transformers_greedy_tokens(folders, exported, 
     assert np.abs(np.stack(step_logits, 1) - their_logits).max() < 1e-4
 
 
-def _dynamo_export(folder, path, kind, drop_falcon_rounding=False, monkeypatch=None):
-    """A plain torch.onnx.export(dynamo=True) of the transformers model, as users make today."""
-    if drop_falcon_rounding:  # what Optimum's patcher does: BLOOM's exact ALiBi in Falcon
-        import transformers.models.bloom.modeling_bloom as bloom
-        import transformers.models.falcon.modeling_falcon as falcon
-
-        monkeypatch.setattr(falcon, "build_alibi_tensor", bloom.build_alibi_tensor)
-    model = transformers_model(folder, kind)
-
-    class Logits(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask):
-            return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-
-    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
-    args = (torch.randint(0, VOCAB, (2, 16)), torch.ones(2, 16, dtype=torch.int64))
-    program = torch.onnx.export(Logits(), args, dynamo=True, dynamic_shapes=({0: batch, 1: seq},) * 2,
-                                input_names=["input_ids", "attention_mask"], output_names=["logits"], verbose=False)
-    program.save(str(path))
-    if monkeypatch is not None:
-        monkeypatch.undo()  # the reference row must be transformers as shipped
-    return path
-
-
 def test_validate_judges_a_plain_dynamo_export(folders, tmp_path):
-    path = _dynamo_export(folders["bloom"], tmp_path / "bloom_dynamo.onnx", "bloom")
+    path = dynamo_export(folders["bloom"], tmp_path / "bloom_dynamo.onnx", "bloom")
     matrix = run_hf_matrix(path, folders["bloom"], ("ort-cpu", "reference"), (17, 300))
     assert matrix.ok, [(c.runtime, c.case, c.verdict) for c in matrix.cells]
 
@@ -160,7 +134,13 @@ def test_validate_judges_a_plain_dynamo_export(folders, tmp_path):
 def test_validate_catches_falcon_without_bfloat16_rounding(folders, tmp_path, monkeypatch):
     """An export that computes Falcon's ALiBi exactly (Optimum's) is another model: it fails,
     by more the longer the input (bfloat16's spacing grows with the position)."""
-    path = _dynamo_export(folders["falcon"], tmp_path / "falcon_exact.onnx", "falcon", True, monkeypatch)
+    import transformers.models.bloom.modeling_bloom as bloom
+    import transformers.models.falcon.modeling_falcon as falcon
+
+    with monkeypatch.context() as patch:  # what Optimum's patcher does: BLOOM's exact ALiBi in Falcon
+        patch.setattr(falcon, "build_alibi_tensor", bloom.build_alibi_tensor)
+        path = dynamo_export(folders["falcon"], tmp_path / "falcon_exact.onnx", "falcon")
+    # the reference row below is transformers as shipped (the patch is undone)
     matrix = run_hf_matrix(path, folders["falcon"], ("ort-cpu",), (17, 600))
     verdicts = {(c.runtime, c.case): c for c in matrix.cells}
     short, long = verdicts["ort-cpu", "L=17 B=3"], verdicts["ort-cpu", "L=600 B=3"]

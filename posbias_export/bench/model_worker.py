@@ -1,0 +1,72 @@
+"""One imported-model file at one length in its own process, so its peak RSS is its own.
+
+Run by path with onnxruntime and numpy only (no torch, no posbias_export). Feeds whatever the
+file asks (input_ids, attention_mask, position_ids, empty past tensors), warms up once, times
+`repeats` forwards, saves the first output of the last run (float32 .npy) for the error column
+and prints one JSON line: times, peak RSS, RSS after loading; or {"error": one line}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from worker import peak_rss, rss_now  # same folder: run by path
+
+
+def feeds_for(session, length: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+    ids = np.random.default_rng(seed).integers(0, vocab, (1, length), dtype=np.int64)
+    feeds = {}
+    for value in session.get_inputs():
+        if value.name == "input_ids":
+            feeds[value.name] = ids
+        elif value.name == "attention_mask":
+            feeds[value.name] = np.ones((1, length), np.int64)
+        elif value.name == "position_ids":
+            feeds[value.name] = np.arange(length, dtype=np.int64)[None]
+        elif "past" in value.name:  # a cached decoder: an empty cache (prefill)
+            shape = [1 if i == 0 else (d if isinstance(d, int) else 0) for i, d in enumerate(value.shape)]
+            feeds[value.name] = np.zeros(shape, np.float32)
+        else:
+            raise ValueError(f"cannot feed input {value.name!r}")
+    return feeds
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", required=True)
+    p.add_argument("--length", type=int, required=True)
+    p.add_argument("--vocab", type=int, required=True)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--save", help="where to save the first output (.npy)")
+    args = p.parse_args(argv)
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = args.threads
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(args.model, options, providers=["CPUExecutionProvider"])
+        feeds = feeds_for(session, args.length, args.vocab)
+        loaded_rss = rss_now()
+        session.run(None, feeds)  # warm-up
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            out = session.run(None, feeds)[0]
+            times.append(time.perf_counter() - start)
+    except Exception as err:  # the verdict of this cell: one line
+        print(json.dumps({"error": str(err).strip().splitlines()[0][:300]}))
+        return 0
+    if args.save:
+        np.save(args.save, out.astype(np.float32))
+    print(json.dumps({"times": times, "peak_rss": peak_rss(), "loaded_rss": loaded_rss}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

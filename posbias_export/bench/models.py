@@ -1,0 +1,198 @@
+"""benchmarks/models.md: imported models (BLOOM, MPT, Falcon with ALiBi, the T5 encoder) as our
+blocked export, a plain dynamo export and Optimum's (where it installs), each on ONNX Runtime
+CPU in its own process (model_worker.py) at 2048 / 8192 / 16384 tokens: time per forward,
+peak RSS, and the error of the output against PyTorch (transformers float32, one run).
+
+The models are random-weight transformers models of the issue's size (hidden 256, 4 heads,
+2 layers), made here: numerics and memory depend on the architecture, not on trained values.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..environment import describe, environment
+from .attention import memory_budget
+
+KINDS = ("bloom", "mpt", "falcon", "t5")
+LENGTHS = (2048, 8192, 16384)
+EXPORTERS = ("posbias", "dynamo", "optimum")
+WORKER = Path(__file__).with_name("model_worker.py")
+VOCAB = 1000
+COMMAND = "python -m posbias_export bench-models"
+
+
+@dataclass
+class ModelCell:
+    kind: str
+    exporter: str
+    length: int
+    times: list[float] = field(default_factory=list)
+    peak_rss: int | None = None
+    error_vs_torch: float | None = None
+    skipped: str | None = None  # why it did not run, or how it failed
+
+    @property
+    def seconds(self) -> float | None:
+        return min(self.times) if self.times else None
+
+
+def make_folder(kind: str, folder: Path, hidden: int = 256, heads: int = 4, layers: int = 2,
+                max_len: int = max(LENGTHS)) -> Path:
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if kind == "bloom":
+        model = tf.BloomForCausalLM(tf.BloomConfig(vocab_size=VOCAB, hidden_size=hidden, n_layer=layers, n_head=heads))
+    elif kind == "mpt":  # max_seq_len covers the lengths, so transformers can be the reference
+        model = tf.MptForCausalLM(tf.MptConfig(vocab_size=VOCAB, d_model=hidden, n_layers=layers, n_heads=heads,
+                                               max_seq_len=max_len))
+    elif kind == "falcon":
+        model = tf.FalconForCausalLM(tf.FalconConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
+                                                     num_attention_heads=heads, alibi=True))
+    else:
+        model = tf.T5EncoderModel(tf.T5Config(vocab_size=VOCAB, d_model=hidden, d_kv=hidden // heads,
+                                              d_ff=4 * hidden, num_layers=layers, num_heads=heads))
+    model.save_pretrained(folder)
+    return folder
+
+
+def export_all(kind: str, folder: Path, work: Path) -> dict[str, Path | str]:
+    """exporter -> file, or the one line saying why there is none."""
+    from ..hf.baselines import dynamo_export, optimum_export
+    from ..hf.export import export_model
+
+    files: dict[str, Path | str] = {}
+    export_model(folder, work / f"{kind}_posbias.onnx")
+    files["posbias"] = work / f"{kind}_posbias.onnx"
+    try:
+        files["dynamo"] = dynamo_export(folder, work / f"{kind}_dynamo.onnx", kind)
+    except Exception as err:  # a failed baseline is a result, not a crash
+        files["dynamo"] = f"export failed: {str(err).splitlines()[0][:160]}"
+    try:
+        out = work / f"{kind}_optimum"
+        out.mkdir()
+        files["optimum"] = optimum_export(folder, out, kind)
+    except ImportError:
+        files["optimum"] = "optimum-onnx is not installed (it pins transformers < 4.58)"
+    except Exception as err:
+        files["optimum"] = f"not compared: {str(err).splitlines()[0][:200]}"
+    return files
+
+
+@torch.no_grad()
+def torch_reference(kind: str, folder: Path, length: int) -> np.ndarray:
+    """transformers float32 on the worker's inputs (seed 0, no padding)."""
+    from ..hf.validate import transformers_model
+
+    ids = torch.from_numpy(np.random.default_rng(0).integers(0, VOCAB, (1, length), dtype=np.int64))
+    out = transformers_model(folder, kind)(input_ids=ids, attention_mask=torch.ones_like(ids))
+    return (out.last_hidden_state if kind == "t5" else out.logits).numpy()
+
+
+def run_cell(cell: ModelCell, model: Path, work: Path, repeats: int, timeout: float) -> np.ndarray | None:
+    saved = work / f"out_{cell.kind}_{cell.exporter}_{cell.length}.npy"
+    cmd = [sys.executable, str(WORKER), "--model", str(model), "--length", str(cell.length), "--vocab", str(VOCAB),
+           "--repeats", str(repeats), "--save", str(saved)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        cell.skipped = f"timed out after {timeout:.0f} s"
+        return None
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        cell.skipped = "killed (out of memory?)" if proc.returncode < 0 else f"failed: {tail[:160]}"
+        return None
+    result = json.loads(lines[-1])
+    if "error" in result:
+        cell.skipped = f"error: {result['error']}"
+        return None
+    cell.times, cell.peak_rss = result["times"], result["peak_rss"]
+    output = np.load(saved)
+    saved.unlink()
+    return output
+
+
+def run(kinds=KINDS, lengths=LENGTHS, exporters=EXPORTERS, repeats: int = 2, timeout: float = 900.0,
+        progress=None) -> list[ModelCell]:
+    cells = []
+    budget = memory_budget()
+    with tempfile.TemporaryDirectory(prefix="posbias-bench-models-") as tmp:
+        work = Path(tmp)
+        for kind in kinds:
+            folder = make_folder(kind, work / kind)
+            files = export_all(kind, folder, work)
+            peaks: dict[str, tuple[int, int]] = {}  # exporter -> (length, peak) of its last run
+            for length in lengths:
+                reference = None
+                for exporter in exporters:
+                    cell = ModelCell(kind, exporter, length)
+                    cells.append(cell)
+                    model = files.get(exporter)
+                    if isinstance(model, str):
+                        cell.skipped = model
+                        continue
+                    last = peaks.get(exporter)
+                    predicted = 0 if last is None else last[1] * (length / last[0]) ** 2
+                    if exporter != "posbias" and predicted > budget:  # plain attention: quadratic
+                        cell.skipped = (f"not run: predicted {predicted / 1e9:.0f} GB (quadratic from "
+                                        f"{last[1] / 1e9:.1f} GB at {last[0]}) > {budget / 1e9:.0f} GB here")
+                        continue
+                    output = run_cell(cell, model, work, repeats, timeout)
+                    if cell.peak_rss:
+                        peaks[exporter] = (length, cell.peak_rss)
+                    if output is not None:
+                        if reference is None:
+                            reference = torch_reference(kind, folder, length)
+                        cell.error_vs_torch = float(np.abs(output.astype(np.float64) - reference).max())
+                    if progress:
+                        progress(1)
+    return cells
+
+
+def _fmt(cell: ModelCell | None) -> str:
+    if cell is None:
+        return "-"
+    if cell.seconds is None:
+        return cell.skipped or "-"
+    return f"{cell.seconds:.2f} s, {cell.peak_rss / 1e9:.2f} GB, err {cell.error_vs_torch:.1e}"
+
+
+def markdown(cells: list[ModelCell], env: dict) -> str:
+    lengths = sorted({c.length for c in cells})
+    exporters = [e for e in EXPORTERS if any(c.exporter == e for c in cells)]
+    find = {(c.kind, c.exporter, c.length): c for c in cells}
+    lines = [
+        "# Imported models: our export vs a plain dynamo export vs Optimum",
+        "",
+        f"Regenerate with `{COMMAND}` (about 10 minutes on 2 cores). Random-weight transformers models of "
+        "hidden 256, 4 heads, 2 layers, vocabulary 1000, saved as local folders; batch 1; ONNX Runtime CPU with 2 "
+        "threads, each cell in its own process. Time: fastest of 2 forwards after a warm-up. RSS: the process's "
+        "peak. err: max |output - transformers float32| on the same input.",
+        "",
+        describe(env),
+        "",
+    ]
+    for kind in dict.fromkeys(c.kind for c in cells):
+        lines += [f"## {kind}", "", "| L | " + " | ".join(exporters) + " |", "|---" * (len(exporters) + 1) + "|"]
+        for length in lengths:
+            lines.append(f"| {length} | " + " | ".join(_fmt(find.get((kind, e, length))) for e in exporters) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write(cells: list[ModelCell], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    md, js = out_dir / "models.md", out_dir / "models.json"
+    md.write_text(markdown(cells, env))
+    js.write_text(json.dumps({"environment": env, "cells": [asdict(c) for c in cells]}, indent=1))
+    return [md, js]
