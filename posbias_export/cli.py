@@ -153,6 +153,9 @@ def build_export_parser() -> argparse.ArgumentParser:
                    help="a local Hugging Face folder (config.json + safetensors) of a BLOOM, MPT, Falcon (alibi) or "
                    "T5 model: exported with input_ids, attention_mask -> logits (T5: the encoder, -> "
                    "last_hidden_state); nothing is downloaded")
+    p.add_argument("--part", choices=("encoder", "decoder"), default=None,
+                   help="with --model and a T5 encoder-decoder folder: which half (default encoder); the decoder file "
+                   "carries its KV cache and takes encoder_hidden_states, encoder_attention_mask")
     p.add_argument("--validate", action="store_true",
                    help="after export, run the parity matrix (ort-cpu, openvino, node, reference); exit 1 on failure")
     return p
@@ -194,8 +197,12 @@ def run_export_folder(args) -> int:
     check_outputs([args.out], [args.model, *(sorted(folder.iterdir()) if folder.is_dir() else [])])
     report = export_model(args.model, args.out, opset=args.opset, trace_len=args.trace_len, kv_cache=args.kv_cache,
                           inline_functions=args.inline_functions, attention=args.attention,
-                          **({"block": args.block} if args.block else {}))
+                          part=args.part or "encoder", **({"block": args.block} if args.block else {}))
     print(report.summary())
+    if args.validate and args.part == "decoder":
+        print("the T5 decoder file is checked by the test suite (greedy tokens against transformers.generate); "
+              "validate --model judges single-input-sequence files")
+        return 0
     if args.validate:
         return validate_and_report([args.out], None, None, 3, model_dir=args.model)
     return 0
@@ -205,6 +212,8 @@ def run_export(argv: list[str]) -> int:
     args = build_export_parser().parse_args(argv)
     if args.model:
         return run_export_folder(args)
+    if args.part:
+        raise CliError("--part chooses a half of a T5 folder given with --model")
     from .export import check_outputs, checkpoint_metadata, export_onnx
     from .nn import ModelConfig, build_model, load_checkpoint, read_checkpoint
 

@@ -125,6 +125,40 @@ def test_cached_decoder_generates_transformers_greedy_tokens(folders, exported, 
     assert np.abs(np.stack(step_logits, 1) - their_logits).max() < 1e-4
 
 
+@pytest.mark.parametrize("form", ["plain", "blocked"])
+def test_t5_decoder_equals_transformers_in_float64(folders, form):
+    """Encoder and decoder of a T5 v1.1 encoder-decoder folder (gated GELU, tied head with
+    rescale), left-padded source: the logits of transformers' T5ForConditionalGeneration."""
+    folder = folders["t5_gated"]
+    encoder, decoder = load_model(folder).double(), load_model(folder, "decoder").double()
+    theirs = transformers.T5ForConditionalGeneration.from_pretrained(str(folder)).double().eval()
+    ids, mask = (torch.from_numpy(a) for a in left_padded(30, 2, VOCAB, seed=4))
+    target = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(5))
+    settings = AttentionSettings(form=form, block=8)
+    with torch.no_grad():
+        expected = theirs(input_ids=ids, attention_mask=mask, decoder_input_ids=target).logits
+        states = encoder(ids, mask, settings=settings)
+        got = decoder(target, torch.ones_like(target), states, mask, settings=settings)
+    assert (got - expected).abs().max().item() < 1e-10
+
+
+def test_t5_encoder_and_decoder_files_generate_transformers_tokens(folders, tmp_path):
+    """The encoder file and the cached decoder file (ORT, runtimes/ort/seq2seq.py), greedy,
+    a left-padded batch: the tokens of transformers' generate."""
+    folder = folders["t5_gated"]
+    export_model(folder, tmp_path / "encoder.onnx", block=8, check_growth=False)
+    export_model(folder, tmp_path / "decoder.onnx", part="decoder", block=8, check_growth=False)
+    ids, mask = left_padded(20, 2, VOCAB, seed=6)
+    tokens = load_runner("ort/seq2seq.py").greedy_generate(
+        str(tmp_path / "encoder.onnx"), str(tmp_path / "decoder.onnx"), ids, mask, max_new_tokens=12,
+        start_token=0, min_new_tokens=12, eos_token=1)
+    theirs = transformers.T5ForConditionalGeneration.from_pretrained(str(folder)).eval()
+    expected = theirs.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                               max_new_tokens=12, min_new_tokens=12, do_sample=False, decoder_start_token_id=0,
+                               eos_token_id=1, pad_token_id=0)
+    assert np.array_equal(tokens, expected[:, 1:].numpy())
+
+
 def test_validate_judges_a_plain_dynamo_export(folders, tmp_path):
     path = dynamo_export(folders["bloom"], tmp_path / "bloom_dynamo.onnx", "bloom")
     matrix = run_hf_matrix(path, folders["bloom"], ("ort-cpu", "reference"), (17, 300))

@@ -34,6 +34,44 @@ def hf_signature(model: ImportedModel, trace_len: int, settings: AttentionSettin
     return dataclasses.replace(sig, output_names=[model.output_name], dynamic_axes=axes)
 
 
+class CachedT5Decoder(torch.nn.Module):
+    """Flat tensors in and out for the T5 decoder file (see hf/t5_decoder.py)."""
+
+    def __init__(self, decoder, settings: AttentionSettings):
+        super().__init__()
+        self.decoder, self.settings = decoder, settings
+
+    def forward(self, input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, *past_flat):
+        past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
+        logits, presents = self.decoder(input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask,
+                                        past, settings=self.settings)
+        return (logits, *[t for kv in presents for t in kv])
+
+
+def t5_decoder_signature(model, trace_len: int, settings: AttentionSettings, batch: int = 2) -> Signature:
+    gen = torch.Generator().manual_seed(0)
+    past_len, enc_len = trace_len // 2 + 1, trace_len + 3  # distinct sizes: no axis unified with another
+    b, seq, total = torch.export.Dim("batch"), torch.export.Dim("seq"), torch.export.Dim("total")
+    past_dim, enc_seq = torch.export.Dim("past"), torch.export.Dim("encoder_seq")
+    ids = torch.randint(0, model.vocab_size, (batch, trace_len), generator=gen)
+    mask = torch.ones(batch, past_len + trace_len, dtype=torch.int64)
+    states = torch.randn(batch, enc_len, model.config.d_model, generator=gen)
+    enc_mask = torch.ones(batch, enc_len, dtype=torch.int64)
+    past = [torch.randn(batch, model.num_heads, past_len, model.head_dim, generator=gen)
+            for _ in range(2 * model.num_layers)]
+    past_names = [f"past_{kind}.{i}" for i in range(model.num_layers) for kind in ("key", "value")]
+    present_names = [n.replace("past_", "present_") for n in past_names]
+    return Signature(
+        CachedT5Decoder(model, settings), (ids, mask, states, enc_mask, *past),
+        ({0: b, 1: seq}, {0: b, 1: total}, {0: b, 1: enc_seq}, {0: b, 1: enc_seq},
+         tuple({0: b, 2: past_dim} for _ in past)),
+        ["input_ids", "attention_mask", "encoder_hidden_states", "encoder_attention_mask", *past_names],
+        ["logits", *present_names],
+        {"input_ids": (0, 1), "attention_mask": (0, 1), "encoder_hidden_states": (0, 1),
+         "encoder_attention_mask": (0, 1), "logits": (0, 1), **{n: (0, 2) for n in past_names + present_names}},
+    )
+
+
 def hf_metadata(model: ImportedModel, opset: int, trace_len: int, settings: AttentionSettings, kv_cache: bool,
                 inline_functions: bool) -> dict[str, str]:
     weights = sorted(p for p in model.source_dir.iterdir() if p.suffix in (".safetensors", ".bin"))
@@ -70,9 +108,10 @@ def export_model(
     attention: str | None = None,
     block: int = DEFAULT_BLOCK,
     check_growth: bool = True,
+    part: str = "encoder",
 ) -> ExportReport:
     """Export the model in a local Hugging Face folder (BLOOM, MPT, Falcon with alibi, the T5
-    encoder) to `path` in float32 and check it. Raises ValueError for a bad folder or request,
+    encoder; part="decoder": the cached T5 decoder) to `path` in float32 and check it. Raises ValueError for a bad folder or request,
     OSError for an unwritable path, ExportCheckError for a failed check; nothing is written then."""
     start = time.perf_counter()
     if opset not in OPSETS:
@@ -80,16 +119,21 @@ def export_model(
     if isinstance(trace_len, bool) or not isinstance(trace_len, int) or trace_len < 2:
         raise ValueError(f"trace_len must be an integer >= 2 (1 would specialize the axis), got {trace_len!r}")
     path = ensure_writable(path)
-    model = load_model(model_dir)
+    model = load_model(model_dir, part)
     if kv_cache and not model.causal:
-        raise ValueError(f"a KV cache is for causal decoders; {model.model_type}'s encoder has none (drop --kv-cache)")
+        raise ValueError(f"a KV cache is for causal decoders; {model.model_type}'s encoder has none (drop --kv-cache, "
+                         "or export the decoder of an encoder-decoder folder with --part decoder)")
+    kv_cache = kv_cache or model.arch == "decoder"  # the T5 decoder file always carries its cache
     settings = AttentionSettings(form=attention_form(model, opset, attention), block=block,
                                  impl="sdpa" if opset >= 23 else "explicit", functions=True)
     prepared = copy.deepcopy(model).eval()
     generated = generated_functions(prepared, settings, torch.float32, opset)
 
     def traced(length):
-        sig = hf_signature(prepared, length, settings, kv_cache)
+        if model.arch == "decoder":
+            sig = t5_decoder_signature(prepared, length, settings)
+        else:
+            sig = hf_signature(prepared, length, settings, kv_cache)
         proto = run_exporter(sig, opset)
         functions.attach(proto, opset, generated)
         return (functions.inline(proto) if inline_functions else proto), sig

@@ -83,6 +83,9 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
     model_dir = model_dir or meta.get("model_dir")
     if not model_dir:
         raise ParityInputError(f"{model_path} does not say which model it holds: pass --model DIR")
+    if any(i.name == "encoder_hidden_states" for i in proto.graph.input):
+        raise ParityInputError(f"{model_path} is a T5 decoder: validate --model judges files of one input sequence "
+                               "(the decoder is checked against transformers.generate by the test suite)")
     ours = load_model(model_dir)
     theirs = transformers_model(Path(model_dir), ours.model_type)
     output = proto.graph.output[0].name

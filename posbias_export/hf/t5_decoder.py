@@ -1,0 +1,120 @@
+"""The T5 decoder (of T5ForConditionalGeneration) on our biased attention, with a KV cache:
+causal self-attention with the decoder's own learned relative-position bias (the causal
+buckets: only j <= i is distinguished), cross-attention to the encoder's output (no position
+bias), the feed-forward of the encoder, RMS norms, and the head: the folder's lm_head when it
+has one (T5 v1.1), else the shared embedding with the original T5's d_model^-0.5 rescale.
+
+One file serves prefill and decode: input_ids [B, L], attention_mask [B, P + L],
+encoder_hidden_states [B, Le, D], encoder_attention_mask [B, Le], past_key.N / past_value.N
+[B, H, P, d] -> logits [B, L, V], present_key.N / present_value.N. The cross-attention keys
+are recomputed from encoder_hidden_states each step (no second cache: a step costs Le * D^2).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..biases import MASK_PENALTY, create_bias
+from ..nn.attention import EAGER
+from .layers import ImportedModel, RMSNorm, merge_heads, scale_queries, self_attention, split_heads
+from .t5 import T5FeedForwardLayer
+
+BIAS_KEY = "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+
+
+class T5Projections(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        inner = config.num_heads * config.d_kv
+        self.num_heads = config.num_heads
+        self.q = nn.Linear(config.d_model, inner, bias=False)
+        self.k = nn.Linear(config.d_model, inner, bias=False)
+        self.v = nn.Linear(config.d_model, inner, bias=False)
+        self.o = nn.Linear(inner, config.d_model, bias=False)
+
+
+def cross_attention(attn: T5Projections, x, encoder_states, encoder_mask):
+    """x [B, L, D] attends to encoder_states [B, Le, D] (mask [B, Le]); T5: no scale, no bias."""
+    q = split_heads(attn.q(x), attn.num_heads)  # [B, H, L, d]
+    k = split_heads(attn.k(encoder_states), attn.num_heads)  # [B, H, Le, d]
+    v = split_heads(attn.v(encoder_states), attn.num_heads)
+    scores = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))  # [B, H, L, Le]
+    keep = encoder_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, Le]
+    scores = scores + torch.where(keep, 0.0, MASK_PENALTY).to(scores.dtype)
+    return attn.o(merge_heads(torch.softmax(scores, dim=-1).to(v.dtype) @ v))  # [B, L, D]
+
+
+class T5DecoderSelfLayer(nn.Module):
+    def __init__(self, config, bias):
+        super().__init__()
+        self.SelfAttention = T5Projections(config)
+        self.SelfAttention.position_bias = bias  # the first block's, shared by all
+        self.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+
+    def forward(self, x, attention_mask, past, settings):
+        attn, h = self.SelfAttention, self.layer_norm(x)
+        q, k, v = (split_heads(proj(h), attn.num_heads) for proj in (attn.q, attn.k, attn.v))  # [B, H, L, d]
+        y, present = self_attention(scale_queries(q, 1.0), k, v, attention_mask, past, attn.position_bias, settings)
+        return x + attn.o(merge_heads(y)), present
+
+
+class T5CrossLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.EncDecAttention = T5Projections(config)
+        self.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+
+
+class T5DecoderBlock(nn.Module):
+    def __init__(self, config, bias):
+        super().__init__()
+        self.layer = nn.ModuleList([T5DecoderSelfLayer(config, bias), T5CrossLayer(config), T5FeedForwardLayer(config)])
+
+    def forward(self, x, attention_mask, encoder_states, encoder_mask, past, settings):
+        own, cross, ff = self.layer
+        x, present = own(x, attention_mask, past, settings)
+        x = x + cross_attention(cross.EncDecAttention, cross.layer_norm(x), encoder_states, encoder_mask)
+        return x + ff.DenseReluDense(ff.layer_norm(x)), present
+
+
+class T5DecoderStack(nn.Module):
+    def __init__(self, config, bias):
+        super().__init__()
+        self.block = nn.ModuleList(T5DecoderBlock(config, bias) for _ in range(config.num_decoder_layers))
+        self.final_layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+
+
+class T5Decoder(ImportedModel):
+    """(input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, past) -> logits
+    [B, L, V] and the presents."""
+
+    arch = "decoder"
+    tied_keys = ("decoder.embed_tokens.weight", "encoder.embed_tokens.weight", "lm_head.weight")
+    ignored_prefixes = ("encoder.",)
+
+    def __init__(self, config, own_head: bool, rescale: bool):
+        super().__init__(config, "t5", "t5", config.num_heads, config.d_kv, config.num_decoder_layers,
+                         config.vocab_size)
+        params = {"num_buckets": config.relative_attention_num_buckets,
+                  "max_distance": config.relative_attention_max_distance}
+        self.bias = create_bias("t5", config.num_heads, causal=True, **params)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model)
+        self.decoder = T5DecoderStack(config, self.bias)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False) if own_head else None
+        self.rescale = config.d_model ** -0.5 if rescale else 1.0
+
+    def weight_key(self, name: str) -> str:
+        return BIAS_KEY if name == "bias.relative_attention_bias.weight" else name
+
+    def forward(self, input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, past=None,
+                settings=EAGER):
+        x = self.shared(input_ids)  # [B, L, D]
+        presents = []
+        for index, block in enumerate(self.decoder.block):
+            x, present = block(x, attention_mask, encoder_hidden_states, encoder_attention_mask,
+                               None if past is None else past[index], settings)
+            presents.append(present)
+        x = self.decoder.final_layer_norm(x) * self.rescale
+        logits = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.shared.weight)  # [B, L, V]
+        return logits if past is None else (logits, presents)
