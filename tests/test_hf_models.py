@@ -267,3 +267,15 @@ def test_export_onnx_points_transformers_models_to_the_folder_path(folders):
 
     with pytest.raises(ValueError, match="save_pretrained"):
         pbe.export_onnx(transformers_model(folders["bloom"], "bloom"), "unused.onnx")
+
+
+def test_readme_folder_example_runs(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"### From a Hugging Face folder\n\n```python\n(.*?)```", readme, re.S).group(1)
+    save_tiny_model("bloom", tmp_path / "bloom-560m")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "README.md", "exec"), {})
+    assert (tmp_path / "bloom.onnx").stat().st_size > 0

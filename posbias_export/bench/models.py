@@ -178,7 +178,12 @@ def markdown(cells: list[ModelCell], env: dict) -> str:
         "threads, each cell in its own process. Time: fastest of 2 forwards after a warm-up. RSS: the process's "
         "peak. err: max |output - transformers float32| on the same input.",
         "",
-        describe(env),
+        describe(env) + " " + ", ".join(f"{k} {v}" for k, v in env.get("exporters", {}).items()) + ".",
+        "",
+        "The plain exports materialise the [heads, L, L] scores (several copies per layer): their memory is "
+        "quadratic in L, so 16384 is predicted from 8192 and not run when it would not fit. The dynamo export of "
+        "Falcon cannot be loaded by ONNX Runtime (a bfloat16 Mul from Falcon's ALiBi builder); Optimum's loads but "
+        "drops that bfloat16 rounding, hence its error growing with L.",
         "",
     ]
     for kind in dict.fromkeys(c.kind for c in cells):
@@ -189,9 +194,21 @@ def markdown(cells: list[ModelCell], env: dict) -> str:
     return "\n".join(lines)
 
 
+def exporter_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("transformers", "optimum", "optimum-onnx"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
 def write(cells: list[ModelCell], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = environment()
+    env = {**environment(), "exporters": exporter_versions()}
     md, js = out_dir / "models.md", out_dir / "models.json"
     md.write_text(markdown(cells, env))
     js.write_text(json.dumps({"environment": env, "cells": [asdict(c) for c in cells]}, indent=1))

@@ -1,7 +1,8 @@
 """Models people already have: BLOOM, MPT, Falcon (alibi=True) and the T5 encoder, read from a
 local Hugging Face folder into our biased attention, exported and validated against
 transformers itself."""
+from .export import export_model
 from .folder import SUPPORTED, FolderError
 from .models import load_model
 
-__all__ = ["SUPPORTED", "FolderError", "load_model"]
+__all__ = ["SUPPORTED", "FolderError", "export_model", "load_model"]
