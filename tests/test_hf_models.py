@@ -279,3 +279,33 @@ def test_readme_folder_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(block, "README.md", "exec"), {})
     assert (tmp_path / "bloom.onnx").stat().st_size > 0
+
+
+def test_validate_refuses_a_folder_with_other_weights(folders, exported, tmp_path):
+    """Our file records the sha256 of the weights it was exported from."""
+    import shutil
+
+    from posbias_export.parity import ParityInputError
+
+    other = tmp_path / "other"
+    save_tiny_model("bloom", other, seed=1)
+    shutil.copy(folders["bloom"] / "config.json", other / "config.json")
+    with pytest.raises(ParityInputError, match="other weights"):
+        run_hf_matrix(exported("bloom"), other, ("ort-cpu",), (5,))
+
+
+def test_bench_models_measures_each_exporter(tmp_path):
+    """One small cell per exporter: ours and dynamo run and are compared with transformers;
+    Optimum is either measured or says why not (not installed here, or no encoder file)."""
+    from posbias_export.bench import models as bench
+
+    cells = bench.run(("bloom",), (64,), repeats=1)
+    by = {c.exporter: c for c in cells}
+    for name in ("posbias", "dynamo"):
+        assert by[name].seconds is not None and by[name].peak_rss > 0, by[name]
+        assert by[name].error_vs_torch < 1e-4
+    assert by["optimum"].seconds is not None or by["optimum"].skipped
+    from posbias_export.environment import environment
+
+    text = bench.markdown(cells, environment())
+    assert "| 64 |" in text and "optimum" in text

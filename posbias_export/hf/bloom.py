@@ -87,6 +87,10 @@ class BloomLM(ImportedModel):
         self.tied = config.tie_word_embeddings
         self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
+    def transformers_bias_magnitude(self, length: int) -> float:
+        """transformers adds slope * absolute key position (up to max slope * (L - 1))."""
+        return float(self.transformer.h[0].self_attention.alibi.slopes.max()) * (length - 1)
+
     def forward(self, input_ids, attention_mask=None, past=None, settings=EAGER):
         t = self.transformer
         x = t.word_embeddings_layernorm(t.word_embeddings(input_ids))  # [B, L, D]

@@ -33,6 +33,11 @@ class ImportedModel(nn.Module):
         self.config, self.model_type, self.bias_name = config, model_type, bias_name
         self.num_heads, self.head_dim, self.num_layers, self.vocab_size = num_heads, head_dim, num_layers, vocab_size
 
+    def transformers_bias_magnitude(self, length: int) -> float:
+        """The largest |bias| transformers materialises in float32 at this length (0 where its
+        bias is exact or computed as ours is); see hf/validate.py."""
+        return 0.0
+
     def weight_key(self, name: str) -> str:
         """The transformers key of our parameter `name` (the same unless a model renames)."""
         return name

@@ -100,6 +100,10 @@ class MptLM(ImportedModel):
         self.tied = config.tie_word_embeddings
         self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
+    def transformers_bias_magnitude(self, length: int) -> float:
+        """transformers' table holds slope * (j - max_seq_len + 1), whatever the input length."""
+        return float(self.transformer.blocks[0].attn.alibi.slopes.max()) * (max(length, self.config.max_seq_len) - 1)
+
     def forward(self, input_ids, attention_mask=None, past=None, settings=EAGER):
         t = self.transformer
         x = t.wte(input_ids)  # [B, L, D]
