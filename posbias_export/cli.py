@@ -372,6 +372,9 @@ def build_bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", type=_int_list, default=bench.LENGTHS,
                    help=f"comma-separated sequence lengths (default {','.join(map(str, bench.LENGTHS))})")
     p.add_argument("--configs", type=_name_list, default=bench.CONFIGS, help=f"from: {', '.join(bench.CONFIGS)}")
+    p.add_argument("--variants", type=_name_list, default=bench.VARIANTS,
+                   help=f"from: {', '.join(bench.VARIANTS)} (bidirectional and block run at the lengths >= "
+                        f"{bench.LONG}, or the longest given; default all)")
     p.add_argument("--repeats", type=_positive_int, default=3, help="timed forwards per configuration (after a warm-up)")
     p.add_argument("--heads", type=_positive_int, default=8, help="attention heads (default 8)")
     p.add_argument("--head-dim", type=_positive_int, default=64, help="dimension per head (default 64)")
@@ -392,10 +395,10 @@ def run_bench(argv: list[str]) -> int:
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise CliError(f"--out-dir {out_dir} is a file")
-    with tqdm(total=bench.count(args.biases, args.lengths, args.configs), desc="bench", unit="config",
-              disable=None, file=sys.stderr) as bar:
+    with tqdm(total=bench.count(args.biases, args.lengths, args.configs, args.variants), desc="bench",
+              unit="config", disable=None, file=sys.stderr) as bar:
         cells = bench.run(args.biases, args.lengths, args.configs, args.repeats, args.heads, args.head_dim,
-                          args.timeout, progress=bar.update)
+                          args.timeout, progress=bar.update, variants=args.variants)
     paths = bench.write(cells, out_dir, args.heads, args.head_dim)
     if args.profile_length:
         paths.append(bench.write_profile(args.biases, args.profile_length, args.heads, args.head_dim, out_dir))

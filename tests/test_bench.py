@@ -14,22 +14,25 @@ from posbias_export.environment import environment
 
 def test_bench_command_end_to_end(tmp_path, capsys):
     out = tmp_path / "bench"
-    # 200 > the 128-row block: the Loop runs (64 takes the If's one-block branch)
-    argv = ["bench", "--biases", "alibi,kerple_log", "--lengths", "64,200", "--repeats", "1",
-            "--profile-length", "200", "--out-dir", str(out)]
+    # 300 > the 256-row block: the Loop runs (64 takes the If's one-block branch)
+    argv = ["bench", "--biases", "alibi,kerple_log", "--lengths", "64,300", "--repeats", "1",
+            "--profile-length", "300", "--out-dir", str(out)]
     assert cli_main(argv) == 0
     data = json.loads((out / "attention.json").read_text())
     cells = data["cells"]
-    # 2 biases x 2 lengths x 4 per-bias configs + torch-sdpa once per length
-    assert len(cells) == 2 * 2 * 4 + 2
+    # causal: 2 biases x 2 lengths x 4 per-bias configs + torch-sdpa once per length;
+    # bidirectional and block: the longest length only, 2 biases x 2 configs + torch-sdpa
+    assert len(cells) == (2 * 2 * 4 + 2) + 2 * (2 * 2 + 1)
     for cell in cells:
         assert cell["skipped"] is None, cell
         assert len(cell["times"]) == 1 and cell["times"][0] > 0
         assert cell["peak_rss"] >= cell["loaded_rss"] > 0
     assert {c["config"] for c in cells} == set(bench.CONFIGS)
-    assert [t["target"] for t in data["targets"]][0].startswith("alibi L=8192")
+    assert {(c["variant"], c["length"]) for c in cells if c["variant"] != "causal"} == {("bidirectional", 300), ("block", 300)}
+    assert data["targets"][0]["target"].startswith("causal alibi L=8192")
     md = (out / "attention.md").read_text()
-    assert "## Targets (alibi)" in md and "| kerple_log | 200 |" in md
+    assert "## Targets" in md and "| kerple_log | 300 |" in md
+    assert "## Bidirectional attention alone" in md and "## A whole transformer block" in md
     assert (out / "attention.png").stat().st_size > 10_000
     profile = (out / "attention_profile.md").read_text()
     # the profiler sees the kernels inside the Loop body, not just the Loop node
@@ -40,10 +43,11 @@ def test_bench_command_end_to_end(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["bench", "--biases", "alibi,bogus"], "unknown bench configs or biases: bogus"),
-    (["bench", "--configs", "ort-gpu"], "unknown bench configs or biases: ort-gpu"),
+    (["bench", "--biases", "alibi,bogus"], "unknown bench configs, biases or variants: bogus"),
+    (["bench", "--configs", "ort-gpu"], "unknown bench configs, biases or variants: ort-gpu"),
+    (["bench", "--variants", "causal,sideways"], "unknown bench configs, biases or variants: sideways"),
     (["bench", "--lengths", "0"], "positive"),
-], ids=["bias", "config", "length"])
+], ids=["bias", "config", "variant", "length"])
 def test_bench_bad_arguments_exit_2_with_one_line(argv, message, capsys, tmp_path):
     assert cli_main(argv + ["--out-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
@@ -64,19 +68,34 @@ def test_a_failing_worker_is_reported_not_raised(tmp_path):
 
 
 def test_targets_judge_the_measured_ratios():
-    cells = [bench.Timing("alibi", "ort-blocked", 8192, [1.5], 900 << 20, 1),
+    """ALiBi must reach 1x fused SDPA, other biases 1.5x; 1 GB at 16384; block and bidirectional 1.5x."""
+    cells = [bench.Timing("alibi", "ort-blocked", 8192, [1.2], 1, 1),
+             bench.Timing("kerple_log", "ort-blocked", 8192, [1.2], 1, 1),
              bench.Timing("-", "torch-sdpa", 8192, [1.0], 1, 1),
-             bench.Timing("alibi", "ort-blocked", 2048, [0.2], 1, 1),
-             bench.Timing("alibi", "torch-eager", 2048, [0.1], 1, 1)]
-    met = [t["met"] for t in bench.targets(cells)]
-    assert met == [True, True, False]  # 1.5x SDPA, 0.9 GB, but 2x eager
+             bench.Timing("alibi", "ort-blocked", 16384, [4.0], 900 << 20, 1),
+             bench.Timing("kerple_log", "ort-blocked", 16384, [4.0], 1100 << 20, 1),
+             bench.Timing("-", "torch-sdpa", 16384, [4.0], 1, 1),
+             bench.Timing("alibi", "ort-blocked", 8192, [2.0], 1, 1, variant="block"),
+             bench.Timing("-", "torch-sdpa", 8192, [1.0], 1, 1, variant="block"),
+             bench.Timing("alibi", "openvino", 8192, [1.1], 1, 1)]
+    judged = {t["target"]: t["met"] for t in bench.targets(cells) if t["measured"] is not None}
+    assert judged == {
+        "causal alibi L=8192: ORT time <= 1x fused causal SDPA (no bias)": False,  # 1.2x
+        "causal kerple_log L=8192: ORT time <= 1.5x fused causal SDPA (no bias)": True,
+        "causal alibi L=16384: ORT time <= 1x fused causal SDPA (no bias)": True,
+        "causal kerple_log L=16384: ORT time <= 1.5x fused causal SDPA (no bias)": True,
+        "causal alibi L=16384: ORT peak RSS <= 1 GB": True,
+        "causal kerple_log L=16384: ORT peak RSS <= 1 GB": False,
+        "block alibi L=8192: ORT time <= 1.5x the PyTorch block with fused causal SDPA (no bias)": False,  # 2x
+        "causal alibi L=8192: OpenVINO f32 time <= 1x ORT on the same file": True,  # 1.1 / 1.2
+    }
 
 
 def test_targets_not_measured_say_so():
     """A run on a subset of lengths has no figure for some targets: not a failed target."""
     cells = [bench.Timing("alibi", "ort-blocked", 512, [0.01], 1, 1), bench.Timing("-", "torch-sdpa", 512, [0.01], 1, 1)]
     text = bench.markdown(cells, environment(), 8, 64)
-    rows = [l for l in text.splitlines() if l.startswith(f"| {bench.DEFAULT_BIAS} L=")]
+    rows = [l for l in text.splitlines() if l.startswith(f"| causal {bench.DEFAULT_BIAS} L=")]
     assert rows and all(l.endswith("| - | not measured in this run |") for l in rows)
 
 

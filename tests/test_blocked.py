@@ -11,6 +11,7 @@ from onnx.reference import ReferenceEvaluator
 
 import posbias_export as pbe
 from posbias_export.export import functions
+from posbias_export.biases import bias_class
 from posbias_export.nn.blocked import DEFAULT_BLOCK, keep_mask
 from posbias_export.export import read_metadata
 from posbias_export.nn.attention import AttentionSettings, attention_heads, layer_bias
@@ -42,6 +43,51 @@ def test_torch_blocked_equals_plain_float64(bias, block, causal):
     plain = attention_heads(q, k, v, q_pos, k_pos, key_mask, module, causal, AttentionSettings(form="plain"))
     blocked = attention_heads(q, k, v, q_pos, k_pos, key_mask, module, causal, AttentionSettings(form="blocked", block=block))
     torch.testing.assert_close(blocked, plain, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("bias", pbe.BIASES)
+def test_relative_families_depend_on_the_distance_alone(bias, causal):
+    """What `relative` promises (the distance table relies on it), checked on the float64
+    oracle: shifting every position leaves the bias unchanged, so bias(i, j) = g(i - j)."""
+    module = layer_bias(pbe.ModelConfig(bias=bias, causal=causal, **SMALL))
+    if not module.relative:
+        pytest.skip(f"{bias} does not claim to be relative")
+    q_pos, k_pos = np.arange(30, 45), np.arange(0, 45)
+    np.testing.assert_array_equal(module.reference(q_pos + 1000, k_pos + 1000), module.reference(q_pos, k_pos))
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("block", [1, 7, 64])
+@pytest.mark.parametrize("bias", pbe.BIASES)
+def test_distance_table_blocks_equal_plain_float64(bias, block, causal):
+    """1-D positions (no padding mask): relative families slice each block's bias from one
+    table of per-distance values (DistanceTablePositions); equal to the plain form to float64
+    rounding, with q_len < k_len and partial last blocks."""
+    cfg = pbe.ModelConfig(bias=bias, causal=causal, **SMALL)
+    module = layer_bias(cfg).double()
+    q, k, v = _qkv(2, cfg.num_heads, 37, 50, cfg.head_dim)
+    q_pos, k_pos = torch.arange(13, 50), torch.arange(50)
+    plain = attention_heads(q, k, v, q_pos, k_pos, None, module, causal, AttentionSettings(form="plain"))
+    blocked = attention_heads(q, k, v, q_pos, k_pos, None, module, causal, AttentionSettings(form="blocked", block=block))
+    torch.testing.assert_close(blocked, plain, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("bias", ["kerple_power", "t5", "sandwich", "window"])
+def test_distance_table_is_evaluated_once_outside_the_loop(tmp_path, bias):
+    """The ...ByDistance body calls the family's function once, before the Loop; the Loop body
+    only slices (no per-block evaluation); the per-pair body is kept for the one-block branch."""
+    _, path = _export_core(tmp_path, bias, 16)
+    model = onnx.load(str(path))
+    name = "BlockedAttention" + bias_class(bias).function_name + "ByDistance"
+    body = next(f for f in model.functions if f.name == name)
+    branches = {g.name: g for n in body.node if n.op_type == "If" for a in n.attribute for g in [a.g]}
+    blocks = branches["query_blocks"]
+    assert [n.op_type for n in blocks.node].count(bias_class(bias).function_name) == 1
+    loop_body = next(a.g for n in blocks.node if n.op_type == "Loop" for a in n.attribute)
+    ops = [n.op_type for n in loop_body.node]
+    assert "SliceByDistance" in ops and bias_class(bias).function_name not in ops
+    assert bias_class(bias).function_name in [n.op_type for n in branches["one_block"].node]
 
 
 def _export_core(tmp_path, bias, block, shape=SMALL, causal=True, **kwargs):
@@ -227,3 +273,21 @@ def test_keep_mask_shapes():
     mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
     assert keep_mask(mask, 3).tolist() == [[[[False, True, True]]], [[[True, True, True]]]]
 
+
+
+def test_distance_table_rows_are_capped_by_the_budget(tmp_path, monkeypatch):
+    """Long inputs: the table path takes budget // Lk query rows per block (memory), here 2000 // 300
+    = 6 instead of 16, in the ONNX Loop and its PyTorch twin alike; the output is the same math."""
+    import posbias_export.export.blocked_graph as blocked_graph
+    import posbias_export.nn.blocked as nn_blocked
+
+    monkeypatch.setattr(blocked_graph, "TABLE_ROW_BUDGET", 2000)
+    monkeypatch.setattr(nn_blocked, "TABLE_ROW_BUDGET", 2000)
+    core, path = _export_core(tmp_path, "kerple_log", 16)
+    body = next(f for f in onnx.load(str(path)).functions if f.name == "BlockedAttentionKerpleLogByDistance")
+    budget = [n for n in body.node if n.op_type == "If"][0]
+    assert "row_budget" in str(budget)
+    q, k, v = _qkv(2, SMALL["num_heads"], 300, 300, SMALL["dim"] // SMALL["num_heads"], seed=3, dtype=torch.float32)
+    got = ort_session(path).run(None, {"query": q.numpy(), "key": k.numpy(), "value": v.numpy()})[0]
+    parity = compare(got, *_reference(core, q, k, v, 16), FLOAT32)
+    assert parity.passed, str(parity)

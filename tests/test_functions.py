@@ -14,6 +14,7 @@ from posbias_export.export import checks, functions
 from posbias_export.biases import bias_class
 from posbias_export.parity import run_matrix
 from posbias_export.export.script_block import script_block_model
+from posbias_export.nn.blocked import function_name as blocked_function_name
 from posbias_export.parity import compare
 from conftest import SMALL, ort_session
 
@@ -90,7 +91,9 @@ def test_default_export_has_functions_inline_export_has_none(exports, name, arch
     model = onnx.load(str(exports.cli(name, arch)))
     nodes = [n for n in model.graph.node if n.domain == "posbias"]
     layers = SMALL["num_layers"] if arch == "lm" else 1
-    assert [n.op_type for n in nodes] == ["BlockedAttention" + bias_class(name).function_name] * layers
+    bias = bias_class(name)(SMALL["num_heads"])
+    by_distance = bias.relative and not bias.uses_key_row()  # no mask: positions are the indices
+    assert [n.op_type for n in nodes] == [blocked_function_name(bias, by_distance)] * layers
     local = {f.name for f in model.functions}
     assert {n.op_type for n in nodes} <= local and all(f.domain == "posbias" for f in model.functions)
     checks.check_domains(model)  # posbias only as local functions

@@ -128,9 +128,13 @@ def test_bench_decode_smoke(tmp_path):
     assert proc.returncode == 0, proc.stderr
     import json
 
-    rows = json.loads((tmp_path / "decode.json").read_text())["rows"]
+    data = json.loads((tmp_path / "decode.json").read_text())
+    rows = data["rows"]
     assert rows[0]["bias"] == "kerple_log" and rows[0]["ort_ms_median"] > 0 and rows[0]["torch_ms_median"] > 0
-    assert "| kerple_log | 20 |" in (tmp_path / "decode.md").read_text()
+    target = data["targets"][0]  # judged on the measured ratio, whatever it is
+    assert target["met"] == (rows[0]["ort_over_torch"] <= 0.5) and target["target"].startswith("kerple_log context 20")
+    md = (tmp_path / "decode.md").read_text()
+    assert "| kerple_log | 20 |" in md and "## Targets" in md
 
 
 def test_steps_come_one_at_a_time(decoders):

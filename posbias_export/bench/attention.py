@@ -2,8 +2,10 @@
 and OpenVINO, against PyTorch eager with the same bias and PyTorch's fused causal SDPA
 without a bias, all in ONE run, every configuration in its own process (clean peak RSS).
 
-The model is attention alone (arch "attention": query, key, value [1, H, L, d] -> [1, H, L, d],
-causal, float32), so the numbers are about attention and nothing else.
+Three variants: attention alone, causal (arch "attention": query, key, value [1, H, L, d] ->
+[1, H, L, d], float32), so the numbers are about attention and nothing else; the same
+bidirectional; and a whole transformer block (arch "block", hidden [1, L, H*d]) against the same
+block in PyTorch with the fused causal kernel and no bias.
 """
 from __future__ import annotations
 
@@ -21,14 +23,21 @@ from ..plots import pyplot_for
 
 LENGTHS = (512, 2048, 8192, 16384)
 CONFIGS = ("ort-blocked", "ort-plain", "openvino", "torch-eager", "torch-sdpa")
+VARIANTS = ("causal", "bidirectional", "block")
+# The bidirectional and block variants: our default export, OpenVINO on it, and the fused anchor,
+# at the long lengths only (the targets are there; the plain forms would not fit anyway).
+VARIANT_CONFIGS = {"causal": CONFIGS, "bidirectional": ("ort-blocked", "openvino", "torch-sdpa"),
+                   "block": ("ort-blocked", "openvino", "torch-sdpa")}
+LONG = 8192
 WORKER = Path(__file__).with_name("worker.py")
 # Peak bytes per score element of the plain forms, measured at L=8192 (H=8): ORT ~9 GB (4.2),
 # PyTorch eager ~4.7 GB (2.2). 4.5 with headroom decides what to skip rather than swap or crash.
 PLAIN_BYTES_PER_SCORE = 4.5 * 4
-# The targets, for the default bias (benchmarks report whether they hold; tests never time anything).
-TARGET_SDPA_RATIO, TARGET_SDPA_LENGTH = 2.0, 8192
+# The targets (benchmarks report whether they hold; tests never time anything).
 TARGET_RSS_BYTES = 1 << 30
-TARGET_EAGER_RATIO, TARGET_EAGER_LENGTH = 1.0, 2048
+TARGET_LENGTHS = (8192, 16384)
+TARGET_DEFAULT_RATIO = 1.0  # ALiBi and "none" vs fused SDPA without a bias
+TARGET_OTHER_RATIO = 1.5  # every other bias; a block; bidirectional
 
 
 @dataclass
@@ -42,6 +51,7 @@ class Timing:
     peak_rss: int | None = None
     loaded_rss: int | None = None
     skipped: str | None = None  # why it did not run (predicted memory) or how it failed
+    variant: str = "causal"
 
     @property
     def ok(self) -> bool:
@@ -73,20 +83,27 @@ def predicted_peak(config: str, heads: int, length: int) -> int:
     return 0
 
 
-def export_attention(bias: str, form: str, heads: int, head_dim: int, workdir: Path) -> Path:
+def export_attention(bias: str, form: str, heads: int, head_dim: int, workdir: Path, variant: str = "causal") -> Path:
     from ..export import export_onnx
     from ..nn import ModelConfig, build_model
 
-    core = build_model(ModelConfig(bias=bias, num_heads=heads, dim=heads * head_dim), arch="attention")
-    path = workdir / f"{bias}_{form}.onnx"
-    export_onnx(core, path, attention=form, check_growth=False)
+    cfg = ModelConfig(bias=bias, num_heads=heads, dim=heads * head_dim, causal=variant != "bidirectional")
+    model = build_model(cfg, arch="block" if variant == "block" else "attention")
+    path = workdir / f"{bias}_{form}_{variant}.onnx"
+    export_onnx(model, path, attention=form, check_growth=False)
     return path
+
+
+def variant_lengths(variant: str, lengths) -> list[int]:
+    """causal: all; the others: the long ones (>= 8192), or the longest asked for."""
+    lengths = list(lengths)
+    return lengths if variant == "causal" else ([n for n in lengths if n >= LONG] or [max(lengths)])
 
 
 def run_cell(cell: Timing, model: Path | None, heads: int, head_dim: int, repeats: int, timeout: float) -> Timing:
     runner = {"ort-blocked": "ort", "ort-plain": "ort"}.get(cell.config, cell.config)
     cmd = [sys.executable, str(WORKER), "--runner", runner, "--bias", cell.bias, "--length", str(cell.length),
-           "--heads", str(heads), "--head-dim", str(head_dim), "--repeats", str(repeats)]
+           "--heads", str(heads), "--head-dim", str(head_dim), "--repeats", str(repeats), "--variant", cell.variant]
     if model is not None:
         cmd += ["--model", str(model)]
     try:
@@ -103,72 +120,99 @@ def run_cell(cell: Timing, model: Path | None, heads: int, head_dim: int, repeat
     return cell
 
 
-def run(biases=BIASES, lengths=LENGTHS, configs=CONFIGS, repeats: int = 3, heads: int = 8, head_dim: int = 64,
-        timeout: float = 900.0, workdir=None, progress=None) -> list[Timing]:
-    """Every (bias, length, config); torch-sdpa has no bias, so it runs once per length."""
-    unknown = sorted(set(configs) - set(CONFIGS)) + sorted(set(biases) - set(BIASES))
-    if unknown:
-        raise ValueError(f"unknown bench configs or biases: {', '.join(unknown)}")
-    budget = memory_budget()
-    cells: list[Timing] = []
-    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        models = {}
-        for bias in biases:
-            if "ort-blocked" in configs or "openvino" in configs:
-                models[bias, "blocked"] = export_attention(bias, "blocked", heads, head_dim, Path(tmp))
-            if "ort-plain" in configs:
-                models[bias, "plain"] = export_attention(bias, "plain", heads, head_dim, Path(tmp))
-        for length in lengths:
+def plan(biases, lengths, configs, variants=VARIANTS) -> list[Timing]:
+    """Every cell to measure, in order; torch-sdpa has no bias, so it runs once per length."""
+    cells = []
+    for variant in variants:
+        chosen = [c for c in configs if c in VARIANT_CONFIGS[variant]]
+        for length in variant_lengths(variant, lengths):
             for bias in biases:
-                for config in configs:
+                for config in chosen:
                     if config == "torch-sdpa" and bias != biases[0]:
                         continue
-                    cell = Timing("-" if config == "torch-sdpa" else bias, config, length)
-                    need = predicted_peak(config, heads, length)
-                    if need > budget:
-                        cell.skipped = f"skipped: needs ~{need / 1e9:.0f} GB (H*L^2 scores), budget {budget / 1e9:.0f} GB"
-                    else:
-                        form = "plain" if config == "ort-plain" else "blocked"
-                        model = models.get((bias, form)) if config in ("ort-blocked", "ort-plain", "openvino") else None
-                        run_cell(cell, model, heads, head_dim, repeats, timeout)
-                    cells.append(cell)
-                    if progress:
-                        progress(1)
+                    cells.append(Timing("-" if config == "torch-sdpa" else bias, config, length, variant=variant))
     return cells
 
 
-def count(biases, lengths, configs) -> int:
-    per_length = len(biases) * len([c for c in configs if c != "torch-sdpa"]) + ("torch-sdpa" in configs)
-    return per_length * len(lengths)
+def run(biases=BIASES, lengths=LENGTHS, configs=CONFIGS, repeats: int = 3, heads: int = 8, head_dim: int = 64,
+        timeout: float = 900.0, workdir=None, progress=None, variants=("causal",)) -> list[Timing]:
+    """Every cell of plan(); each exported model is made once."""
+    unknown = sorted(set(configs) - set(CONFIGS)) + sorted(set(biases) - set(BIASES)) + sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown bench configs, biases or variants: {', '.join(unknown)}")
+    budget = memory_budget()
+    cells = plan(biases, lengths, configs, variants)
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        models = {}
+        for cell in cells:
+            need = predicted_peak(cell.config, heads, cell.length)
+            if need > budget:
+                cell.skipped = f"skipped: needs ~{need / 1e9:.0f} GB (H*L^2 scores), budget {budget / 1e9:.0f} GB"
+            else:
+                model = None
+                if cell.config in ("ort-blocked", "ort-plain", "openvino"):
+                    key = (cell.bias, "plain" if cell.config == "ort-plain" else "blocked", cell.variant)
+                    if key not in models:
+                        models[key] = export_attention(*key[:2], heads, head_dim, Path(tmp), key[2])
+                    model = models[key]
+                run_cell(cell, model, heads, head_dim, repeats, timeout)
+            if progress:
+                progress(1)
+    return cells
 
 
-def _find(cells, bias, config, length) -> Timing | None:
+def count(biases, lengths, configs, variants=("causal",)) -> int:
+    return len(plan(biases, lengths, configs, variants))
+
+
+def _find(cells, bias, config, length, variant="causal") -> Timing | None:
     for cell in cells:
-        if cell.config == config and cell.length == length and (cell.bias == bias or config == "torch-sdpa"):
+        if (cell.config == config and cell.length == length and cell.variant == variant
+                and (cell.bias == bias or config == "torch-sdpa")):
             return cell
     return None
 
 
-def ratio(cells, bias, length, config, baseline) -> float | None:
-    ours, base = _find(cells, bias, config, length), _find(cells, bias, baseline, length)
+def ratio(cells, bias, length, config, baseline, variant="causal") -> float | None:
+    ours, base = _find(cells, bias, config, length, variant), _find(cells, bias, baseline, length, variant)
     if ours is None or base is None or not ours.ok or not base.ok:
         return None
     return ours.min / base.min
 
 
+def _target(text: str, measured, limit) -> dict:
+    return {"target": text, "measured": measured, "met": measured is not None and measured <= limit}
+
+
 def targets(cells) -> list[dict]:
-    """The three targets for the default bias, judged on this run's numbers."""
+    """Issue 16's targets, judged on this run's numbers (None: not measured in this run)."""
+    biases = list(dict.fromkeys(c.bias for c in cells if c.config != "torch-sdpa"))
     out = []
-    r = ratio(cells, DEFAULT_BIAS, TARGET_SDPA_LENGTH, "ort-blocked", "torch-sdpa")
-    out.append({"target": f"{DEFAULT_BIAS} L={TARGET_SDPA_LENGTH}: ORT time <= {TARGET_SDPA_RATIO:g}x fused SDPA (no bias)",
-                "measured": r, "met": r is not None and r <= TARGET_SDPA_RATIO})
-    cell = _find(cells, DEFAULT_BIAS, "ort-blocked", TARGET_SDPA_LENGTH)
-    rss = cell.peak_rss if cell is not None and cell.ok else None
-    out.append({"target": f"{DEFAULT_BIAS} L={TARGET_SDPA_LENGTH}: ORT peak RSS <= 1 GB",
-                "measured": rss, "met": rss is not None and rss <= TARGET_RSS_BYTES})
-    r = ratio(cells, DEFAULT_BIAS, TARGET_EAGER_LENGTH, "ort-blocked", "torch-eager")
-    out.append({"target": f"{DEFAULT_BIAS} L={TARGET_EAGER_LENGTH}: ORT time <= {TARGET_EAGER_RATIO:g}x PyTorch eager (same bias)",
-                "measured": r, "met": r is not None and r <= TARGET_EAGER_RATIO})
+    for n in TARGET_LENGTHS:
+        for bias in biases:
+            limit = TARGET_DEFAULT_RATIO if bias in (DEFAULT_BIAS, "none") else TARGET_OTHER_RATIO
+            out.append(_target(f"causal {bias} L={n}: ORT time <= {limit:g}x fused causal SDPA (no bias)",
+                               ratio(cells, bias, n, "ort-blocked", "torch-sdpa"), limit))
+    for bias in biases:
+        cell = _find(cells, bias, "ort-blocked", TARGET_LENGTHS[-1])
+        out.append(_target(f"causal {bias} L={TARGET_LENGTHS[-1]}: ORT peak RSS <= 1 GB",
+                           cell.peak_rss if cell is not None and cell.ok else None, TARGET_RSS_BYTES))
+    for bias in biases:
+        out.append(_target(f"block {bias} L={LONG}: ORT time <= {TARGET_OTHER_RATIO:g}x the PyTorch block with fused "
+                           "causal SDPA (no bias)", ratio(cells, bias, LONG, "ort-blocked", "torch-sdpa", "block"),
+                           TARGET_OTHER_RATIO))
+    for bias in biases:
+        for n in TARGET_LENGTHS:
+            out.append(_target(f"bidirectional {bias} L={n}: ORT time <= {TARGET_OTHER_RATIO:g}x fused non-causal SDPA "
+                               "(no bias)", ratio(cells, bias, n, "ort-blocked", "torch-sdpa", "bidirectional"),
+                               TARGET_OTHER_RATIO))
+        cell = _find(cells, bias, "ort-blocked", TARGET_LENGTHS[-1], "bidirectional")
+        out.append(_target(f"bidirectional {bias} L={TARGET_LENGTHS[-1]}: ORT peak RSS <= 1 GB",
+                           cell.peak_rss if cell is not None and cell.ok else None, TARGET_RSS_BYTES))
+    for bias in biases:
+        for n in TARGET_LENGTHS:
+            out.append(_target(f"causal {bias} L={n}: OpenVINO f32 time <= 1x ORT on the same file",
+                               ratio(cells, bias, n, "openvino", "ort-blocked"), 1.0))
     return out
 
 
@@ -188,20 +232,50 @@ def _fmt_ratio(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}x"
 
 
+VARIANT_TITLES = {
+    "causal": "Causal attention alone",
+    "bidirectional": "Bidirectional attention alone (`ort-blocked`: the bidirectional blocked form; "
+                     "`torch-sdpa`: the fused kernel, not causal, no bias)",
+    "block": "A whole transformer block (`--arch block`, dim = heads x head dim; `torch-sdpa`: the same "
+             "block in PyTorch with the fused causal kernel and no bias)",
+}
+
+
+def _variant_tables(cells, variant: str) -> list[str]:
+    ours = [c for c in cells if c.variant == variant]
+    biases = list(dict.fromkeys(c.bias for c in ours if c.config != "torch-sdpa"))
+    lengths = sorted({c.length for c in ours})
+    configs = [c for c in CONFIGS if any(x.config == c for x in ours)]
+    anchors = ["torch-sdpa"] + (["torch-eager"] if "torch-eager" in configs else [])
+    lines = [f"## {VARIANT_TITLES[variant]}", "", "Ratios (min time): ORT blocked vs the PyTorch anchors.", "",
+             "| bias | " + " | ".join(f"L={n} vs {a.removeprefix('torch-')}" for n in lengths for a in anchors) + " |",
+             "|---|" + "---|" * (len(lengths) * len(anchors))]
+    for bias in biases:
+        row = [_fmt_ratio(ratio(cells, bias, n, "ort-blocked", a, variant)) for n in lengths for a in anchors]
+        lines.append(f"| {bias} | " + " | ".join(row) + " |")
+    lines += ["", "Time (s, min / median) and peak RSS (GB).", "",
+              "| bias | L | " + " | ".join(f"{c} s | {c} GB" for c in configs) + " |",
+              "|---|---|" + "---|---|" * len(configs)]
+    for bias in biases:
+        for n in lengths:
+            cols = [f"{_fmt_time(_find(cells, bias, c, n, variant))} | {_fmt_gb(_find(cells, bias, c, n, variant))}"
+                    for c in configs]
+            lines.append(f"| {bias} | {n} | " + " | ".join(cols) + " |")
+    return lines + [""]
+
+
 def markdown(cells, env: dict, heads: int, head_dim: int) -> str:
-    biases = list(dict.fromkeys(c.bias for c in cells if c.config != "torch-sdpa"))
-    lengths = sorted({c.length for c in cells})
     lines = [
         "# Long-context attention: ONNX Runtime CPU vs PyTorch", "",
         "Generated by `python -m posbias_export bench` (do not edit by hand). Attention alone: "
-        f"query/key/value [1, {heads}, L, {head_dim}], causal, float32, batch 1. Every cell ran in its own "
-        "process; time is seconds per forward, min / median over the repeats after one warm-up; RSS is "
+        f"query/key/value [1, {heads}, L, {head_dim}], float32, batch 1; also a whole block. Every cell ran in "
+        "its own process; time is seconds per forward, min / median over the repeats after one warm-up; RSS is "
         "that process's peak. `ort-blocked` is our default export (a Loop over query blocks), `ort-plain` "
         "the whole [H, L, L] form, `openvino` the default export on OpenVINO f32, `torch-eager` the "
-        "PyTorch model with the same bias, `torch-sdpa` PyTorch's fused causal kernel WITHOUT a bias "
+        "PyTorch model with the same bias, `torch-sdpa` PyTorch's fused kernel WITHOUT a bias "
         "(the practical limit here).", "",
         describe(env), "",
-        f"## Targets ({DEFAULT_BIAS})", "",
+        "## Targets", "",
         "| target | measured | met |", "|---|---|---|",
     ]
     for t in targets(cells):
@@ -209,24 +283,15 @@ def markdown(cells, env: dict, heads: int, head_dim: int) -> str:
         shown = "-" if m is None else (f"{m / 1e9:.2f} GB" if "RSS" in t["target"] else f"{m:.2f}x")
         verdict = "yes" if t["met"] else ("not measured in this run" if m is None else "NO")
         lines.append(f"| {t['target']} | {shown} | {verdict} |")
-    lines += ["", "## Ratios (min time): ORT blocked vs the PyTorch anchors", "",
-              "| bias | " + " | ".join(f"L={n} vs SDPA | L={n} vs eager" for n in lengths) + " |",
-              "|---|" + "---|---|" * len(lengths)]
-    for bias in biases:
-        row = [f"{_fmt_ratio(ratio(cells, bias, n, 'ort-blocked', 'torch-sdpa'))} | "
-               f"{_fmt_ratio(ratio(cells, bias, n, 'ort-blocked', 'torch-eager'))}" for n in lengths]
-        lines.append(f"| {bias} | " + " | ".join(row) + " |")
-    lines += ["", "## Time (s, min / median) and peak RSS (GB)", "",
-              "| bias | L | " + " | ".join(f"{c} s | {c} GB" for c in CONFIGS) + " |",
-              "|---|---|" + "---|---|" * len(CONFIGS)]
-    for bias in biases:
-        for n in lengths:
-            cols = [f"{_fmt_time(_find(cells, bias, c, n))} | {_fmt_gb(_find(cells, bias, c, n))}" for c in CONFIGS]
-            lines.append(f"| {bias} | {n} | " + " | ".join(cols) + " |")
-    notes = sorted({f"{c.config} L={c.length}: {c.skipped}" for c in cells if c.skipped and c.config == "torch-sdpa"}
-                   | {f"{c.bias} {c.config} L={c.length}: {c.skipped}" for c in cells if c.skipped and c.config != "torch-sdpa"})
+    lines.append("")
+    for variant in VARIANTS:
+        if any(c.variant == variant for c in cells):
+            lines += _variant_tables(cells, variant)
+    notes = sorted({f"{c.variant} {c.config} L={c.length}: {c.skipped}" for c in cells if c.skipped and c.config == "torch-sdpa"}
+                   | {f"{c.variant} {c.bias} {c.config} L={c.length}: {c.skipped}" for c in cells
+                      if c.skipped and c.config != "torch-sdpa"})
     if notes:
-        lines += ["", "## Not measured", ""] + [f"- {n}" for n in notes]
+        lines += ["## Not measured", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
 
 
@@ -240,13 +305,14 @@ def plot(cells, path: Path) -> bool:
     styles = {"ort-blocked": "-o", "ort-plain": "--s", "openvino": "-^", "torch-eager": ":x", "torch-sdpa": "-k"}
     for config in CONFIGS:
         points = sorted((c.length, c.min, c.peak_rss) for c in cells
-                        if c.config == config and c.ok and c.bias in (DEFAULT_BIAS, "-"))
+                        if c.config == config and c.ok and c.bias in (DEFAULT_BIAS, "-") and c.variant == "causal")
         if points:
             label = f"{config} ({'no bias' if config == 'torch-sdpa' else DEFAULT_BIAS})"
             ax_t.plot([p[0] for p in points], [p[1] for p in points], styles[config], label=label)
             ax_m.plot([p[0] for p in points], [p[2] / 1e9 for p in points], styles[config], label=label)
     for bias in dict.fromkeys(c.bias for c in cells if c.bias not in (DEFAULT_BIAS, "-")):
-        points = sorted((c.length, c.min) for c in cells if c.config == "ort-blocked" and c.bias == bias and c.ok)
+        points = sorted((c.length, c.min) for c in cells
+                        if c.config == "ort-blocked" and c.bias == bias and c.ok and c.variant == "causal")
         if points:
             ax_t.plot([p[0] for p in points], [p[1] for p in points], "-", lw=0.8, alpha=0.6, label=f"ort-blocked ({bias})")
     for ax, title, unit in ((ax_t, "time per forward", "s"), (ax_m, "peak RSS", "GB")):

@@ -75,6 +75,7 @@ class AlibiBias(AttentionBias):
     name = "alibi"
     rank = 10
     function = Alibi
+    relative = True
     key_row_function = AlibiKeyRow
 
     def __init__(self, num_heads: int, causal: bool = True, params=None, seed: int = 0):

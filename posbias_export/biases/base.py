@@ -97,12 +97,16 @@ class AttentionBias(nn.Module):
     symmetric: ClassVar[bool] = True  # bidirectional form: bias(i, j) == bias(j, i)
     uses_rope: ClassVar[bool] = False  # the family's model rotates q and k (RoPE) unless told otherwise
     head_independent: ClassVar[bool] = False  # output [.., 1, Lq, Lk] instead of [.., H, Lq, Lk]
+    # bias(i, j) depends on i - j alone (a Toeplitz matrix): the blocked form evaluates the
+    # family's function once per distance, a [H, N] row, and gathers each block from it.
+    relative: ClassVar[bool] = False
     rank: ClassVar[int] = 100  # order in BIASES (then the name)
     function: ClassVar[Any] = None  # the @onnxscript.script twin in domain posbias
     function_name: ClassVar[str] = ""  # FunctionProto name; default: the name in CamelCase
     # Causal shortcut for the blocked form: a function (q_pos_b, k_pos_b, *function tensors) ->
     # [.., H, 1, W] that equals the bias up to a per-query-row constant (softmax ignores those).
     key_row_function: ClassVar[Any] = None
+    key_row_exact: ClassVar[bool] = False  # the key row IS the bias (no per-row constant): bidirectional too
 
     def __init_subclass__(cls, family: bool = True, **kwargs):
         """family=False: a bias one imported model needs (Falcon's rounded ALiBi), with its own
@@ -195,6 +199,10 @@ class AttentionBias(nn.Module):
     @classmethod
     def key_row_name(cls) -> str | None:
         return None if cls.key_row_function is None else cls.function_name + "KeyRow"
+
+    def uses_key_row(self) -> bool:
+        """The blocked form takes the key-row shortcut: causal, or a row that is exact anyway."""
+        return self.key_row_function is not None and (self.causal or self.key_row_exact)
 
     @classmethod
     def params_for_training(cls, train_len: int) -> dict:

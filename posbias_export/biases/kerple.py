@@ -70,6 +70,7 @@ class _KerpleBase(AttentionBias):
     """The shared reparametrization and checkpoint format; not a family itself (no name)."""
 
     learned = True
+    relative = True
     r2_max: float | None = None
 
     def __init__(self, num_heads: int, causal: bool = True, params=None, seed: int = 0):

@@ -24,12 +24,26 @@ def NoBias(q_pos: INT64, k_pos: INT64) -> FLOAT:
     return op.Unsqueeze(zeros, [-3])  # [..., 1, Lq, Lk]
 
 
+@script(posbias, default_opset=op)
+def NoBiasKeyRow(q_pos_b: INT64, k_pos_b: INT64) -> FLOAT:
+    """Zeros as one row for the blocked form, [..., Bq] x [..., W] -> [..., 1, 1, W]: the
+    scores need no [Bq, W] bias at all (exact, so bidirectional exports use it too).
+
+    PyTorch: torch.zeros(*k_pos_b.shape[:-1], 1, 1, k_pos_b.shape[-1])
+    """
+    zeros = op.Mul(op.Cast(k_pos_b, to=1), op.Constant(value_float=0.0))  # [..., W]
+    return op.Unsqueeze(zeros, [-2, -3])  # [..., 1, 1, W]
+
+
 class NoPositionalBias(AttentionBias):
     name = "none"
     rank = 1000  # last: the baseline every other family is compared with
     function = NoBias
     function_name = "NoBias"
     head_independent = True
+    relative = True
+    key_row_function = NoBiasKeyRow
+    key_row_exact = True
 
     def from_positions(self, q_pos, k_pos):
         rel = relative_distance(q_pos, k_pos)  # [..., Lq, Lk]

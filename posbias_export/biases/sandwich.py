@@ -64,6 +64,7 @@ class SandwichBias(AttentionBias):
     rank = 40
     Params = SandwichParams
     function = Sandwich
+    relative = True
 
     def __init__(self, num_heads: int, causal: bool = True, params: SandwichParams | None = None, seed: int = 0):
         super().__init__(num_heads, causal, params, seed)

@@ -101,6 +101,7 @@ class T5Bias(AttentionBias):
     rank = 50
     Params = T5Params
     function = T5
+    relative = True
     learned = True
     symmetric = False  # bidirectional: j > i and j < i use different buckets
 

@@ -51,6 +51,7 @@ class WindowBias(AttentionBias):
     rank = 60
     Params = WindowParams
     function = Window
+    relative = True
     head_independent = True
     uses_rope = True  # Su's super-baseline: RoPE inside the window
 

@@ -6,7 +6,9 @@ the ONNX Script pieces of blocked_script.py:
     BlockPrepare (scale and pad q, transpose k once)
     Loop over query blocks:
         BlockQueries -> BlockKeys (only the keys the block can see) ->
-        posbias.<Family> on the block's positions (or the family's key-row shortcut) ->
+        the block's bias: the family's key-row shortcut, or a slice of the distance table
+        (a relative family whose positions are the indices), or posbias.<Family> on the
+        block's positions ->
         BlockAttend
     BlockAssemble (scan outputs -> [B, H, Lq, d])
 
@@ -20,7 +22,7 @@ from onnx import TensorProto, helper
 
 from ..biases import AttentionBias
 from ..biases.onnx_domain import DOMAIN, VERSION
-from ..nn.blocked import function_name
+from ..nn.blocked import TABLE_ROW_BUDGET, function_name
 
 _UNBOUNDED = 1 << 30  # "look as far as you like": more keys than any input has, and within int32 (OpenVINO runs int64 index math in int32)
 _ELEM_TYPES = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.float64: TensorProto.DOUBLE}
@@ -30,16 +32,21 @@ def scalar_node(name, value, elem=TensorProto.INT64):
     return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, elem, [], [value]))
 
 
-def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: int) -> onnx.FunctionProto:
+def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: int,
+                   by_distance: bool = False) -> onnx.FunctionProto:
     """posbias.BlockedAttention<Family>(q, k, v, q_pos, k_pos, keep, *bias tensors) -> out.
 
     Block size, look-back and the family's attributes are baked in (one model, one config);
-    learned bias tensors stay inputs, so every layer calls the same function.
+    learned bias tensors stay inputs, so every layer calls the same function. by_distance
+    (a relative family whose positions are the key indices; the name says so, see
+    nn/blocked.py): the family's function fills a [H|1, Bq, M] table of every distance once,
+    before the Loop, and each block's bias is a slice of it.
     """
     tensors, attrs = bias.function_inputs()
     params = [f"bias_input_{i}" for i in range(len(tensors))]
     reach, ahead = bias.lookback, bias.lookahead
-    key_row = bias.key_row_name() if bias.causal else None
+    key_row = bias.key_row_name() if bias.uses_key_row() else None
+    by_distance = by_distance and key_row is None and bias.relative
     # BlockAttend masks keys past each query (k_idx <= q_idx); a bidirectional model compares
     # keys with one index past all of them instead ([1, 1]), so only padding is masked.
     def reach_of(q_idx):  # the index BlockAttend compares keys with
@@ -59,6 +66,26 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
             return call(key_row, [q_pos, k_pos, *params], [out])
         return call(bias.function_name, [q_pos, k_pos, *params], [out], **attrs)
 
+    def block_bias_node(q_pos_b, k_pos_b, out):
+        if by_distance:
+            return call("SliceByDistance", ["distance_table", "q_idx", "k_idx", "k"], [out])
+        return bias_node(q_pos_b, k_pos_b, out)
+
+    # The table path caps its rows (nn/blocked.py TABLE_ROW_BUDGET): block_rows = min(max_block, max(1, budget // Lk))
+    table_rows = [
+        scalar_node("row_budget", TABLE_ROW_BUDGET),
+        scalar_node("one_row", 1),
+        helper.make_node("Shape", ["k"], ["k_len_1d"], start=2, end=3),
+        helper.make_node("Squeeze", ["k_len_1d"], ["k_len"]),
+        helper.make_node("Div", ["row_budget", "k_len"], ["budget_rows"]),
+        helper.make_node("Max", ["budget_rows", "one_row"], ["budget_rows_1"]),
+        helper.make_node("Min", ["max_block", "budget_rows_1"], ["loop_block"]),
+    ] if by_distance else []
+    # Before the Loop: the family's own function on the table's positions -> [H|1, Bq, M]
+    distance_table = [
+        call("DistanceTablePositions", ["k", "block", "lookahead"], ["table_rows", "table_cols"]),
+        call(bias.function_name, ["table_rows", "table_cols", *params], ["distance_table"], **attrs),
+    ] if by_distance else []
 
     out_type = _ELEM_TYPES[dtype]
     body = helper.make_graph(
@@ -66,7 +93,7 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
             call("BlockQueries", ["it", "q_pad", "q_pos_pad", "block", "offset"], ["q_b", "q_pos_b", "q_idx"]),
             call("BlockKeys", ["it", "k_t", "v", "k_pos", "keep", "block", "offset", "lookback", "lookahead"],
                  ["k_t_b", "v_b", "k_pos_b", "k_idx", "keep_b"]),
-            bias_node("q_pos_b", "k_pos_b", "bias_b"),
+            block_bias_node("q_pos_b", "k_pos_b", "bias_b"),
             *reach_nodes("q_idx"),
             call("BlockAttend", ["q_b", "k_t_b", "v_b", "bias_b", reach_of("q_idx"), "k_idx", "keep_b"], ["attended_b"]),
             # a leading 1-axis: see BlockAssemble for why
@@ -85,8 +112,10 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
             scalar_node("lookback", _UNBOUNDED if reach is None else reach),
             scalar_node("lookahead", _UNBOUNDED if ahead is None else ahead),
             scalar_node("go", True, TensorProto.BOOL),
-            call("BlockPrepare", ["q", "k", "v", "q_pos", "max_block"],
+            *table_rows,
+            call("BlockPrepare", ["q", "k", "v", "q_pos", "loop_block" if by_distance else "max_block"],
                  ["q_pad", "k_t", "q_pos_pad", "block", "n_blocks", "offset"]),
+            *distance_table,
             helper.make_node("Loop", ["n_blocks", "go"], ["blocks"], body=body),  # [n, 1, B, H, Bq, d] (or [n, B, ...])
             call("BlockAssemble", ["blocks", "q", "block"], ["out_blocks"]),
         ],
@@ -110,6 +139,6 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
         helper.make_node("If", ["fits"], ["out"], then_branch=direct, else_branch=blocks),
     ]
     return helper.make_function(
-        DOMAIN, function_name(bias), ["q", "k", "v", "q_pos", "k_pos", "keep", *params], ["out"], nodes,
+        DOMAIN, function_name(bias, by_distance), ["q", "k", "v", "q_pos", "k_pos", "keep", *params], ["out"], nodes,
         [helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, VERSION)],
     )

@@ -106,6 +106,40 @@ def BlockKeys(it: INT64, k_t: FLOAT, v: FLOAT, k_pos: INT64, keep: BOOL, block: 
 
 
 @script(posbias, default_opset=op)
+def DistanceTablePositions(k: FLOAT, block: INT64, lookahead: INT64):
+    """Positions whose bias is the table every query block slices its own from, for a relative
+    family (bias a function of i - j) with positions = indices: rows r = 0..Bq-1 and columns
+    m - Lk for m = 0..M-1, M = Lk + min(Lk, Bq + lookahead), so that table[h, r, m] =
+    g_h(r - m + Lk) covers every (query, key) pair of every block. Evaluating the family's own
+    function on these is H*Bq*M values instead of H*L^2/2 (causal) across the Loop.
+
+    PyTorch: arange(Bq), arange(Lk + min(Lk, Bq + lookahead)) - Lk
+    """
+    k_len = op.Squeeze(op.Shape(k, start=2, end=3))  # scalar Lk
+    one = op.Constant(value_int=1)
+    zero = op.Constant(value_int=0)
+    ahead = op.Min(k_len, op.Add(block, lookahead))  # scalar
+    rows = op.Range(zero, block, one)  # [Bq]
+    cols = op.Sub(op.Range(zero, op.Add(k_len, ahead), one), k_len)  # [M]
+    return rows, cols
+
+
+@script(posbias, default_opset=op)
+def SliceByDistance(table: FLOAT, q_idx: INT64, k_idx: INT64, k: FLOAT) -> FLOAT:
+    """One block's bias as a slice of the distance table: table [H|1, Bq, M], the block's
+    query indices q_idx [Bq, 1] and key indices k_idx [W] -> [H|1, Bq, W]. Row r, key j:
+    table[h, r, j - q0 + Lk] = g_h(q0 + r - j), q0 the block's first query index.
+
+    PyTorch: start = k_idx[0] - q_idx[0, 0] + Lk; table[..., start:start + W]
+    """
+    k_len = op.Shape(k, start=2, end=3)  # [1]
+    q0 = op.Reshape(op.Slice(q_idx, [0], [1], [0]), [1])  # [1]
+    start = op.Add(op.Sub(op.Slice(k_idx, [0], [1], [0]), q0), k_len)  # [1]
+    stop = op.Add(start, op.Shape(k_idx))  # [1]
+    return op.Slice(table, start, stop, [-1])  # [H|1, Bq, W]
+
+
+@script(posbias, default_opset=op)
 def BlockAttend(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, bias: FLOAT, q_idx: INT64, k_idx: INT64, keep_b: BOOL) -> FLOAT:
     """softmax(q_b k_b^T + bias + mask) v_b for one block, [B, H, Bq, d]. Scores, bias and
     softmax in float32 whatever the model dtype (as the plain form).
@@ -143,4 +177,5 @@ def BlockAssemble(blocks: FLOAT, q: FLOAT, block: INT64) -> FLOAT:
     return op.Slice(joined, [0], op.Shape(q, start=2, end=3), [2])  # [B, H, Lq, d]
 
 
-BLOCK_FUNCTIONS = (FitsOneBlock, DirectPrepare, BlockPrepare, BlockQueries, BlockKeys, BlockAttend, BlockAssemble)
+BLOCK_FUNCTIONS = (FitsOneBlock, DirectPrepare, BlockPrepare, BlockQueries, BlockKeys, DistanceTablePositions, SliceByDistance,
+                   BlockAttend, BlockAssemble)

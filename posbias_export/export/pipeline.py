@@ -146,9 +146,10 @@ def generated_functions(model: torch.nn.Module, settings: AttentionSettings, dty
         if type(bias).name not in FAMILIES:
             for proto in reversed(type(bias).function_protos()):  # the key row first: the bias calls it
                 protos[proto.name] = proto
-        if settings.form == "blocked":
-            proto = blocked_function_proto(bias, settings.block, dtype, opset)
-            protos[proto.name] = proto
+        if settings.form == "blocked":  # both bodies; the layers' nodes say which one they call
+            for by_distance in (False, True):
+                proto = blocked_function_proto(bias, settings.block, dtype, opset, by_distance)
+                protos[proto.name] = proto
     return list(protos.values())
 
 

@@ -16,12 +16,24 @@ import torch
 
 from ..biases import MASK_PENALTY, AttentionBias
 
-DEFAULT_BLOCK = 128  # query rows per block: at L=8192 within 5% of the fastest (256) at ~half its peak RSS (README)
+DEFAULT_BLOCK = 256  # query rows per block: the fastest measured at L=8192 and 16384 (README, benchmarks/attention.md)
+# The distance-table path holds a [H, rows, ~Lk + rows] table and a slice of it per block on top of
+# the scores: its rows are capped at TABLE_ROW_BUDGET // Lk (256 at 8192, 128 at 16384), which
+# keeps 16384 under 1 GB (256 rows there: 1.38 GB measured) and costs no time (128 vs 256 at 8192: same).
+TABLE_ROW_BUDGET = 1 << 21
 FUNCTION_PREFIX = "BlockedAttention"
 
 
-def function_name(bias: AttentionBias) -> str:
-    return FUNCTION_PREFIX + bias.function_name
+def function_name(bias: AttentionBias, by_distance: bool = False) -> str:
+    """BlockedAttention<Family>, or ...ByDistance for the body that slices a distance table."""
+    return FUNCTION_PREFIX + bias.function_name + ("ByDistance" if by_distance else "")
+
+
+def slices_by_distance(bias: AttentionBias, q_pos: torch.Tensor) -> bool:
+    """A relative family without a key-row shortcut whose positions are the key indices
+    (1-D positions: query_key_positions; batched ones come from a padding mask and are not):
+    each block's bias is a slice of one table of per-distance values, see DistanceTablePositions."""
+    return bias.relative and not bias.uses_key_row() and q_pos.dim() == 1
 
 
 def keep_mask(key_mask: torch.Tensor | None, k_len, device=None) -> torch.Tensor:
@@ -38,11 +50,12 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
     k_pos [..., Lk], keep bool [B|1, 1, 1, Lk]. During ONNX export with as_function this is one
     posbias.BlockedAttention<Family> node. Returns [B, H, Lq, d].
     """
+    by_distance = slices_by_distance(bias, q_pos)
     if as_function and torch.onnx.is_in_onnx_export():
         tensors, _ = bias.function_inputs()
         tensors = [t.float() if t.is_floating_point() else t for t in tensors]
         return torch.onnx.ops.symbolic(
-            f"posbias::{function_name(bias)}", [q, k, v, q_pos, k_pos, keep, *tensors], {},
+            f"posbias::{function_name(bias, by_distance)}", [q, k, v, q_pos, k_pos, keep, *tensors], {},
             dtype=q.dtype, shape=q.shape, version=1,
         )
     Lq, Lk = q.shape[2], k.shape[2]
@@ -51,6 +64,14 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
     reach, ahead = (bias.lookback, bias.lookahead) if Lq > block else (None, None)
     scale = 1.0 / math.sqrt(q.shape[-1])
     work = torch.promote_types(q.dtype, torch.float32)  # float32 scores, as the plain form; float64 stays
+    table = None
+    if by_distance and Lq > block:  # as the ONNX Loop branch: table[h, r, m] = g_h(r - m + Lk)
+        if not torch.onnx.is_in_onnx_export() and not torch.equal(k_pos, torch.arange(Lk, device=k_pos.device)):
+            raise ValueError("the distance table needs positions equal to the key indices")
+        block = min(block, max(1, TABLE_ROW_BUDGET // Lk))
+        reach_ahead = Lk if bias.lookahead is None else min(Lk, block + bias.lookahead)
+        cols = torch.arange(Lk + reach_ahead, device=q.device) - Lk  # [M]
+        table = bias.from_positions(torch.arange(block, device=q.device), cols)  # [H|1, Bq, M]
     outputs = []
     for start in range(0, Lq, block):
         stop = min(start + block, Lq)
@@ -61,7 +82,11 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
         scores = (q[:, :, start:stop] * scale) @ k[:, :, lo:end].transpose(-1, -2)  # [B, H, Bq, W]
         allowed = keep[..., lo:end] & ((k_idx <= q_idx) if bias.causal else True)  # [B|1, 1, Bq|1, W]
         penalty = torch.where(allowed, 0.0, MASK_PENALTY).to(work)  # [B|1, 1, Bq, W], see BlockAttend
-        block_bias = bias.from_positions(q_pos[..., start:stop], k_pos[..., lo:end]).to(work)  # [.., H|1, Bq, W]
+        if table is not None:
+            first = lo - (offset + start) + Lk  # SliceByDistance
+            block_bias = table[:, : stop - start, first:first + end - lo].to(work)  # [H|1, Bq, W]
+        else:
+            block_bias = bias.from_positions(q_pos[..., start:stop], k_pos[..., lo:end]).to(work)  # [.., H|1, Bq, W]
         probs = torch.softmax(scores.to(work) + (block_bias + penalty), dim=-1)  # [B, H, Bq, W]
         outputs.append(probs.to(v.dtype) @ v[:, :, lo:end])  # [B, H, Bq, d]
     return torch.cat(outputs, dim=2)  # [B, H, Lq, d]
