@@ -122,6 +122,9 @@ def run_cell(cell: Timing, model: Path | None, heads: int, head_dim: int, repeat
 
 def plan(biases, lengths, configs, variants=VARIANTS) -> list[Timing]:
     """Every cell to measure, in order; torch-sdpa has no bias, so it runs once per length."""
+    unknown = sorted(set(configs) - set(CONFIGS)) + sorted(set(biases) - set(BIASES)) + sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown bench configs, biases or variants: {', '.join(unknown)}")
     cells = []
     for variant in variants:
         chosen = [c for c in configs if c in VARIANT_CONFIGS[variant]]
@@ -137,9 +140,6 @@ def plan(biases, lengths, configs, variants=VARIANTS) -> list[Timing]:
 def run(biases=BIASES, lengths=LENGTHS, configs=CONFIGS, repeats: int = 3, heads: int = 8, head_dim: int = 64,
         timeout: float = 900.0, workdir=None, progress=None, variants=("causal",)) -> list[Timing]:
     """Every cell of plan(); each exported model is made once."""
-    unknown = sorted(set(configs) - set(CONFIGS)) + sorted(set(biases) - set(BIASES)) + sorted(set(variants) - set(VARIANTS))
-    if unknown:
-        raise ValueError(f"unknown bench configs, biases or variants: {', '.join(unknown)}")
     budget = memory_budget()
     cells = plan(biases, lengths, configs, variants)
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
