@@ -12,7 +12,7 @@ from onnx.reference import ReferenceEvaluator
 import posbias_export as pbe
 from posbias_export.export import functions
 from posbias_export.biases import bias_class
-from posbias_export.nn.blocked import DEFAULT_BLOCK, keep_mask
+from posbias_export.nn.blocked import DEFAULT_BLOCK, keep_mask, table_block
 from posbias_export.export import read_metadata
 from posbias_export.nn.attention import AttentionSettings, attention_heads, layer_bias
 from posbias_export.parity import FLOAT32, compare, torch_outputs
@@ -57,37 +57,53 @@ def test_relative_families_depend_on_the_distance_alone(bias, causal):
     np.testing.assert_array_equal(module.reference(q_pos + 1000, k_pos + 1000), module.reference(q_pos, k_pos))
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("block", [1, 7, 64])
 @pytest.mark.parametrize("bias", pbe.BIASES)
-def test_distance_table_blocks_equal_plain_float64(bias, block, causal):
-    """1-D positions (no padding mask): relative families slice each block's bias from one
-    table of per-distance values (DistanceTablePositions); equal to the plain form to float64
-    rounding, with q_len < k_len and partial last blocks."""
+def test_distance_table_blocks_equal_plain_float64(bias, block, causal, padded):
+    """1-D positions (the indices): relative families slice each block's bias from one table of
+    per-distance values (DistanceTablePositions), causal mask folded in; a key mask (as the
+    transformers layers pass with index positions) adds the padding penalty. Equal to the plain
+    form to float64 rounding, with q_len < k_len and partial last blocks."""
     cfg = pbe.ModelConfig(bias=bias, causal=causal, **SMALL)
     module = layer_bias(cfg).double()
     q, k, v = _qkv(2, cfg.num_heads, 37, 50, cfg.head_dim)
     q_pos, k_pos = torch.arange(13, 50), torch.arange(50)
-    plain = attention_heads(q, k, v, q_pos, k_pos, None, module, causal, AttentionSettings(form="plain"))
-    blocked = attention_heads(q, k, v, q_pos, k_pos, None, module, causal, AttentionSettings(form="blocked", block=block))
+    key_mask = None
+    if padded:
+        key_mask = torch.ones(2, 50, dtype=torch.int64)
+        key_mask[1, :9] = 0  # the second row is left-padded
+    plain = attention_heads(q, k, v, q_pos, k_pos, key_mask, module, causal, AttentionSettings(form="plain"))
+    blocked = attention_heads(q, k, v, q_pos, k_pos, key_mask, module, causal, AttentionSettings(form="blocked", block=block))
     torch.testing.assert_close(blocked, plain, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("bias", ["kerple_power", "t5", "sandwich", "window"])
 def test_distance_table_is_evaluated_once_outside_the_loop(tmp_path, bias):
-    """The ...ByDistance body calls the family's function once, before the Loop; the Loop body
-    only slices (no per-block evaluation); the per-pair body is kept for the one-block branch."""
+    """The ...ByDistance body calls the family's function once, before the Loop, and folds the
+    causal mask into that table; each Loop body only slices and adds the slice once to the
+    scores (BlockAttendMasked), the padding penalty only in the Loop taken when some key is
+    padding; the per-pair body is kept for the one-block branch (decode steps)."""
     _, path = _export_core(tmp_path, bias, 16)
     model = onnx.load(str(path))
     name = "BlockedAttention" + bias_class(bias).function_name + "ByDistance"
     body = next(f for f in model.functions if f.name == name)
     branches = {g.name: g for n in body.node if n.op_type == "If" for a in n.attribute for g in [a.g]}
     blocks = branches["query_blocks"]
-    assert [n.op_type for n in blocks.node].count(bias_class(bias).function_name) == 1
-    loop_body = next(a.g for n in blocks.node if n.op_type == "Loop" for a in n.attribute)
-    ops = [n.op_type for n in loop_body.node]
-    assert "SliceByDistance" in ops and bias_class(bias).function_name not in ops
-    assert bias_class(bias).function_name in [n.op_type for n in branches["one_block"].node]
+    outer_ops = [n.op_type for n in blocks.node]
+    assert outer_ops.count(bias_class(bias).function_name) == 1 and "MaskFutureInTable" in outer_ops
+    padding_if = next(n for n in blocks.node if n.op_type == "If")
+    loops = {a.g.name: next(b.g for b in a.g.node[0].attribute) for a in padding_if.attribute}
+    for branch, loop_body in loops.items():
+        ops = [n.op_type for n in loop_body.node]
+        assert "SliceByDistance" in ops and "BlockAttendMasked" in ops, branch
+        assert bias_class(bias).function_name not in ops and "BlockAttend" not in ops, branch
+        assert ("AddPaddingPenalty" in ops) == (branch == "blocks_padded"), branch
+    direct_ops = [n.op_type for n in branches["one_block"].node]
+    assert bias_class(bias).function_name in direct_ops
+    # a window's decode step reads only the keys within its reach
+    assert ("DirectWindowKeys" in direct_ops) == (bias == "window")
 
 
 def _export_core(tmp_path, bias, block, shape=SMALL, causal=True, **kwargs):
@@ -275,15 +291,26 @@ def test_keep_mask_shapes():
 
 
 
-def test_distance_table_rows_are_capped_by_the_budget(tmp_path, monkeypatch):
-    """Long inputs: the table path takes budget // Lk query rows per block (memory), here 2000 // 300
-    = 6 instead of 16, in the ONNX Loop and its PyTorch twin alike; the output is the same math."""
+def test_distance_table_rows_follow_the_budget():
+    """Rows per block on the table path: budget // table width (causal: Lk; bidirectional: 2 Lk;
+    a symmetric window: Lk + its reach), at least 1, at most the block."""
+    assert [table_block(256, n, 0) for n in (1024, 8192, 16384, 32768)] == [256, 256, 128, 64]
+    assert [table_block(256, n, None) for n in (8192, 16384)] == [128, 64]
+    assert table_block(256, 16384, 100) == (1 << 21) // 16484
+    assert table_block(256, 1 << 23, None) == 1
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_distance_table_rows_are_capped_by_the_budget(tmp_path, monkeypatch, causal):
+    """Long inputs: the table path takes budget // width query rows per block (memory), here
+    2000 // 300 = 6 (bidirectional: 2000 // 600 = 3) instead of 16, in the ONNX Loop and its
+    PyTorch twin alike; the output is the same math."""
     import posbias_export.export.blocked_graph as blocked_graph
     import posbias_export.nn.blocked as nn_blocked
 
     monkeypatch.setattr(blocked_graph, "TABLE_ROW_BUDGET", 2000)
     monkeypatch.setattr(nn_blocked, "TABLE_ROW_BUDGET", 2000)
-    core, path = _export_core(tmp_path, "kerple_log", 16)
+    core, path = _export_core(tmp_path, "kerple_log", 16, causal=causal)
     body = next(f for f in onnx.load(str(path)).functions if f.name == "BlockedAttentionKerpleLogByDistance")
     budget = [n for n in body.node if n.op_type == "If"][0]
     assert "row_budget" in str(budget)

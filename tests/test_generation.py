@@ -46,12 +46,14 @@ def test_greedy_tokens_equal_pytorch(decoders, bias, length):
 
 @pytest.mark.parametrize("bias", pbe.BIASES)
 def test_prefill_plus_decode_equals_full_forward(decoders, bias):
+    """Prefill 80, then 20 single-token steps: past the window's 64 keys, so a window decode
+    step reads only the cached keys within its reach (DirectWindowKeys)."""
     decoder = decoders(bias)
-    tokens = np.frombuffer(prompt(60, seed=3), np.uint8).astype(np.int64)[None]  # [1, 60]
+    tokens = np.frombuffer(prompt(100, seed=3), np.uint8).astype(np.int64)[None]  # [1, 100]
     past = decoder.empty_past(1)
-    logits, past = decoder.step(tokens[:, :40], np.ones((1, 40), np.int64), past)
+    logits, past = decoder.step(tokens[:, :80], np.ones((1, 80), np.int64), past)
     chunks = [logits]
-    for t in range(40, 60):  # 20 single-token decode steps
+    for t in range(80, 100):  # 20 single-token decode steps
         logits, past = decoder.step(tokens[:, t:t + 1], np.ones((1, t + 1), np.int64), past)
         chunks.append(logits)
     cached = np.concatenate(chunks, axis=1)  # [1, 60, V]

@@ -47,16 +47,26 @@ def sandwich_head_scales(num_heads: int) -> torch.Tensor:
 def Sandwich(q_pos: INT64, k_pos: INT64, frequencies: FLOAT, head_scales: FLOAT) -> FLOAT:
     """Sandwich: lambda_h (<p_i, p_j> - d'/2), [..., Lq] x [..., Lk] x [d'/2] x [H] -> [..., H, Lq, Lk].
 
+    One sinusoid table for the query and key positions together, and a rank-3 MatMul (an Einsum
+    with an ellipsis was the slowest op of a decode step on ONNX Runtime).
+
     PyTorch: p = cat(sin(pos * w), cos(pos * w)); lambda.view(-1, 1, 1) * (p_q @ p_k.mT - d'/2).unsqueeze(-3)
     """
-    q_angle = op.Mul(op.Unsqueeze(op.Cast(q_pos, to=1), [-1]), frequencies)  # [..., Lq, K]
-    k_angle = op.Mul(op.Unsqueeze(op.Cast(k_pos, to=1), [-1]), frequencies)  # [..., Lk, K]
-    p_q = op.Concat(op.Sin(q_angle), op.Cos(q_angle), axis=-1)  # [..., Lq, 2K]
-    p_k = op.Concat(op.Sin(k_angle), op.Cos(k_angle), axis=-1)  # [..., Lk, 2K]
+    q_len = op.Shape(q_pos, start=-1)  # [1]
+    pos = op.Concat(q_pos, k_pos, axis=-1)  # [..., Lq + Lk], one table for both
+    angle = op.Mul(op.Unsqueeze(op.Cast(pos, to=1), [-1]), frequencies)  # [..., L, K]
+    sin_t = op.Sin(angle)  # [..., L, K]
+    cos_t = op.Cos(angle)  # [..., L, K]
+    # 1-D and batched positions alike as [B', L, 2K] (B' = 1 or B): a rank-3 MatMul, 9x faster on
+    # ONNX Runtime than the Einsum "...qd,...kd->...qk" for a decode step (0.04 vs 0.39 ms, 4096 keys)
+    flat = op.Concat([-1], op.Shape(pos, start=-1), op.Mul(op.Shape(frequencies), [2]), axis=0)  # [3]: B', L, 2K
+    table = op.Reshape(op.Concat(sin_t, cos_t, axis=-1), flat)  # [B', L, 2K]
+    p_q = op.Slice(table, [0], q_len, [1])  # [B', Lq, 2K]
+    p_k = op.Slice(table, q_len, [9223372036854775807], [1])  # [B', Lk, 2K]
     half = op.Cast(op.Shape(frequencies), to=1)  # [1]: d'/2
-    # Einsum with an ellipsis: a transpose of the last two axes for 1-D and batched positions
-    inner = op.Sub(op.Einsum(p_q, p_k, equation="...qd,...kd->...qk"), half)  # [..., Lq, Lk]
-    return op.Mul(op.Reshape(head_scales, [-1, 1, 1]), op.Unsqueeze(inner, [-3]))  # [..., H, Lq, Lk]
+    inner = op.Sub(op.MatMul(p_q, op.Transpose(p_k, perm=[0, 2, 1])), half)  # [B', Lq, Lk]
+    inner_shape = op.Concat(op.Shape(q_pos), op.Shape(k_pos, start=-1), axis=0)  # [..., Lq, Lk]
+    return op.Mul(op.Reshape(head_scales, [-1, 1, 1]), op.Unsqueeze(op.Reshape(inner, inner_shape), [-3]))  # [..., H, Lq, Lk]
 
 
 class SandwichBias(AttentionBias):

@@ -66,47 +66,76 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
             return call(key_row, [q_pos, k_pos, *params], [out])
         return call(bias.function_name, [q_pos, k_pos, *params], [out], **attrs)
 
-    def block_bias_node(q_pos_b, k_pos_b, out):
-        if by_distance:
-            return call("SliceByDistance", ["distance_table", "q_idx", "k_idx", "k"], [out])
-        return bias_node(q_pos_b, k_pos_b, out)
+    def table_block_nodes(padded: bool):
+        """A block's bias is a slice of the (masked) table, plus the padding penalty only in the
+        Loop that runs when some key is padding: unpadded inputs see one Add over the scores."""
+        slice_out = "bias_slice" if padded else "bias_b"
+        return [
+            call("SliceByDistance", ["distance_table", "q_idx", "k_idx", "k"], [slice_out]),
+            *([call("AddPaddingPenalty", ["bias_slice", "keep_b"], ["bias_b"])] if padded else []),
+            call("BlockAttendMasked", ["q_b", "k_t_b", "v_b", "bias_b"], ["attended_b"]),
+        ]
 
-    # The table path caps its rows (nn/blocked.py TABLE_ROW_BUDGET): block_rows = min(max_block, max(1, budget // Lk))
+    # The table path caps its rows (nn/blocked.py table_block): min(max_block, max(1, budget // (Lk + min(Lk, lookahead))))
     table_rows = [
         scalar_node("row_budget", TABLE_ROW_BUDGET),
         scalar_node("one_row", 1),
         helper.make_node("Shape", ["k"], ["k_len_1d"], start=2, end=3),
         helper.make_node("Squeeze", ["k_len_1d"], ["k_len"]),
-        helper.make_node("Div", ["row_budget", "k_len"], ["budget_rows"]),
+        helper.make_node("Min", ["k_len", "lookahead"], ["k_ahead"]),
+        helper.make_node("Add", ["k_len", "k_ahead"], ["table_width"]),
+        helper.make_node("Div", ["row_budget", "table_width"], ["budget_rows"]),
         helper.make_node("Max", ["budget_rows", "one_row"], ["budget_rows_1"]),
         helper.make_node("Min", ["max_block", "budget_rows_1"], ["loop_block"]),
     ] if by_distance else []
     # Before the Loop: the family's own function on the table's positions -> [H|1, Bq, M]
+    # (causal: with the mask folded in), and whether any key is padding
     distance_table = [
         call("DistanceTablePositions", ["k", "block", "lookahead"], ["table_rows", "table_cols"]),
-        call(bias.function_name, ["table_rows", "table_cols", *params], ["distance_table"], **attrs),
+        call(bias.function_name, ["table_rows", "table_cols", *params],
+             ["distance_table_unmasked" if bias.causal else "distance_table"], **attrs),
+        *([call("MaskFutureInTable", ["distance_table_unmasked", "table_rows", "table_cols"], ["distance_table"])]
+          if bias.causal else []),
+        call("HasPadding", ["keep"], ["has_padding"]),
     ] if by_distance else []
 
     out_type = _ELEM_TYPES[dtype]
-    body = helper.make_graph(
-        [
-            call("BlockQueries", ["it", "q_pad", "q_pos_pad", "block", "offset"], ["q_b", "q_pos_b", "q_idx"]),
-            call("BlockKeys", ["it", "k_t", "v", "k_pos", "keep", "block", "offset", "lookback", "lookahead"],
-                 ["k_t_b", "v_b", "k_pos_b", "k_idx", "keep_b"]),
-            block_bias_node("q_pos_b", "k_pos_b", "bias_b"),
+
+    def loop_body(bias_and_attend):
+        return helper.make_graph(
+            [
+                call("BlockQueries", ["it", "q_pad", "q_pos_pad", "block", "offset"], ["q_b", "q_pos_b", "q_idx"]),
+                call("BlockKeys", ["it", "k_t", "v", "k_pos", "keep", "block", "offset", "lookback", "lookahead"],
+                     ["k_t_b", "v_b", "k_pos_b", "k_idx", "keep_b"]),
+                *bias_and_attend,
+                # a leading 1-axis: see BlockAssemble for why
+                helper.make_node("Constant", [], ["axis0"], value=helper.make_tensor("axis0", TensorProto.INT64, [1], [0])),
+                helper.make_node("Unsqueeze", ["attended_b", "axis0"], ["out_b"]),  # [1, B, H, Bq, d]
+                helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            ],
+            "query_block",
+            [helper.make_tensor_value_info("it", TensorProto.INT64, []),
+             helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
+            [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+             helper.make_tensor_value_info("out_b", out_type, None)],
+        )
+
+    def loop(bias_and_attend, out):  # [n, 1, B, H, Bq, d] (or [n, B, ...])
+        return helper.make_node("Loop", ["n_blocks", "go"], [out], body=loop_body(bias_and_attend))
+
+    if by_distance:  # an If inside the body would copy each block's bias (ONNX Runtime), so two Loops
+        def branch(padded):
+            name = "blocks_padded" if padded else "blocks_unpadded"
+            return helper.make_graph([loop(table_block_nodes(padded), name)], name, [],
+                                     [helper.make_tensor_value_info(name, out_type, None)])
+        query_loop = helper.make_node("If", ["has_padding"], ["blocks"], then_branch=branch(True),
+                                      else_branch=branch(False))
+    else:
+        query_loop = loop([
+            bias_node("q_pos_b", "k_pos_b", "bias_b"),
             *reach_nodes("q_idx"),
             call("BlockAttend", ["q_b", "k_t_b", "v_b", "bias_b", reach_of("q_idx"), "k_idx", "keep_b"], ["attended_b"]),
-            # a leading 1-axis: see BlockAssemble for why
-            helper.make_node("Constant", [], ["axis0"], value=helper.make_tensor("axis0", TensorProto.INT64, [1], [0])),
-            helper.make_node("Unsqueeze", ["attended_b", "axis0"], ["out_b"]),  # [1, B, H, Bq, d]
-            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-        ],
-        "query_block",
-        [helper.make_tensor_value_info("it", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("out_b", out_type, None)],
-    )
+        ], "blocks")
     blocks = helper.make_graph(
         [
             scalar_node("lookback", _UNBOUNDED if reach is None else reach),
@@ -116,19 +145,24 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
             call("BlockPrepare", ["q", "k", "v", "q_pos", "loop_block" if by_distance else "max_block"],
                  ["q_pad", "k_t", "q_pos_pad", "block", "n_blocks", "offset"]),
             *distance_table,
-            helper.make_node("Loop", ["n_blocks", "go"], ["blocks"], body=body),  # [n, 1, B, H, Bq, d] (or [n, B, ...])
+            query_loop,
             call("BlockAssemble", ["blocks", "q", "block"], ["out_blocks"]),
         ],
         "query_blocks", [], [helper.make_tensor_value_info("out_blocks", out_type, None)],
     )
     # One block's worth of queries (decode steps, short prompts): the same math without the
     # Loop, its padding and its copies of the key cache; a decode step costs what the plain form does.
+    # A local window reads only the keys within its reach (indices then count from the first of them).
+    k, v, k_pos, keep = ("k_w", "v_w", "k_pos_w", "keep_w") if reach is not None else ("k", "v", "k_pos", "keep")
     direct = helper.make_graph(
         [
-            call("DirectPrepare", ["q", "k"], ["q_scaled", "k_t_all", "q_idx_all", "k_idx_all"]),
-            bias_node("q_pos", "k_pos", "bias_all"),
+            *([scalar_node("direct_lookback", reach),
+               call("DirectWindowKeys", ["q", "k", "v", "k_pos", "keep", "direct_lookback"], [k, v, k_pos, keep])]
+              if reach is not None else []),
+            call("DirectPrepare", ["q", k], ["q_scaled", "k_t_all", "q_idx_all", "k_idx_all"]),
+            bias_node("q_pos", k_pos, "bias_all"),
             *reach_nodes("q_idx_all"),
-            call("BlockAttend", ["q_scaled", "k_t_all", "v", "bias_all", reach_of("q_idx_all"), "k_idx_all", "keep"],
+            call("BlockAttend", ["q_scaled", "k_t_all", v, "bias_all", reach_of("q_idx_all"), "k_idx_all", keep],
                  ["out_direct"]),
         ],
         "one_block", [], [helper.make_tensor_value_info("out_direct", out_type, None)],

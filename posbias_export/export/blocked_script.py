@@ -66,6 +66,21 @@ def DirectPrepare(q: FLOAT, k: FLOAT):
 
 
 @script(posbias, default_opset=op)
+def DirectWindowKeys(q: FLOAT, k: FLOAT, v: FLOAT, k_pos: INT64, keep: BOOL, lookback: INT64):
+    """The keys a local window lets the queries (the last Lq) see: [lo, Lk) with lo = max(0,
+    Lk - Lq - lookback). A decode step then reads `lookback` cached keys, not the whole cache.
+
+    Returns k_w, v_w [B, H, W, d], k_pos_w [..., W], keep_w [B|1, 1, 1, W].
+    PyTorch: keys = slice(max(0, Lk - Lq - lookback), Lk); k[:, :, keys], v[:, :, keys], k_pos[..., keys], keep[..., keys]
+    """
+    q_len = op.Shape(q, start=2, end=3)  # [1]
+    k_len = op.Shape(k, start=2, end=3)  # [1]
+    lo = op.Max(op.Sub(op.Sub(k_len, q_len), op.Reshape(lookback, [1])), op.Constant(value_ints=[0]))  # [1]
+    return (op.Slice(k, lo, k_len, [2]), op.Slice(v, lo, k_len, [2]), op.Slice(k_pos, lo, k_len, [-1]),
+            op.Slice(keep, lo, k_len, [-1]))
+
+
+@script(posbias, default_opset=op)
 def BlockQueries(it: INT64, q_pad: FLOAT, q_pos_pad: INT64, block: INT64, offset: INT64):
     """Query block `it`: q_b [B, H, Bq, d], q_pos_b [..., Bq], and each row's index on the key
     axis, q_idx [Bq, 1] (= offset + row), which the causal mask compares with.
@@ -140,6 +155,50 @@ def SliceByDistance(table: FLOAT, q_idx: INT64, k_idx: INT64, k: FLOAT) -> FLOAT
 
 
 @script(posbias, default_opset=op)
+def MaskFutureInTable(table: FLOAT, rows: INT64, cols: INT64) -> FLOAT:
+    """The causal mask folded into the distance table, once per call: entry (r, m) is a key
+    after its query when cols[m] > r (distance r - cols[m] < 0), and gets MASK_PENALTY there, so
+    a block's slice already carries its causal mask (one [H, Bq, W] Add and a Where per block fewer).
+
+    table [H|1, Bq, M], rows [Bq], cols [M] -> [H|1, Bq, M]
+    PyTorch: table + where(cols[None, :] <= rows[:, None], 0, -1e30)
+    """
+    allowed = op.LessOrEqual(cols, op.Unsqueeze(rows, [1]))  # [Bq, M]
+    return op.Add(table, op.Where(allowed, op.Constant(value_float=0.0), op.Constant(value_float=MASK_PENALTY)))
+
+
+@script(posbias, default_opset=op)
+def HasPadding(keep: BOOL) -> BOOL:
+    """True when some key is padding (keep [B|1, 1, 1, Lk] has a false), checked once per call so
+    unpadded inputs skip the padding penalty in every block.
+
+    PyTorch: not keep.all()
+    """
+    return op.Equal(op.ReduceMin(op.Cast(keep, to=7), keepdims=0), op.Constant(value_int=0))  # keep as int64
+
+
+@script(posbias, default_opset=op)
+def AddPaddingPenalty(bias: FLOAT, keep_b: BOOL) -> FLOAT:
+    """bias [H|1, Bq, W] plus MASK_PENALTY on padding keys (keep_b [B|1, 1, 1, W]) -> [B|1, H|1, Bq, W].
+
+    PyTorch: bias + where(keep_b, 0, -1e30)
+    """
+    return op.Add(bias, op.Where(keep_b, op.Constant(value_float=0.0), op.Constant(value_float=MASK_PENALTY)))
+
+
+@script(posbias, default_opset=op)
+def BlockAttendMasked(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, bias: FLOAT) -> FLOAT:
+    """softmax(q_b k_b^T + bias) v_b, [B, H, Bq, d], for a bias that already carries the masks
+    (a slice of a masked distance table): one Add over the scores instead of BlockAttend's two.
+
+    PyTorch: softmax((q_b @ k_t_b).float() + bias, -1).to(v_b.dtype) @ v_b
+    """
+    scores = op.Add(op.Cast(op.MatMul(q_b, k_t_b), to=1), bias)  # [B, H, Bq, W] float32
+    probs = op.Softmax(scores, axis=-1)  # [B, H, Bq, W]
+    return op.MatMul(op.CastLike(probs, v_b), v_b)  # [B, H, Bq, d]
+
+
+@script(posbias, default_opset=op)
 def BlockAttend(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, bias: FLOAT, q_idx: INT64, k_idx: INT64, keep_b: BOOL) -> FLOAT:
     """softmax(q_b k_b^T + bias + mask) v_b for one block, [B, H, Bq, d]. Scores, bias and
     softmax in float32 whatever the model dtype (as the plain form).
@@ -177,5 +236,5 @@ def BlockAssemble(blocks: FLOAT, q: FLOAT, block: INT64) -> FLOAT:
     return op.Slice(joined, [0], op.Shape(q, start=2, end=3), [2])  # [B, H, Lq, d]
 
 
-BLOCK_FUNCTIONS = (FitsOneBlock, DirectPrepare, BlockPrepare, BlockQueries, BlockKeys, DistanceTablePositions, SliceByDistance,
-                   BlockAttend, BlockAssemble)
+BLOCK_FUNCTIONS = (FitsOneBlock, DirectPrepare, DirectWindowKeys, BlockPrepare, BlockQueries, BlockKeys, DistanceTablePositions, SliceByDistance,
+                   MaskFutureInTable, HasPadding, AddPaddingPenalty, BlockAttend, BlockAttendMasked, BlockAssemble)

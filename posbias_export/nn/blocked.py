@@ -17,9 +17,10 @@ import torch
 from ..biases import MASK_PENALTY, AttentionBias
 
 DEFAULT_BLOCK = 256  # query rows per block: the fastest measured at L=8192 and 16384 (README, benchmarks/attention.md)
-# The distance-table path holds a [H, rows, ~Lk + rows] table and a slice of it per block on top of
-# the scores: its rows are capped at TABLE_ROW_BUDGET // Lk (256 at 8192, 128 at 16384), which
-# keeps 16384 under 1 GB (256 rows there: 1.38 GB measured) and costs no time (128 vs 256 at 8192: same).
+# The distance-table path holds a [H, rows, Lk + reach] table and a slice of it per block on top of
+# the scores: its rows are capped so the table has at most TABLE_ROW_BUDGET entries per head (causal:
+# 256 rows at 8192, 128 at 16384; bidirectional, twice as wide: half that), which keeps 16384 under
+# 1 GB (256 causal rows there: 1.20 GB measured, and no faster).
 TABLE_ROW_BUDGET = 1 << 21
 FUNCTION_PREFIX = "BlockedAttention"
 
@@ -34,6 +35,13 @@ def slices_by_distance(bias: AttentionBias, q_pos: torch.Tensor) -> bool:
     (1-D positions: query_key_positions; batched ones come from a padding mask and are not):
     each block's bias is a slice of one table of per-distance values, see DistanceTablePositions."""
     return bias.relative and not bias.uses_key_row() and q_pos.dim() == 1
+
+
+def table_block(block: int, k_len: int, lookahead: int | None) -> int:
+    """Query rows per block on the distance-table path: at most TABLE_ROW_BUDGET table entries
+    per head, the table being Lk + min(Lk, lookahead) wide (as the ONNX body computes it)."""
+    width = k_len + (k_len if lookahead is None else min(k_len, lookahead))
+    return min(block, max(1, TABLE_ROW_BUDGET // width))
 
 
 def keep_mask(key_mask: torch.Tensor | None, k_len, device=None) -> torch.Tensor:
@@ -68,10 +76,13 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
     if by_distance and Lq > block:  # as the ONNX Loop branch: table[h, r, m] = g_h(r - m + Lk)
         if not torch.onnx.is_in_onnx_export() and not torch.equal(k_pos, torch.arange(Lk, device=k_pos.device)):
             raise ValueError("the distance table needs positions equal to the key indices")
-        block = min(block, max(1, TABLE_ROW_BUDGET // Lk))
+        block = table_block(block, Lk, bias.lookahead)
         reach_ahead = Lk if bias.lookahead is None else min(Lk, block + bias.lookahead)
-        cols = torch.arange(Lk + reach_ahead, device=q.device) - Lk  # [M]
-        table = bias.from_positions(torch.arange(block, device=q.device), cols)  # [H|1, Bq, M]
+        rows, cols = torch.arange(block, device=q.device), torch.arange(Lk + reach_ahead, device=q.device) - Lk  # [Bq], [M]
+        table = bias.from_positions(rows, cols).to(work)  # [H|1, Bq, M]
+        if bias.causal:  # MaskFutureInTable: key after query where cols[m] > r
+            table = table + torch.where(cols[None, :] <= rows[:, None], 0.0, MASK_PENALTY).to(work)
+        padded = not bool(keep.all())  # HasPadding: the padded Loop adds the padding penalty
     outputs = []
     for start in range(0, Lq, block):
         stop = min(start + block, Lq)
@@ -80,13 +91,16 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
         q_idx = torch.arange(offset + start, offset + stop, device=q.device)[:, None]  # [Bq, 1]
         k_idx = torch.arange(lo, end, device=q.device)  # [W]
         scores = (q[:, :, start:stop] * scale) @ k[:, :, lo:end].transpose(-1, -2)  # [B, H, Bq, W]
-        allowed = keep[..., lo:end] & ((k_idx <= q_idx) if bias.causal else True)  # [B|1, 1, Bq|1, W]
-        penalty = torch.where(allowed, 0.0, MASK_PENALTY).to(work)  # [B|1, 1, Bq, W], see BlockAttend
-        if table is not None:
+        if table is not None:  # the masks are in the table (causal) or added only when padded
             first = lo - (offset + start) + Lk  # SliceByDistance
-            block_bias = table[:, : stop - start, first:first + end - lo].to(work)  # [H|1, Bq, W]
+            masked_bias = table[:, : stop - start, first:first + end - lo]  # [H|1, Bq, W]
+            if padded:  # AddPaddingPenalty
+                masked_bias = masked_bias + torch.where(keep[..., lo:end], 0.0, MASK_PENALTY).to(work)  # [B|1, H|1, Bq, W]
         else:
+            allowed = keep[..., lo:end] & ((k_idx <= q_idx) if bias.causal else True)  # [B|1, 1, Bq|1, W]
+            penalty = torch.where(allowed, 0.0, MASK_PENALTY).to(work)  # [B|1, 1, Bq, W], see BlockAttend
             block_bias = bias.from_positions(q_pos[..., start:stop], k_pos[..., lo:end]).to(work)  # [.., H|1, Bq, W]
-        probs = torch.softmax(scores.to(work) + (block_bias + penalty), dim=-1)  # [B, H, Bq, W]
+            masked_bias = block_bias + penalty
+        probs = torch.softmax(scores.to(work) + masked_bias, dim=-1)  # [B, H, Bq, W]
         outputs.append(probs.to(v.dtype) @ v[:, :, lo:end])  # [B, H, Bq, d]
     return torch.cat(outputs, dim=2)  # [B, H, Lq, d]
