@@ -102,6 +102,7 @@ def build_export_parser() -> argparse.ArgumentParser:
     from .biases import BIASES, hyper_parameter_fields
     from .export import DTYPES, OPSETS
     from .nn import ARCHS, ATTENTION_FORMS
+    from .nn.blocked import TARGETS
     from .nn.positions import RESIZE_METHODS
 
     p = _Parser(
@@ -128,7 +129,12 @@ def build_export_parser() -> argparse.ArgumentParser:
     p.add_argument("--dim", type=_positive_int, help="model width, divisible by --heads (default 128)")
     p.add_argument("--layers", type=_positive_int, help="transformer layers (default 2)")
     p.add_argument("--bidirectional", action="store_true", default=None, help="no causal mask; symmetric bias")
-    p.add_argument("--opset", type=int, choices=OPSETS, default=18, help="18 (portable) or 23 (ONNX Attention op)")
+    p.add_argument("--opset", type=int, choices=OPSETS, default=None,
+                   help="18 (portable; the default) or 23 (ONNX Attention op; the default for --target cuda)")
+    p.add_argument("--target", choices=TARGETS, default="portable",
+                   help="portable: runs everywhere (default); cuda: GPU-shaped blocks, each one ONNX Attention op "
+                   "(opset 23, large blocks, no tensor past 2^31 elements) for ONNX Runtime CUDA; cuda-ort: the "
+                   "same with com.microsoft.MultiHeadAttention (ONNX Runtime only, CPU or CUDA)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
                    help="weights and activations; float16 keeps scores, bias and softmax in float32")
     p.add_argument("--trace-len", type=_positive_int, default=16, help="sequence length used to trace (default 16)")
@@ -138,7 +144,8 @@ def build_export_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", choices=ATTENTION_FORMS, default=None,
                    help="blocked: a Loop over query blocks, memory linear in L (default for opset 18, causal "
                    "or bidirectional); plain: the whole [heads, L, L] bias and scores at once (default for opset 23)")
-    p.add_argument("--block", type=_positive_int, default=None, help="blocked form: query rows per block (default 128)")
+    p.add_argument("--block", type=_positive_int, default=None,
+                   help="blocked form: query rows per block (default 256; GPU targets 4096, fewer for long keys)")
     p.add_argument("--inline-functions", action="store_true",
                    help="expand the posbias.* functions into a flat graph of standard ops")
     p.add_argument("--attention-mask", action="store_true",
@@ -190,12 +197,14 @@ def run_export_folder(args) -> int:
     given = [name for name in _MODEL_FOLDER_CONFLICTS if getattr(args, name)] + (["bias_param"] if args.bias_param else [])
     if args.dtype != "float32":
         given.append("dtype")
+    if args.target != "portable":
+        given.append("target")
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise CliError(f"--model takes the architecture and weights from the folder; drop {flags}")
     folder = Path(args.model)
     check_outputs([args.out], [args.model, *(sorted(folder.iterdir()) if folder.is_dir() else [])])
-    report = export_model(args.model, args.out, opset=args.opset, trace_len=args.trace_len, kv_cache=args.kv_cache,
+    report = export_model(args.model, args.out, opset=args.opset or 18, trace_len=args.trace_len, kv_cache=args.kv_cache,
                           inline_functions=args.inline_functions, attention=args.attention,
                           part=args.part or "encoder", **({"block": args.block} if args.block else {}))
     print(report.summary())
@@ -242,7 +251,7 @@ def run_export(argv: list[str]) -> int:
     report = export_onnx(model, args.out, opset=args.opset, dtype=args.dtype, trace_len=args.trace_len,
                          attention_mask=args.attention_mask, kv_cache=args.kv_cache,
                          inline_functions=args.inline_functions, attention=args.attention,
-                         **({"block": args.block} if args.block else {}),
+                         block=args.block, target=args.target,
                          metadata=checkpoint_metadata(args.checkpoint) if args.checkpoint else {"seed": args.seed})
     print(report.summary())
     if args.checkpoint:
@@ -382,6 +391,10 @@ def build_bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-length", type=int, default=8192,
                    help="also profile ORT (blocked form) at this length; 0: no profile")
     p.add_argument("--out-dir", default="benchmarks", help="where the results files go (default benchmarks)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: our GPU-shaped and portable exports on ONNX Runtime CUDA vs PyTorch eager, fused SDPA "
+                   "and FlexAttention on the GPU, float16 and float32 (lengths default 1024,4096,16384,32768); "
+                   "writes gpu_attention.md/.json")
     return p
 
 
@@ -395,6 +408,8 @@ def run_bench(argv: list[str]) -> int:
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise CliError(f"--out-dir {out_dir} is a file")
+    if args.device == "cuda":
+        return run_bench_gpu(args, out_dir)
     with tqdm(total=bench.count(args.biases, args.lengths, args.configs, args.variants), desc="bench",
               unit="config", disable=None, file=sys.stderr) as bar:
         cells = bench.run(args.biases, args.lengths, args.configs, args.repeats, args.heads, args.head_dim,
@@ -403,6 +418,25 @@ def run_bench(argv: list[str]) -> int:
     if args.profile_length:
         paths.append(bench.write_profile(args.biases, args.profile_length, args.heads, args.head_dim, out_dir))
     print(paths[1].read_text())
+    print("wrote " + ", ".join(str(x) for x in paths))
+    return 0
+
+
+def run_bench_gpu(args, out_dir: Path) -> int:
+    import tempfile
+
+    import torch
+
+    from .bench import gpu_attention
+
+    if not torch.cuda.is_available():
+        raise CliError("bench --device cuda needs a CUDA GPU visible to PyTorch")
+    lengths = gpu_attention.LENGTHS if "--lengths" not in sys.argv else args.lengths
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="posbias-gpu-") as tmp:
+        result = gpu_attention.run(args.biases, lengths, gpu_attention.DTYPES, gpu_attention.TARGETS, args.heads,
+                                   args.head_dim, max(args.repeats, 10), Path(tmp), progress=print)
+    paths = gpu_attention.write(result, out_dir)
     print("wrote " + ", ".join(str(x) for x in paths))
     return 0
 
@@ -417,6 +451,11 @@ def build_bench_decode_parser() -> argparse.ArgumentParser:
                    help="comma-separated context lengths decoded from (default 512,4096)")
     p.add_argument("--steps", type=_positive_int, default=32, help="decode steps timed per context")
     p.add_argument("--out-dir", default="benchmarks", help="where decode.md/.json go (default benchmarks)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: ONNX Runtime CUDA (cache kept on the GPU) vs PyTorch eager on the GPU; writes "
+                   "gpu_decode.md/.json")
+    p.add_argument("--target", choices=("portable", "cuda", "cuda-ort"), default="portable",
+                   help="export target of the decoder file (default portable)")
     return p
 
 
@@ -431,7 +470,8 @@ def run_bench_decode(argv: list[str]) -> int:
     if unknown:
         raise CliError(f"unknown bias {unknown[0]!r}; choose one of: {', '.join(BIASES)}")
     with tqdm(total=len(args.biases), desc="bench-decode", unit="bias", disable=None, file=sys.stderr) as bar:
-        rows = run(args.biases, args.contexts, args.steps, args.out_dir, progress=bar.update)
+        rows = run(args.biases, args.contexts, args.steps, args.out_dir, progress=bar.update, device=args.device,
+                   target=args.target)
     for r in rows:
         print(f"{r['bias']:>13} context {r['context']:>5}: ORT {r['ort_ms_median']:.2f} ms/token, "
               f"PyTorch {r['torch_ms_median']:.2f} ms/token, ratio {r['ort_over_torch']:.2f}")

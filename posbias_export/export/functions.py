@@ -15,6 +15,7 @@ import onnx.inliner
 from ..biases import BIASES, bias_class
 from ..biases.onnx_domain import DOMAIN, STANDARD_DOMAINS, VERSION, RelativeDistance
 from .blocked_script import BLOCK_FUNCTIONS
+from .gpu_script import GPU_FUNCTIONS
 
 __all__ = ["all_nodes", "attach", "function_protos", "inline", "library"]
 
@@ -24,7 +25,7 @@ def _library() -> tuple[onnx.FunctionProto, ...]:
     protos = [RelativeDistance.to_function_proto()]
     for name in BIASES:
         protos += bias_class(name).function_protos()
-    protos += [fn.to_function_proto() for fn in BLOCK_FUNCTIONS]
+    protos += [fn.to_function_proto() for fn in BLOCK_FUNCTIONS + GPU_FUNCTIONS]
     names = [p.name for p in protos]
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:
@@ -86,6 +87,14 @@ def attach(model: onnx.ModelProto, opset: int, generated=()) -> list[str]:
             model.functions.append(proto)
     if not any(i.domain == DOMAIN for i in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, VERSION))
+    # a runtime's own domain a function calls (the cuda-ort target's MultiHeadAttention) is
+    # imported by the model too: ONNX Runtime resolves a function's domains against the model's
+    have = {i.domain for i in model.opset_import}
+    for proto in model.functions:
+        for imp in proto.opset_import:
+            if imp.domain not in have:
+                model.opset_import.append(onnx.helper.make_opsetid(imp.domain, imp.version))
+                have.add(imp.domain)
     return sorted(used)
 
 

@@ -31,6 +31,7 @@ def export_metadata(cfg: ModelConfig, arch: str, dtype: str, opset: int, trace_l
     }
     if settings.form == "blocked":
         meta["attention_block"] = str(settings.block)
+        meta["target"] = settings.target
     if cfg.position == "learned":
         meta["max_positions"] = str(cfg.max_positions)  # runners refuse longer inputs with a clear error
     meta.update({k: str(v) for k, v in (extra or {}).items()})
@@ -58,5 +59,6 @@ def settings_from_metadata(meta: dict[str, str]) -> AttentionSettings:
     return AttentionSettings(
         form=meta.get("attention", "plain"),
         block=int(meta.get("attention_block", AttentionSettings.block)),
-        impl="sdpa" if int(meta.get("opset", 18)) >= 23 else "explicit",
+        impl="sdpa" if int(meta.get("opset", 18)) >= 23 and meta.get("attention", "plain") == "plain" else "explicit",
+        target=meta.get("target", "portable"),
     )

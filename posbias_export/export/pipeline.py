@@ -25,9 +25,11 @@ import torch
 
 from ..biases import FAMILIES, AttentionBias
 from ..nn import DEFAULT_BLOCK, AttentionSettings, ModelConfig, non_finite_tensor
+from ..nn.blocked import GPU_DEFAULT_BLOCK, TARGETS
 from ..errors import first_line
 from . import checks, functions
 from .blocked_graph import function_proto as blocked_function_proto
+from .gpu_graph import gpu_function_proto
 from .files import SavedModel, ensure_writable, save_checked
 from .metadata import export_metadata, write_metadata
 from .signature import Signature, signature
@@ -87,9 +89,14 @@ class ExportRequest:
         return DTYPES[self.dtype]
 
 
-def attention_form(cfg, opset: int, requested: str | None) -> str:
+def attention_form(cfg, opset: int, requested: str | None, target: str = "portable") -> str:
     """blocked (memory linear in L, causal or bidirectional) for opset-18 exports unless the
-    plain form is asked for; opset 23 uses the ONNX Attention op, which needs the plain form."""
+    plain form is asked for; opset 23 uses the ONNX Attention op, which needs the plain form.
+    The GPU targets are blocked bodies (with a fused attention op per block)."""
+    if target != "portable":
+        if requested == "plain":
+            raise ValueError(f"target {target} is a blocked form; drop attention='plain' (or use target portable)")
+        return "blocked"
     if requested is None:
         return "blocked" if opset < 23 else "plain"
     if requested == "blocked" and opset >= 23:
@@ -98,8 +105,22 @@ def attention_form(cfg, opset: int, requested: str | None) -> str:
 
 
 # --- the passes, in order --------------------------------------------------------------------
+def target_opset(target: str, opset: int | None) -> int:
+    """18 unless asked; the cuda target's ONNX Attention op needs 23."""
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
+    if opset is None:
+        return 23 if target == "cuda" else 18
+    if target == "cuda" and opset < 23:
+        raise ValueError("target cuda uses the ONNX Attention op: it needs opset 23")
+    return opset
+
+
 def validate_request(model: torch.nn.Module, path, opset, dtype, trace_len, *, attention, block, attention_mask,
-                     kv_cache, inline_functions, check_growth, metadata) -> ExportRequest:
+                     kv_cache, inline_functions, check_growth, metadata, target="portable") -> ExportRequest:
+    opset = target_opset(target, opset)
+    if block is None:
+        block = DEFAULT_BLOCK if target == "portable" else GPU_DEFAULT_BLOCK
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if opset not in OPSETS:
@@ -123,8 +144,9 @@ def validate_request(model: torch.nn.Module, path, opset, dtype, trace_len, *, a
     if arch == "attention" and attention_mask:
         raise ValueError("the attention arch takes no attention_mask")
     # Opset 23 has the ONNX Attention op, which the exporter emits for SDPA.
-    settings = AttentionSettings(form=attention_form(cfg, opset, attention), block=block,
-                                 impl="sdpa" if opset >= 23 else "explicit", functions=True)
+    form = attention_form(cfg, opset, attention, target)
+    settings = AttentionSettings(form=form, block=block, functions=True, target=target,
+                                 impl="sdpa" if opset >= 23 and form == "plain" else "explicit")
     return ExportRequest(ensure_writable(path), cfg, arch, opset, dtype, trace_len, settings, bool(attention_mask),
                          bool(kv_cache), bool(inline_functions), bool(check_growth), dict(metadata or {}))
 
@@ -148,7 +170,11 @@ def generated_functions(model: torch.nn.Module, settings: AttentionSettings, dty
                 protos[proto.name] = proto
         if settings.form == "blocked":  # both bodies; the layers' nodes say which one they call
             for by_distance in (False, True):
-                proto = blocked_function_proto(bias, settings.block, dtype, opset, by_distance)
+                if settings.target == "portable":
+                    proto = blocked_function_proto(bias, settings.block, dtype, opset, by_distance)
+                else:
+                    proto = gpu_function_proto(bias, settings.block, dtype, opset, by_distance,
+                                               "onnx" if settings.target == "cuda" else "ort")
                 protos[proto.name] = proto
     return list(protos.values())
 
@@ -188,8 +214,11 @@ def attach_functions(proto: onnx.ModelProto, request: ExportRequest, generated: 
 def check_exported(proto: onnx.ModelProto, sig: Signature, request: ExportRequest) -> list[str]:
     checks.check_symbolic_axes(proto, sig.dynamic_axes)
     checks.check_domains(proto)
-    return ["symbolic batch/seq axes",
+    done = ["symbolic batch/seq axes",
             "standard domain only" if request.inline_functions else "standard ops + posbias local functions"]
+    if request.settings.target == "cuda-ort":
+        done[-1] += " + com.microsoft.MultiHeadAttention (ONNX Runtime only)"
+    return done
 
 
 def check_trace_growth(proto: onnx.ModelProto, model: torch.nn.Module, request: ExportRequest,
@@ -235,7 +264,7 @@ def report(proto: onnx.ModelProto, request: ExportRequest, initializer_bytes: in
 def export_onnx(
     model: torch.nn.Module,
     path: str | os.PathLike,
-    opset: int = 18,
+    opset: int | None = None,
     dtype: str = "float32",
     trace_len: int = 16,
     *,
@@ -244,8 +273,9 @@ def export_onnx(
     kv_cache: bool = False,
     inline_functions: bool = False,
     attention: str | None = None,
-    block: int = DEFAULT_BLOCK,
+    block: int | None = None,
     metadata: dict | None = None,
+    target: str = "portable",
 ) -> ExportReport:
     """Export `model` (from build_model) to `path` and check the result; returns a report.
 
@@ -257,6 +287,9 @@ def export_onnx(
     attention_mask=True adds an `attention_mask` [B, L] input (1 = token, 0 = padding).
     attention: "blocked" (the default for causal opset-18 exports: a Loop over query blocks of
     `block` rows, memory linear in L) or "plain" (the whole [H, L, L] bias and scores at once).
+    target: "portable" (every runtime), "cuda" (GPU-shaped blocked body ending each block in
+    the ONNX Attention op, opset 23) or "cuda-ort" (the same with ONNX Runtime's
+    com.microsoft.MultiHeadAttention: ONNX Runtime only). opset: 18, or 23 for target cuda.
     Raises ValueError for bad arguments, OSError for an unwritable path, and
     checks.ExportCheckError when the exported model fails a post-export check. On any failure
     no file is written and an existing file at `path` is left untouched.
@@ -264,7 +297,7 @@ def export_onnx(
     start = time.perf_counter()
     request = validate_request(model, path, opset, dtype, trace_len, attention=attention, block=block,
                                attention_mask=attention_mask, kv_cache=kv_cache, inline_functions=inline_functions,
-                               check_growth=check_growth, metadata=metadata)
+                               check_growth=check_growth, metadata=metadata, target=target)
     prepared = prepare(model, request)
     generated = blocked_functions(prepared, request)
     proto, sig = trace(prepared, request, request.trace_len)

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..biases import AttentionBias, create_bias, mask_value, query_key_positions
-from .blocked import DEFAULT_BLOCK, blocked_attention, keep_mask
+from .blocked import DEFAULT_BLOCK, TARGETS, blocked_attention, keep_mask
 from .config import ModelConfig
 from .positions import RotaryEmbedding, logn_scale
 
@@ -41,6 +41,7 @@ class AttentionSettings:
     block: int = DEFAULT_BLOCK
     impl: str = "explicit"
     functions: bool = False
+    target: str = "portable"  # the blocked body's shape: portable, or GPU-shaped (nn/blocked.py TARGETS)
 
     def __post_init__(self):
         if self.form not in ATTENTION_FORMS:
@@ -49,6 +50,8 @@ class AttentionSettings:
             raise ValueError(f"attention impl must be one of {', '.join(ATTENTION_IMPLS)}, got {self.impl!r}")
         if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
             raise ValueError(f"block must be a positive integer, got {self.block!r}")
+        if self.target not in TARGETS:
+            raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {self.target!r}")
 
 
 EAGER = AttentionSettings()  # what a plain model(x) call uses
@@ -66,7 +69,7 @@ def attention_heads(q, k, v, q_pos, k_pos, key_mask, bias: AttentionBias, causal
     Lq, Lk = q.shape[2], k.shape[2]
     if settings.form == "blocked":  # causal or not: the bias knows (bias.causal == causal)
         return blocked_attention(q, k, v, q_pos, k_pos, keep_mask(key_mask, Lk, q.device), bias, settings.block,
-                                 settings.functions)
+                                 settings.functions, settings.target)
     q_idx, k_idx = query_key_positions(Lq, Lk, device=q.device)  # [Lq], [Lk]
     allowed = (k_idx.unsqueeze(0) <= q_idx.unsqueeze(1)) if causal else None  # [Lq, Lk]
     if key_mask is not None:

@@ -22,6 +22,12 @@ DEFAULT_BLOCK = 256  # query rows per block: the fastest measured at L=8192 and 
 # 256 rows at 8192, 128 at 16384; bidirectional, twice as wide: half that), which keeps 16384 under
 # 1 GB (256 causal rows there: 1.20 GB measured, and no faster).
 TABLE_ROW_BUDGET = 1 << 21
+# The GPU-shaped targets (export/gpu_graph.py): entries per head of one block's bias. 2^26 keeps
+# [H=8, rows, W] at 2^29 elements (1 GB in float16), far from ONNX Runtime CUDA's 2^31-element
+# index limit: 4096 rows at L=16384, 2048 at 32768.
+GPU_ROW_BUDGET = 1 << 26
+GPU_DEFAULT_BLOCK = 4096
+TARGETS = ("portable", "cuda", "cuda-ort")  # cuda: ONNX Attention-23 per block; cuda-ort: com.microsoft.MultiHeadAttention
 FUNCTION_PREFIX = "BlockedAttention"
 
 
@@ -30,18 +36,19 @@ def function_name(bias: AttentionBias, by_distance: bool = False) -> str:
     return FUNCTION_PREFIX + bias.function_name + ("ByDistance" if by_distance else "")
 
 
-def slices_by_distance(bias: AttentionBias, q_pos: torch.Tensor) -> bool:
-    """A relative family without a key-row shortcut whose positions are the key indices
-    (1-D positions: query_key_positions; batched ones come from a padding mask and are not):
-    each block's bias is a slice of one table of per-distance values, see DistanceTablePositions."""
-    return bias.relative and not bias.uses_key_row() and q_pos.dim() == 1
+def slices_by_distance(bias: AttentionBias, q_pos: torch.Tensor, target: str = "portable") -> bool:
+    """A relative family whose positions are the key indices (1-D positions:
+    query_key_positions; batched ones come from a padding mask and are not): each block's bias
+    is a slice of one table of per-distance values, see DistanceTablePositions. The portable
+    target prefers a family's key-row shortcut (cheaper on a CPU); the GPU targets always slice."""
+    return bias.relative and (target != "portable" or not bias.uses_key_row()) and q_pos.dim() == 1
 
 
-def table_block(block: int, k_len: int, lookahead: int | None) -> int:
-    """Query rows per block on the distance-table path: at most TABLE_ROW_BUDGET table entries
-    per head, the table being Lk + min(Lk, lookahead) wide (as the ONNX body computes it)."""
+def table_block(block: int, k_len: int, lookahead: int | None, budget: int = TABLE_ROW_BUDGET) -> int:
+    """Query rows per block on the distance-table path: at most `budget` table entries per head,
+    the table being Lk + min(Lk, lookahead) wide (as the ONNX body computes it)."""
     width = k_len + (k_len if lookahead is None else min(k_len, lookahead))
-    return min(block, max(1, TABLE_ROW_BUDGET // width))
+    return min(block, max(1, budget // width))
 
 
 def keep_mask(key_mask: torch.Tensor | None, k_len, device=None) -> torch.Tensor:
@@ -51,14 +58,16 @@ def keep_mask(key_mask: torch.Tensor | None, k_len, device=None) -> torch.Tensor
     return key_mask.to(torch.bool)[:, None, None, :]
 
 
-def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: int, as_function: bool = False):
+def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: int, as_function: bool = False,
+                      target: str = "portable"):
     """softmax(q k^T / sqrt(d) + bias, (causal if bias.causal) & keep) v, one query block at a time.
 
     q [B, H, Lq, d], k/v [B, H, Lk, d] (queries are the last Lq key positions), q_pos [..., Lq],
     k_pos [..., Lk], keep bool [B|1, 1, 1, Lk]. During ONNX export with as_function this is one
-    posbias.BlockedAttention<Family> node. Returns [B, H, Lq, d].
+    posbias.BlockedAttention<Family> node (its body shaped for `target`). Returns [B, H, Lq, d].
+    The GPU targets budget their rows by GPU_ROW_BUDGET, also in the one-block branch.
     """
-    by_distance = slices_by_distance(bias, q_pos)
+    by_distance = slices_by_distance(bias, q_pos, target)
     if as_function and torch.onnx.is_in_onnx_export():
         tensors, _ = bias.function_inputs()
         tensors = [t.float() if t.is_floating_point() else t for t in tensors]
@@ -68,6 +77,8 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
         )
     Lq, Lk = q.shape[2], k.shape[2]
     offset = Lk - Lq
+    if target != "portable":  # rows budgeted by width before the one-block test, as gpu_graph.py
+        block = table_block(block, Lk, bias.lookahead, GPU_ROW_BUDGET)
     # one block: every key, as the ONNX If's direct branch
     reach, ahead = (bias.lookback, bias.lookahead) if Lq > block else (None, None)
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -76,7 +87,8 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
     if by_distance and Lq > block:  # as the ONNX Loop branch: table[h, r, m] = g_h(r - m + Lk)
         if not torch.onnx.is_in_onnx_export() and not torch.equal(k_pos, torch.arange(Lk, device=k_pos.device)):
             raise ValueError("the distance table needs positions equal to the key indices")
-        block = table_block(block, Lk, bias.lookahead)
+        if target == "portable":
+            block = table_block(block, Lk, bias.lookahead)
         reach_ahead = Lk if bias.lookahead is None else min(Lk, block + bias.lookahead)
         rows, cols = torch.arange(block, device=q.device), torch.arange(Lk + reach_ahead, device=q.device) - Lk  # [Bq], [M]
         table = bias.from_positions(rows, cols).to(work)  # [H|1, Bq, M]

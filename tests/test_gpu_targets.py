@@ -1,0 +1,136 @@
+"""The GPU-shaped export targets (--target cuda / cuda-ort), checked where CI runs (ONNX Runtime
+CPU and the ONNX reference evaluator): same math as the PLAIN float64 form (an independent
+computation) across block boundaries, the graph shape the GPU needs (one fused attention op per
+block, the distance table expanded from a vector by one Gather, no tensor near 2^31 elements),
+and the options. The CUDA measurements are in benchmarks/gpu_*.md (bench --device cuda)."""
+from __future__ import annotations
+
+import onnx
+import pytest
+import torch
+from onnx.reference import ReferenceEvaluator
+
+import posbias_export as pbe
+from posbias_export.export import functions, read_metadata
+from posbias_export.nn.attention import AttentionSettings
+from posbias_export.nn.blocked import GPU_ROW_BUDGET, table_block
+from posbias_export.parity import FLOAT32, compare, torch_outputs
+from conftest import SMALL, ort_session
+
+FUSED_OP = {"cuda": ("", "Attention"), "cuda-ort": ("com.microsoft", "MultiHeadAttention")}
+
+
+def _qkv(length, seed, batch=2):
+    g = torch.Generator().manual_seed(seed)
+    head_dim = SMALL["dim"] // SMALL["num_heads"]
+    return [torch.randn(batch, SMALL["num_heads"], length, head_dim, generator=g) for _ in range(3)]
+
+
+def _export(tmp_path, bias, target, block=16, causal=True, **kwargs):
+    core = pbe.build_model(pbe.ModelConfig(bias=bias, causal=causal, **SMALL), arch="attention")
+    path = tmp_path / f"{bias}_{target}.onnx"
+    pbe.export_onnx(core, path, block=block, check_growth=False, target=target, **kwargs)
+    return core, path
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("target", ["cuda", "cuda-ort"])
+@pytest.mark.parametrize("bias", pbe.BIASES)
+def test_gpu_target_matches_plain_float64(tmp_path, bias, target, causal):
+    """Block 16: L=1 and 16 take the one-block branch, 17 and 300 the Loop (partial last block)."""
+    core, path = _export(tmp_path, bias, target, causal=causal)
+    session = ort_session(path)
+    plain = AttentionSettings(form="plain")
+    for length in (1, 16, 17, 300):
+        q, k, v = _qkv(length, seed=length)
+        ref64 = torch_outputs(core, (q, k, v), torch.float64, plain)
+        torch32 = torch_outputs(core, (q, k, v), torch.float32, plain)
+        got = session.run(None, {"query": q.numpy(), "key": k.numpy(), "value": v.numpy()})[0]
+        parity = compare(got, ref64, torch32, FLOAT32)
+        assert parity.passed, f"L={length}: {parity}"
+
+
+@pytest.mark.parametrize("bias", ["alibi", "kerple_log", "sandwich", "window"])
+def test_reference_evaluator_runs_the_standard_gpu_target(tmp_path, bias):
+    """--target cuda is standard ONNX (opset 23 Attention): the reference evaluator runs it,
+    as local functions and inlined, through the Loop."""
+    core, path = _export(tmp_path, bias, "cuda", block=8)
+    model = onnx.load(path)
+    assert model.opset_import[0].version == 23 or any(i.domain == "" and i.version == 23 for i in model.opset_import)
+    q, k, v = _qkv(21, seed=3, batch=1)
+    feeds = {"query": q.numpy(), "key": k.numpy(), "value": v.numpy()}
+    plain = AttentionSettings(form="plain")
+    ref64, torch32 = (torch_outputs(core, (q, k, v), dt, plain) for dt in (torch.float64, torch.float32))
+    for form in (model, functions.inline(model)):
+        parity = compare(ReferenceEvaluator(form).run(None, feeds)[0], ref64, torch32, FLOAT32)
+        assert parity.passed, str(parity)
+
+
+def _ops(model):
+    return {(n.domain, n.op_type) for n in functions.all_nodes(
+        [n for f in model.functions for n in f.node] + list(model.graph.node))}
+
+
+@pytest.mark.parametrize("target", ["cuda", "cuda-ort"])
+def test_gpu_target_graph_shape(tmp_path, target):
+    """Each block ends in the fused op with the bias as its mask; the table is the family's
+    function on a vector, expanded by one Gather; the portable per-block MatMul/Softmax is gone;
+    the metadata says which target it is (the reference reads it)."""
+    _, path = _export(tmp_path, "kerple_log", target)
+    model = onnx.load(path)
+    body = next(f for f in model.functions if f.name.startswith("BlockedAttention") and f.name.endswith("ByDistance"))
+    ops = _ops(onnx.helper.make_model(onnx.helper.make_graph(list(body.node), "b", [], []), functions=model.functions))
+    assert FUSED_OP[target] in ops
+    assert ("posbias", "ExpandDistanceVector") in ops and ("posbias", "DistanceVectorPositions") in ops
+    assert ("posbias", "BlockAttend") not in ops and ("posbias", "BlockAttendMasked") not in ops
+    assert read_metadata(model)["target"] == target
+    if target == "cuda-ort":
+        assert any(i.domain == "com.microsoft" for i in model.opset_import)
+
+
+def test_gpu_rows_keep_every_block_under_the_int32_index_limit():
+    """ONNX Runtime CUDA indexes with int32: a block's [H=8, rows, keys] mask (and the table)
+    must stay below 2^31 elements at any length; rows shrink as keys grow."""
+    assert table_block(4096, 16384, 0, GPU_ROW_BUDGET) == 4096
+    assert table_block(4096, 32768, 0, GPU_ROW_BUDGET) == 2048
+    for length in (1024, 16384, 32768, 65536, 1 << 20):
+        rows = table_block(4096, length, 0, GPU_ROW_BUDGET)
+        assert 8 * rows * (2 * length) < 2 ** 31
+
+
+def test_gpu_target_lm_with_padding_and_kv_cache(tmp_path):
+    """An LM with an attention_mask (positions from the mask: the per-block bias path) and a
+    KV-cache decoder (prefill then single steps): equal to the float64 plain model."""
+    from posbias_export.parity import run_matrix
+
+    cfg = pbe.ModelConfig(bias="t5", **SMALL)
+    model = pbe.build_model(cfg)
+    path = tmp_path / "lm.onnx"
+    pbe.export_onnx(model, path, target="cuda-ort", block=8, attention_mask=True, check_growth=False)
+    matrix = run_matrix(path, ("ort-cpu",), (1, 17, 40), batch=3)
+    assert matrix.ok, [(c.case, c.verdict, c.parity) for c in matrix.cells]
+    kv = tmp_path / "kv.onnx"
+    pbe.export_onnx(model, kv, target="cuda", block=8, kv_cache=True, check_growth=False)
+    matrix = run_matrix(kv, ("ort-cpu", "reference"), (1, 17, 40), batch=2)
+    assert matrix.ok, [(c.runtime, c.case, c.verdict, c.parity) for c in matrix.cells]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(target="gpu"), "target must be one of"),
+    (dict(target="cuda", opset=18), "needs opset 23"),
+    (dict(target="cuda-ort", attention="plain"), "is a blocked form"),
+])
+def test_bad_target_options(tmp_path, kwargs, message):
+    model = pbe.build_model(pbe.ModelConfig(bias="alibi", **SMALL), arch="attention")
+    with pytest.raises(ValueError, match=message):
+        pbe.export_onnx(model, tmp_path / "x.onnx", **kwargs)
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_cli_target_flag(tmp_path, capsys):
+    from posbias_export.cli import main
+
+    assert main(["--bias", "alibi", "--target", "cuda", "--out", str(tmp_path / "m.onnx")]) == 0
+    assert "opset 23" in capsys.readouterr().out
+    assert main(["--bias", "alibi", "--target", "cuda", "--opset", "18", "--out", str(tmp_path / "n.onnx")]) == 2
+    assert not (tmp_path / "n.onnx").exists()
