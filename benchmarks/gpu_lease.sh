@@ -7,20 +7,19 @@ part=$1; out=$2; mkdir -p "$out/par"
 biases="alibi kerple_power kerple_log sandwich t5 window none"
 val() { python3 -m posbias_export validate "$@"; }
 if [ "$part" = ort ]; then
-  timeout 240 python3 benchmarks/gpu_session.py ort "$out" .gpu/models > "$out/ort.log" 2>&1
+  timeout 230 python3 benchmarks/gpu_session.py ort "$out" .gpu/models > "$out/ort.log" 2>&1
   jobs_file=$(mktemp)
   for b in $biases; do
     echo "$b lm .gpu/lm/${b}_lm.onnx ort-cpu,ort-cuda,ort-cuda-tf32 1,17,1024,4096 3" >> "$jobs_file"
     echo "$b lmort .gpu/lm/${b}_lm_cuda-ort.onnx ort-cpu,ort-cuda 1,17,1024,4096 3" >> "$jobs_file"
-    for t in portable cuda cuda-ort; do
-      rt=ort-cpu,ort-cuda; [ $t = portable ] && rt=ort-cpu,ort-cuda,ort-cuda-tf32
-      echo "$b att_$t .gpu/models/${b}_float32_$t.onnx $rt 1,17,1024,4096,16384 1" >> "$jobs_file"
+    echo "$b att_portable .gpu/models/${b}_float32_portable.onnx ort-cpu,ort-cuda,ort-cuda-tf32 1,17,1024,4096,16384 1" >> "$jobs_file"
+    for t in cuda cuda-ort; do
+      echo "$b att_$t .gpu/models/${b}_float32_$t.onnx ort-cpu,ort-cuda 1,17,1024,4096 1" >> "$jobs_file"
     done
-    echo "$b att16_cuda .gpu/models/${b}_float16_cuda.onnx ort-cuda 1,17,1024,4096 1" >> "$jobs_file"
     echo "$b att16_cuda-ort .gpu/models/${b}_float16_cuda-ort.onnx ort-cuda 1,17,1024,4096 1" >> "$jobs_file"
   done
   (timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_runtimes.py -k "cuda or tf32" > "$out/cuda_tests.log" 2>&1) &
-  timeout 300 xargs -P 6 -L 1 sh -c 'python3 -m posbias_export validate "$2" --runtimes "$3" --lengths "$4" --batch "$5" --json "'"$out"'/par/$0_$1.json" > "'"$out"'/par/$0_$1.txt" 2>&1' < "$jobs_file"
+  timeout 320 xargs -P 8 -L 1 sh -c 'python3 -m posbias_export validate "$2" --runtimes "$3" --lengths "$4" --batch "$5" --json "'"$out"'/par/$0_$1.json" > "'"$out"'/par/$0_$1.txt" 2>&1' < "$jobs_file"
   wait
   grep -h -- "->" "$out"/par/*.txt > "$out/parity_summary.txt"
   tar -czf "$out/parity.tar.gz" -C "$out" par && rm -rf "$out/par"

@@ -39,6 +39,7 @@ def cuda_session(model: str, tf32: bool = False):
 
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
+    ort.set_default_logger_severity(3)  # a failing length is reported in its JSON row, once
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     # kSameAsRequested: the arena grows by what is asked, not to the next power of two, so the

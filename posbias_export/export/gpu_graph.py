@@ -109,28 +109,17 @@ def gpu_function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opse
         value = _MASK_FLOOR.get(dtype, MASK_PENALTY)
         return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, out_type, [], [value]))
 
-    def typed_table(rows, out, k="k"):
+    def typed_table(rows, out):
         """The masked distance table [H|1, rows, M] in the model dtype: the family's function on
         the table's generating vector (T values per head), masked and cast there, then ONE Gather."""
         return [
-            call("DistanceVectorPositions", [k, rows, "lookahead"], [out + "_row", out + "_cols", out + "_idx"]),
+            call("DistanceVectorPositions", ["k", rows, "lookahead"], [out + "_row", out + "_cols", out + "_idx"]),
             call(bias.function_name, [out + "_row", out + "_cols", *params],
                  [out + "_vec_unmasked" if bias.causal else out + "_vec"], **attrs),
             *([call("MaskFutureInTable", [out + "_vec_unmasked", out + "_row", out + "_cols"], [out + "_vec"])]
               if bias.causal else []),
             *in_model_dtype(out + "_vec", out + "_vec_typed"),
             call("ExpandDistanceVector", [out + "_vec_typed", out + "_idx"], [out]),
-        ]
-
-    def direct_table_mask(k, keep):
-        """One block of Lq rows: the typed table for Lq rows, its slice for these keys, padding."""
-        return [
-            helper.make_node("Shape", ["q"], ["direct_rows_1d"], start=2, end=3),
-            helper.make_node("Squeeze", ["direct_rows_1d"], ["direct_rows"]),
-            *typed_table("direct_rows", "direct_table", k),
-            call("SliceByDistance", ["direct_table", "q_idx_all", "k_idx_all", k], ["direct_slice"]),
-            floor_node("direct_floor"),
-            call("ReplacePadding", ["direct_slice", keep, "direct_floor"], ["mask_all"]),
         ]
 
     # --- one block: every key (a window: its reach), no Loop --------------------------------
@@ -142,11 +131,10 @@ def gpu_function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opse
                call("DirectWindowKeys", ["q", "k", "v", "k_pos", "keep", "direct_lookback"], [k, v, k_pos, keep])]
               if reach is not None else []),
             call("GpuDirectPrepare", ["q", k], ["q_scaled", "q_idx_all", "k_idx_all"]),
-            *(direct_table_mask(k, keep) if by_distance else [
-                bias_node("q_pos", k_pos, "bias_all"),
-                *([] if bias.causal else no_causal_mask("q_idx_none")),
-                call("MaskedBias", ["bias_all", q_idx_direct, "k_idx_all", keep], ["mask_all_f32"]),
-                *in_model_dtype("mask_all_f32", "mask_all")]),
+            bias_node("q_pos", k_pos, "bias_all"),
+            *([] if bias.causal else no_causal_mask("q_idx_none")),
+            call("MaskedBias", ["bias_all", q_idx_direct, "k_idx_all", keep], ["mask_all_f32"]),
+            *in_model_dtype("mask_all_f32", "mask_all"),
             *attend("q_scaled", k, v, "mask_all", "out_direct"),
         ],
         "one_block", [], [helper.make_tensor_value_info("out_direct", out_type, None)],
