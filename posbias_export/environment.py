@@ -29,7 +29,7 @@ def environment() -> dict:
     try:
         import openvino
 
-        ov_version = openvino.__version__
+        ov_version = getattr(openvino, "__version__", None)  # a namespace package without OpenVINO has none
     except ImportError:
         ov_version = None
     return {"machine": platform.machine(), "processor": cpu_model(), "cpus": os.cpu_count(),

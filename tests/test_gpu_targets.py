@@ -134,3 +134,40 @@ def test_cli_target_flag(tmp_path, capsys):
     assert "opset 23" in capsys.readouterr().out
     assert main(["--bias", "alibi", "--target", "cuda", "--opset", "18", "--out", str(tmp_path / "n.onnx")]) == 2
     assert not (tmp_path / "n.onnx").exists()
+
+
+def test_bench_on_cuda_without_a_gpu_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: bench --device cuda runs")
+    proc = subprocess.run([sys.executable, "-m", "posbias_export", "bench", "--device", "cuda", "--out-dir",
+                           str(tmp_path / "b")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_gpu_bench_targets_are_ratios_of_the_measured_cells(tmp_path):
+    """The targets table divides the right cells: synthetic rows with known times."""
+    from posbias_export.bench import gpu_attention as g
+
+    def row(bias, config, length, ms, gb=1.0, dtype="float16"):
+        return {"bias": bias, "dtype": dtype, "config": config, "length": length, "times": [ms / 1e3] * 3,
+                "gpu_bytes": gb * 1e9}
+
+    rows = [row("alibi", "flex", 4096, 0.2), row("alibi", "flex", 16384, 1.0),
+            row("alibi", "ort-cuda", 4096, 1.0), row("alibi", "ort-cuda-ort", 4096, 0.5),
+            row("alibi", "ort-cuda", 16384, 9.0), row("alibi", "ort-cuda-ort", 16384, 2.5),
+            row("t5", "ort-cuda-ort", 16384, 6.0), row("alibi", "ort-cuda-ort", 32768, 8.0, gb=3.0),
+            row("alibi", "ort-cuda-ort", 1024, 0.3), row("alibi", "ort-plain", 1024, 0.2)]
+    checks = {c["target"]: c for c in g.targets({"rows": rows})}
+    assert checks["ALiBi fp16 L=4096: best export / Flex <= 3x"]["measured"] == pytest.approx(2.5)
+    assert checks["ALiBi fp16 L=16384: best export / Flex <= 3x"]["met"]
+    assert not checks["ALiBi fp16 L=16384: standard-ops export (cuda) / Flex <= 8x"]["met"]  # 9x
+    assert not checks["t5 fp16 L=16384 (cuda-ort) / ALiBi's <= 2x"]["met"]  # 2.4x
+    assert checks["alibi fp16 L=32768 runs (cuda-ort), GPU memory <= 4 GB"]["met"]
+    assert checks["alibi float16 L=1024 (cuda-ort) / plain form <= 1x"]["measured"] == pytest.approx(1.5)
+    md, _ = g.write({"rows": rows, "heads": 8, "head_dim": 64, "lengths": [1024, 4096, 16384, 32768]}, tmp_path,
+                    {"description": "synthetic"})
+    assert "| alibi | 4096 | 1.00 / 1.00 GB | 0.50 / 1.00 GB |" in md.read_text()
