@@ -8,9 +8,9 @@ CUDA provider (measured there: benchmarks/gpu_attention.md):
     longer inputs: a Loop over few, large query blocks (rows budgeted so a block's bias stays
         under GPU_ROW_BUDGET entries per head: no tensor near ONNX Runtime's 2^31-element
         index limit, bias memory linear in L):
-        relative family, positions = indices: the family's function fills a distance table
-        once (causal mask folded in, cast to the model dtype once); a block's mask is one
-        Slice of it -> the fused attention op
+        relative family, positions = indices: the family's function on a per-head vector of
+        distances (causal mask folded in, cast to the model dtype there), expanded to the
+        distance table by one Gather; a block's mask is one Slice of it -> the fused attention op
         otherwise (positions from a padding mask): the family's bias per block + masks -> fused op
 
 fused = "onnx": the standard ONNX Attention op (opset 23) with the bias as attn_mask: any
