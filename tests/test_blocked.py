@@ -12,7 +12,7 @@ from onnx.reference import ReferenceEvaluator
 import posbias_export as pbe
 from posbias_export.export import functions
 from posbias_export.biases import bias_class
-from posbias_export.nn.blocked import DEFAULT_BLOCK, keep_mask, table_block
+from posbias_export.nn.blocked import DEFAULT_BLOCK, keep_mask, table_block, table_budget
 from posbias_export.export import read_metadata
 from posbias_export.nn.attention import AttentionSettings, attention_heads, layer_bias
 from posbias_export.parity import FLOAT32, compare, torch_outputs
@@ -106,6 +106,38 @@ def test_distance_table_is_evaluated_once_outside_the_loop(tmp_path, bias):
     assert ("DirectWindowKeys" in direct_ops) == (bias == "window")
 
 
+def test_alibi_key_row_rides_in_the_matmul(tmp_path):
+    """ALiBi's ...ByDistance body: before the Loop one mask-only table (MaskTable, no ALiBi
+    values: they would be an [H, Bq, W] Add per block); in each Loop the block's key row and
+    BlockAttendFolded, which appends it to the keys; the padding penalty only in the padded
+    Loop. float16 models keep the per-block BlockAttend (a row inside a float16 MatMul would
+    lose the scores' precision)."""
+    _, path = _export_core(tmp_path, "alibi", 16)
+    body = next(f for f in onnx.load(str(path)).functions if f.name == "BlockedAttentionAlibiByDistance")
+    branches = {a.g.name: a.g for n in body.node if n.op_type == "If" for a in n.attribute}
+    outer_ops = [n.op_type for n in branches["query_blocks"].node]
+    assert "MaskTable" in outer_ops and not {"Alibi", "AlibiKeyRow", "MaskFutureInTable"} & set(outer_ops)
+    padding_if = next(n for n in branches["query_blocks"].node if n.op_type == "If")
+    for branch in padding_if.attribute:
+        ops = [n.op_type for n in branch.g.node[0].attribute[0].g.node]
+        assert {"SliceByDistance", "AlibiKeyRow", "BlockAttendFolded"} <= set(ops), branch.g.name
+        assert not {"BlockAttendMasked", "BlockAttend", "Alibi"} & set(ops), branch.g.name
+        assert ("AddPaddingPenalty" in ops) == (branch.g.name == "blocks_padded")
+    half = pbe.build_model(pbe.ModelConfig(bias="alibi", **SMALL), arch="attention")
+    pbe.export_onnx(half, tmp_path / "half.onnx", block=16, dtype="float16", check_growth=False)
+    names = {f.name for f in onnx.load(str(tmp_path / "half.onnx")).functions}
+    assert "BlockedAttentionAlibi" in names and "BlockedAttentionAlibiByDistance" not in names
+
+
+def test_one_head_tables_get_the_whole_budget():
+    """A table with one head (ALiBi's mask, a head-independent family) may take H times the
+    rows of a per-head table: 256 rows at 16384 where KERPLE's [H, Bq, M] table gets 128."""
+    alibi, window, kerple = (bias_class(n)(8) for n in ("alibi", "window", "kerple_log"))
+    assert table_budget(alibi) == table_budget(window) == 8 * table_budget(kerple)
+    assert table_block(256, 16384, 0, table_budget(alibi)) == 256
+    assert table_block(256, 16384, 0, table_budget(kerple)) == 128
+
+
 def _export_core(tmp_path, bias, block, shape=SMALL, causal=True, **kwargs):
     cfg = pbe.ModelConfig(bias=bias, causal=causal, **shape)
     core = pbe.build_model(cfg, arch="attention")
@@ -156,9 +188,11 @@ def test_causal_lm_export_defaults_to_blocked(exports):
     meta = read_metadata(model)
     assert meta["attention"] == "blocked" and meta["attention_block"] == str(DEFAULT_BLOCK)
     names = {f.name for f in model.functions}
-    assert "BlockedAttentionAlibi" in names and {"BlockQueries", "BlockKeys", "BlockAttend", "AlibiKeyRow"} <= names
+    # positions are the indices: the table path, with ALiBi's key row folded into the MatMul
+    assert "BlockedAttentionAlibiByDistance" in names
+    assert {"BlockQueries", "BlockKeys", "MaskTable", "BlockAttendFolded", "AlibiKeyRow"} <= names
     assert "Alibi" not in names  # the key-row shortcut replaces the full bias function under the causal mask
-    blocked_fn = next(f for f in model.functions if f.name == "BlockedAttentionAlibi")
+    blocked_fn = next(f for f in model.functions if f.name == "BlockedAttentionAlibiByDistance")
     # an If picks the Loop over blocks, or (queries fit one block: decode) the same math direct
     assert blocked_fn.node[-1].op_type == "If"
     assert {"Loop", "BlockAttend", "DirectPrepare"} <= {n.op_type for n in functions.all_nodes(blocked_fn.node)}
@@ -305,11 +339,9 @@ def test_distance_table_rows_are_capped_by_the_budget(tmp_path, monkeypatch, cau
     """Long inputs: the table path takes budget // width query rows per block (memory), here
     2000 // 300 = 6 (bidirectional: 2000 // 600 = 3) instead of 16, in the ONNX Loop and its
     PyTorch twin alike; the output is the same math."""
-    import posbias_export.export.blocked_graph as blocked_graph
     import posbias_export.nn.blocked as nn_blocked
 
-    monkeypatch.setattr(blocked_graph, "TABLE_ROW_BUDGET", 2000)
-    monkeypatch.setattr(nn_blocked, "TABLE_ROW_BUDGET", 2000)
+    monkeypatch.setattr(nn_blocked, "TABLE_ROW_BUDGET", 2000)  # the ONNX body reads it through table_budget
     core, path = _export_core(tmp_path, "kerple_log", 16, causal=causal)
     body = next(f for f in onnx.load(str(path)).functions if f.name == "BlockedAttentionKerpleLogByDistance")
     budget = [n for n in body.node if n.op_type == "If"][0]

@@ -92,7 +92,8 @@ def test_default_export_has_functions_inline_export_has_none(exports, name, arch
     nodes = [n for n in model.graph.node if n.domain == "posbias"]
     layers = SMALL["num_layers"] if arch == "lm" else 1
     bias = bias_class(name)(SMALL["num_heads"])
-    by_distance = bias.relative and not bias.uses_key_row()  # no mask: positions are the indices
+    # no padding mask: positions are the indices; a key-row family slices the table when causal
+    by_distance = bias.relative and (not bias.uses_key_row() or bias.causal)
     assert [n.op_type for n in nodes] == [blocked_function_name(bias, by_distance)] * layers
     local = {f.name for f in model.functions}
     assert {n.op_type for n in nodes} <= local and all(f.domain == "posbias" for f in model.functions)

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 
 from ..biases import AttentionBias
 from ..biases.onnx_domain import DOMAIN, VERSION
-from ..nn.blocked import TABLE_ROW_BUDGET, function_name
+from ..nn.blocked import folds_key_row, function_name, table_budget
 
 _UNBOUNDED = 1 << 30  # "look as far as you like": more keys than any input has, and within int32 (OpenVINO runs int64 index math in int32)
 _ELEM_TYPES = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.float64: TensorProto.DOUBLE}
@@ -46,7 +46,8 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
     params = [f"bias_input_{i}" for i in range(len(tensors))]
     reach, ahead = bias.lookback, bias.lookahead
     key_row = bias.key_row_name() if bias.uses_key_row() else None
-    by_distance = by_distance and key_row is None and bias.relative
+    by_distance = by_distance and bias.relative and (key_row is None or bias.causal)
+    folded = by_distance and folds_key_row(bias)  # ALiBi: the table holds the mask, the row rides in the MatMul
     # BlockAttend masks keys past each query (k_idx <= q_idx); a bidirectional model compares
     # keys with one index past all of them instead ([1, 1]), so only padding is masked.
     def reach_of(q_idx):  # the index BlockAttend compares keys with
@@ -73,12 +74,14 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
         return [
             call("SliceByDistance", ["distance_table", "q_idx", "k_idx", "k"], [slice_out]),
             *([call("AddPaddingPenalty", ["bias_slice", "keep_b"], ["bias_b"])] if padded else []),
-            call("BlockAttendMasked", ["q_b", "k_t_b", "v_b", "bias_b"], ["attended_b"]),
+            *([call(key_row, ["q_pos_b", "k_pos_b", *params], ["key_row_b"]),
+               call("BlockAttendFolded", ["q_b", "k_t_b", "v_b", "key_row_b", "bias_b"], ["attended_b"])] if folded else
+              [call("BlockAttendMasked", ["q_b", "k_t_b", "v_b", "bias_b"], ["attended_b"])]),
         ]
 
     # The table path caps its rows (nn/blocked.py table_block): min(max_block, max(1, budget // (Lk + min(Lk, lookahead))))
     table_rows = [
-        scalar_node("row_budget", TABLE_ROW_BUDGET),
+        scalar_node("row_budget", table_budget(bias)),
         scalar_node("one_row", 1),
         helper.make_node("Shape", ["k"], ["k_len_1d"], start=2, end=3),
         helper.make_node("Squeeze", ["k_len_1d"], ["k_len"]),
@@ -92,10 +95,11 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
     # (causal: with the mask folded in), and whether any key is padding
     distance_table = [
         call("DistanceTablePositions", ["k", "block", "lookahead"], ["table_rows", "table_cols"]),
-        call(bias.function_name, ["table_rows", "table_cols", *params],
-             ["distance_table_unmasked" if bias.causal else "distance_table"], **attrs),
-        *([call("MaskFutureInTable", ["distance_table_unmasked", "table_rows", "table_cols"], ["distance_table"])]
-          if bias.causal else []),
+        *([call("MaskTable", ["table_rows", "table_cols"], ["distance_table"])] if folded else [
+            call(bias.function_name, ["table_rows", "table_cols", *params],
+                 ["distance_table_unmasked" if bias.causal else "distance_table"], **attrs),
+            *([call("MaskFutureInTable", ["distance_table_unmasked", "table_rows", "table_cols"], ["distance_table"])]
+              if bias.causal else [])]),
         call("HasPadding", ["keep"], ["has_padding"]),
     ] if by_distance else []
 

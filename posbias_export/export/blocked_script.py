@@ -168,6 +168,18 @@ def MaskFutureInTable(table: FLOAT, rows: INT64, cols: INT64) -> FLOAT:
 
 
 @script(posbias, default_opset=op)
+def MaskTable(rows: INT64, cols: INT64) -> FLOAT:
+    """The causal mask alone as a distance table, once per call, for a family whose bias goes
+    into the MatMul (folded key row): 0 where cols[m] <= r, else MASK_PENALTY.
+
+    rows [Bq], cols [M] -> [1, Bq, M]
+    PyTorch: where(cols[None, :] <= rows[:, None], 0, -1e30)[None]
+    """
+    allowed = op.LessOrEqual(cols, op.Unsqueeze(rows, [1]))  # [Bq, M]
+    return op.Unsqueeze(op.Where(allowed, op.Constant(value_float=0.0), op.Constant(value_float=MASK_PENALTY)), [0])
+
+
+@script(posbias, default_opset=op)
 def HasPadding(keep: BOOL) -> BOOL:
     """True when some key is padding (keep [B|1, 1, 1, Lk] has a false), checked once per call so
     unpadded inputs skip the padding penalty in every block.
@@ -196,6 +208,23 @@ def BlockAttendMasked(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, bias: FLOAT) -> FLOA
     scores = op.Add(op.Cast(op.MatMul(q_b, k_t_b), to=1), bias)  # [B, H, Bq, W] float32
     probs = op.Softmax(scores, axis=-1)  # [B, H, Bq, W]
     return op.MatMul(op.CastLike(probs, v_b), v_b)  # [B, H, Bq, d]
+
+
+@script(posbias, default_opset=op)
+def BlockAttendFolded(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, key_row: FLOAT, mask: FLOAT) -> FLOAT:
+    """softmax(q_b k_b^T + key_row + mask) v_b with the key row inside the MatMul: q_b gets a
+    column of ones and k_t_b the row, so [q_b, 1] [k_t_b; key_row] = q_b k_t_b + key_row
+    without an [B, H, Bq, W] Add; the mask (a slice of MaskTable, masks folded) is the one Add.
+
+    q_b [B, H, Bq, d], k_t_b [B, H, d, W], key_row [.., H, 1, W], mask [B|1, 1, Bq, W] -> [B, H, Bq, d]
+    PyTorch: s = cat([q_b, 1], -1) @ cat([k_t_b, key_row], -2) + mask; softmax(s, -1) @ v_b
+    """
+    ones_shape = op.Concat(op.Shape(q_b, start=0, end=3), op.Constant(value_ints=[1]), axis=0)  # [4]
+    q_ext = op.Concat(q_b, op.Expand(op.CastLike(op.Constant(value_float=1.0), q_b), ones_shape), axis=-1)  # [B, H, Bq, d+1]
+    row_shape = op.Concat(op.Shape(k_t_b, start=0, end=2), op.Constant(value_ints=[1]), op.Shape(k_t_b, start=3, end=4), axis=0)
+    k_ext = op.Concat(k_t_b, op.Expand(op.CastLike(key_row, k_t_b), row_shape), axis=2)  # [B, H, d+1, W]
+    scores = op.Add(op.MatMul(q_ext, k_ext), mask)  # [B, H, Bq, W]
+    return op.MatMul(op.Softmax(scores, axis=-1), v_b)  # [B, H, Bq, d]
 
 
 @script(posbias, default_opset=op)
@@ -237,4 +266,4 @@ def BlockAssemble(blocks: FLOAT, q: FLOAT, block: INT64) -> FLOAT:
 
 
 BLOCK_FUNCTIONS = (FitsOneBlock, DirectPrepare, DirectWindowKeys, BlockPrepare, BlockQueries, BlockKeys, DistanceTablePositions, SliceByDistance,
-                   MaskFutureInTable, HasPadding, AddPaddingPenalty, BlockAttend, BlockAttendMasked, BlockAssemble)
+                   MaskFutureInTable, MaskTable, HasPadding, AddPaddingPenalty, BlockAttend, BlockAttendMasked, BlockAttendFolded, BlockAssemble)

@@ -36,17 +36,43 @@ def function_name(bias: AttentionBias, by_distance: bool = False) -> str:
     return FUNCTION_PREFIX + bias.function_name + ("ByDistance" if by_distance else "")
 
 
-def slices_by_distance(bias: AttentionBias, q_pos: torch.Tensor, target: str = "portable") -> bool:
+def slices_by_distance(bias: AttentionBias, q_pos: torch.Tensor, target: str = "portable",
+                       dtype: torch.dtype = torch.float32) -> bool:
     """A relative family whose positions are the key indices (1-D positions:
     query_key_positions; batched ones come from a padding mask and are not): each block's bias
-    is a slice of one table of per-distance values, see DistanceTablePositions. The portable
-    target prefers a family's key-row shortcut (cheaper on a CPU); the GPU targets always slice."""
-    return bias.relative and (target != "portable" or not bias.uses_key_row()) and q_pos.dim() == 1
+    is a slice of one table of per-distance values, see DistanceTablePositions. On the portable
+    target a family with a key-row shortcut takes the table only when causal (the table then
+    carries the causal mask; a per-head row rides in the MatMul, see folds_key_row, which needs
+    float32 scores: float16 models keep the per-block BlockAttend); the GPU targets always slice."""
+    if not (bias.relative and q_pos.dim() == 1):
+        return False
+    if target != "portable" or not bias.uses_key_row():
+        return True
+    return bias.causal and (bias.head_independent or dtype != torch.float16)
+
+
+def folds_key_row(bias: AttentionBias, target: str = "portable") -> bool:
+    """On the table path of the portable target, a per-head key row (ALiBi) goes into the
+    MatMul ([q, 1] [k^T; row] = q k^T + row: no [H, Bq, W] Add per block) and the table holds
+    the causal mask alone, [1, Bq, M]; measured at L=8192 on ORT CPU: 0.35 s vs 0.43 s for the
+    key row added per block (benchmarks/attention.md)."""
+    return target == "portable" and bias.uses_key_row() and not bias.head_independent
+
+
+def table_heads(bias: AttentionBias, target: str = "portable") -> int:
+    """Heads of the distance table: 1 for a head-independent family or a mask-only table."""
+    return 1 if bias.head_independent or folds_key_row(bias, target) else bias.num_heads
+
+
+def table_budget(bias: AttentionBias, target: str = "portable") -> int:
+    """Table entries one table may hold, per head of the model: TABLE_ROW_BUDGET per head, so
+    a one-head table (mask alone, or a head-independent family) gets H times the rows."""
+    return TABLE_ROW_BUDGET * bias.num_heads // table_heads(bias, target)
 
 
 def table_block(block: int, k_len: int, lookahead: int | None, budget: int = TABLE_ROW_BUDGET) -> int:
-    """Query rows per block on the distance-table path: at most `budget` table entries per head,
-    the table being Lk + min(Lk, lookahead) wide (as the ONNX body computes it)."""
+    """Query rows per block on the distance-table path: at most `budget` table entries per
+    table head, the table being Lk + min(Lk, lookahead) wide (as the ONNX body computes it)."""
     width = k_len + (k_len if lookahead is None else min(k_len, lookahead))
     return min(block, max(1, budget // width))
 
@@ -67,7 +93,8 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
     posbias.BlockedAttention<Family> node (its body shaped for `target`). Returns [B, H, Lq, d].
     The GPU targets budget their rows by GPU_ROW_BUDGET, also in the one-block branch.
     """
-    by_distance = slices_by_distance(bias, q_pos, target)
+    by_distance = slices_by_distance(bias, q_pos, target, q.dtype)
+    folded = by_distance and folds_key_row(bias, target)
     if as_function and torch.onnx.is_in_onnx_export():
         tensors, _ = bias.function_inputs()
         tensors = [t.float() if t.is_floating_point() else t for t in tensors]
@@ -88,10 +115,11 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
         if not torch.onnx.is_in_onnx_export() and not torch.equal(k_pos, torch.arange(Lk, device=k_pos.device)):
             raise ValueError("the distance table needs positions equal to the key indices")
         if target == "portable":
-            block = table_block(block, Lk, bias.lookahead)
+            block = table_block(block, Lk, bias.lookahead, table_budget(bias, target))
         reach_ahead = Lk if bias.lookahead is None else min(Lk, block + bias.lookahead)
         rows, cols = torch.arange(block, device=q.device), torch.arange(Lk + reach_ahead, device=q.device) - Lk  # [Bq], [M]
-        table = bias.from_positions(rows, cols).to(work)  # [H|1, Bq, M]
+        # folded: MaskTable, the mask alone [1, Bq, M]; else the family's values [H|1, Bq, M]
+        table = torch.zeros(1, block, len(cols), dtype=work, device=q.device) if folded else bias.from_positions(rows, cols).to(work)
         if bias.causal:  # MaskFutureInTable: key after query where cols[m] > r
             table = table + torch.where(cols[None, :] <= rows[:, None], 0.0, MASK_PENALTY).to(work)
         padded = not bool(keep.all())  # HasPadding: the padded Loop adds the padding penalty
@@ -108,6 +136,8 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
             masked_bias = table[:, : stop - start, first:first + end - lo]  # [H|1, Bq, W]
             if padded:  # AddPaddingPenalty
                 masked_bias = masked_bias + torch.where(keep[..., lo:end], 0.0, MASK_PENALTY).to(work)  # [B|1, H|1, Bq, W]
+            if folded:  # the key row (BlockAttendFolded: inside the MatMul) equals the bias up to a row constant
+                masked_bias = masked_bias + bias.from_positions(q_pos[start:stop], k_pos[lo:end]).to(work)  # [B|1, H, Bq, W]
         else:
             allowed = keep[..., lo:end] & ((k_idx <= q_idx) if bias.causal else True)  # [B|1, 1, Bq|1, W]
             penalty = torch.where(allowed, 0.0, MASK_PENALTY).to(work)  # [B|1, 1, Bq, W], see BlockAttend
