@@ -137,6 +137,28 @@ def test_sandwich_vs_fp64(sin_dim, q_len, k_len):
     np.testing.assert_allclose(got, ref, rtol=0, atol=atol)
 
 
+def test_sandwich_error_follows_the_distance_not_the_position():
+    """The bias is evaluated per distance (integer offsets before any float32 rounding), so far
+    from position 0 its values are those of the same distances near 0, bit for bit, and near
+    the diagonal stay within float32 rounding of a d'-term dot product worth at most d'/2 = 64
+    (~1e-4; 2e-5 measured). The product of position tables made 9e-3 there at position 50000.
+    Far off the diagonal the angle's float32 rounding bounds it: 2^-24 (d + SPLIT) sum_k w_k
+    per table, twice."""
+    from posbias_export.biases.sandwich import SPLIT
+
+    bias = pbe.create_bias("sandwich", 8)
+    errors = []
+    for base in (0, 50000):
+        q_pos, k_pos = np.arange(base + 1000, base + 1040), np.arange(base, base + 1040)
+        got = bias.from_positions(torch.from_numpy(q_pos), torch.from_numpy(k_pos)).double().numpy()
+        errors.append(np.abs(got - bias.reference(q_pos, k_pos)))  # [H, 40, 1040]
+    np.testing.assert_array_equal(errors[0], errors[1])
+    distance = np.abs(np.arange(1000, 1040)[:, None] - np.arange(1040)[None, :])  # [40, 1040]
+    assert errors[1][:, distance < 64].max() < 1e-4
+    frequencies = bias.frequencies.double().numpy()
+    assert (errors[1] <= 2 * 2.0 ** -24 * (distance + SPLIT) * frequencies.sum() + 1e-4).all()
+
+
 def test_sandwich_is_zero_on_diagonal_and_negative_elsewhere():
     b = pbe.create_bias("sandwich", 4)(32, 32)
     assert torch.allclose(torch.diagonal(b, dim1=-2, dim2=-1), torch.zeros(4, 32), atol=1e-5)

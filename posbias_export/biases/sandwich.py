@@ -9,7 +9,7 @@ Formula: bias_h(i, j) = lambda_h * (<p_i, p_j> - d'/2)
 Subtracting d'/2 is a constant shift (softmax ignores it) that makes the bias 0 on the
 diagonal and <= 0 elsewhere. lambda_h = H / (8 h) for head h = 1..H: the per-head
 compression of the authors' released code, ALiBi-like, so heads see different ranges.
-Computed as a matrix product of position tables, so memory stays [Lq, Lk], not [Lq, Lk, K].
+Computed once per distance (a Toeplitz matrix) and gathered: memory [N] + [Lq, Lk], not [Lq, Lk, K].
 Hyper-parameters: sin_dim (d', default 128). Learned: no.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from onnxscript import FLOAT, INT64, script
 from onnxscript import opset18 as op
 
-from .base import AttentionBias, BiasParams, hyper_parameter
+from .base import AttentionBias, BiasParams, hyper_parameter, relative_distance
 from .onnx_domain import posbias
 
 
@@ -43,30 +43,39 @@ def sandwich_head_scales(num_heads: int) -> torch.Tensor:
     return (num_heads / (8.0 * h)).to(torch.float32)
 
 
+SPLIT = 64  # distance = lo + a*SPLIT + b: sinusoids of the coarse and fine parts only
+
+
 @script(posbias, default_opset=op)
 def Sandwich(q_pos: INT64, k_pos: INT64, frequencies: FLOAT, head_scales: FLOAT) -> FLOAT:
     """Sandwich: lambda_h (<p_i, p_j> - d'/2), [..., Lq] x [..., Lk] x [d'/2] x [H] -> [..., H, Lq, Lk].
 
-    One sinusoid table for the query and key positions together, and a rank-3 MatMul (an Einsum
-    with an ellipsis was the slowest op of a decode step on ONNX Runtime).
+    <p_i, p_j> = sum_k cos((i - j) w_k) depends on the distance alone: evaluated once per
+    distance in [lo, hi] (lo = min i - max j, hi = max i - min j) and gathered, so a decode
+    step costs ~N*d' multiply-adds, not (Lq + Lk) * d' sines and cosines. A distance
+    lo + a*S + b (S = SPLIT) splits its angle in two: cos(x + y) = cos x cos y - sin x sin y
+    makes the table one MatMul of [cos, -sin](coarse) by [cos, sin](fine)^T, with sinusoids
+    of N/S + S angles only. Integer offsets before the Cast keep small distances exact.
 
-    PyTorch: p = cat(sin(pos * w), cos(pos * w)); lambda.view(-1, 1, 1) * (p_q @ p_k.mT - d'/2).unsqueeze(-3)
+    PyTorch: SandwichBias.from_positions (the same steps)
     """
-    q_len = op.Shape(q_pos, start=-1)  # [1]
-    pos = op.Concat(q_pos, k_pos, axis=-1)  # [..., Lq + Lk], one table for both
-    angle = op.Mul(op.Unsqueeze(op.Cast(pos, to=1), [-1]), frequencies)  # [..., L, K]
-    sin_t = op.Sin(angle)  # [..., L, K]
-    cos_t = op.Cos(angle)  # [..., L, K]
-    # 1-D and batched positions alike as [B', L, 2K] (B' = 1 or B): a rank-3 MatMul, 9x faster on
-    # ONNX Runtime than the Einsum "...qd,...kd->...qk" for a decode step (0.04 vs 0.39 ms, 4096 keys)
-    flat = op.Concat([-1], op.Shape(pos, start=-1), op.Mul(op.Shape(frequencies), [2]), axis=0)  # [3]: B', L, 2K
-    table = op.Reshape(op.Concat(sin_t, cos_t, axis=-1), flat)  # [B', L, 2K]
-    p_q = op.Slice(table, [0], q_len, [1])  # [B', Lq, 2K]
-    p_k = op.Slice(table, q_len, [9223372036854775807], [1])  # [B', Lk, 2K]
+    lo = op.Sub(op.ReduceMin(q_pos, keepdims=0), op.ReduceMax(k_pos, keepdims=0))  # scalar
+    count = op.Sub(op.Sub(op.ReduceMax(q_pos, keepdims=0), op.ReduceMin(k_pos, keepdims=0)), op.Sub(lo, 1))  # N distances
+    split = op.Constant(value_int=SPLIT)
+    one = op.Constant(value_int=1)
+    zero = op.Constant(value_int=0)
+    rows = op.Div(op.Sub(op.Add(count, split), one), split)  # ceil(N / S)
+    coarse = op.Add(op.Mul(op.Range(zero, rows, one), split), lo)  # [N/S]: lo + a*S
+    fine = op.Range(zero, split, one)  # [S]
+    angle_c = op.Mul(op.Unsqueeze(op.Cast(coarse, to=1), [-1]), frequencies)  # [N/S, K]
+    angle_f = op.Mul(op.Unsqueeze(op.Cast(fine, to=1), [-1]), frequencies)  # [S, K]
+    p_c = op.Concat(op.Cos(angle_c), op.Neg(op.Sin(angle_c)), axis=-1)  # [N/S, 2K]
+    p_f = op.Concat(op.Cos(angle_f), op.Sin(angle_f), axis=-1)  # [S, 2K]
     half = op.Cast(op.Shape(frequencies), to=1)  # [1]: d'/2
-    inner = op.Sub(op.MatMul(p_q, op.Transpose(p_k, perm=[0, 2, 1])), half)  # [B', Lq, Lk]
-    inner_shape = op.Concat(op.Shape(q_pos), op.Shape(k_pos, start=-1), axis=0)  # [..., Lq, Lk]
-    return op.Mul(op.Reshape(head_scales, [-1, 1, 1]), op.Unsqueeze(op.Reshape(inner, inner_shape), [-3]))  # [..., H, Lq, Lk]
+    inner = op.Sub(op.Reshape(op.MatMul(p_c, op.Transpose(p_f)), [-1]), half)  # [N/S * S]: <p_i, p_j> - d'/2 at distance lo + index
+    index = op.Sub(op.Unsqueeze(op.Sub(q_pos, lo), [-1]), op.Unsqueeze(k_pos, [-2]))  # [..., Lq, Lk]: i - j - lo
+    per_pair = op.Gather(inner, index)  # [..., Lq, Lk]
+    return op.Mul(op.Reshape(head_scales, [-1, 1, 1]), op.Unsqueeze(per_pair, [-3]))  # [..., H, Lq, Lk]
 
 
 class SandwichBias(AttentionBias):
@@ -85,16 +94,27 @@ class SandwichBias(AttentionBias):
     def function_inputs(self):
         return [self.frequencies, self.head_scales], {}
 
-    def position_table(self, pos: torch.Tensor) -> torch.Tensor:
-        """Sinusoidal embeddings [..., L] -> [..., L, d'] (sin block then cos block)."""
-        angle = pos.to(torch.float32).unsqueeze(-1) * self.frequencies  # [..., L, K]
-        return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)  # [..., L, 2K]
+    def distance_inner(self, lo: int, count: int) -> torch.Tensor:
+        """<p_i, p_j> - d'/2 for the distances lo .. lo + count - 1 (and a few past them), as
+        the ONNX function: coarse (lo + a*S) and fine (b) sinusoids, one MatMul. [>= count]"""
+        device = self.frequencies.device
+        rows = -(-count // SPLIT)
+        coarse = torch.arange(rows, device=device) * SPLIT + lo  # [N/S]
+        fine = torch.arange(SPLIT, device=device)  # [S]
+        angle_c = coarse.to(torch.float32).unsqueeze(-1) * self.frequencies  # [N/S, K]
+        angle_f = fine.to(torch.float32).unsqueeze(-1) * self.frequencies  # [S, K]
+        p_c = torch.cat([torch.cos(angle_c), -torch.sin(angle_c)], dim=-1)  # [N/S, 2K]
+        p_f = torch.cat([torch.cos(angle_f), torch.sin(angle_f)], dim=-1)  # [S, 2K]
+        return (p_c @ p_f.T).reshape(-1) - self.sin_dim / 2  # [N/S * S]
 
     def from_positions(self, q_pos, k_pos):
-        p_q = self.position_table(q_pos)  # [..., Lq, d']
-        p_k = self.position_table(k_pos)  # [..., Lk, d']
-        inner = p_q @ p_k.transpose(-1, -2) - self.sin_dim / 2  # [..., Lq, Lk]
-        return self.head_scales.view(-1, 1, 1) * inner.unsqueeze(-3)  # [..., H, Lq, Lk]
+        if q_pos.numel() == 0 or k_pos.numel() == 0:
+            shape = relative_distance(q_pos, k_pos).shape  # [..., Lq, Lk]
+            return torch.zeros(*shape[:-2], self.num_heads, *shape[-2:], device=q_pos.device)
+        lo = int(q_pos.min() - k_pos.max())
+        inner = self.distance_inner(lo, int(q_pos.max() - k_pos.min()) - lo + 1)  # [>= N]
+        index = relative_distance(q_pos - lo, k_pos)  # [..., Lq, Lk]: i - j - lo
+        return self.head_scales.view(-1, 1, 1) * inner[index].unsqueeze(-3)  # [..., H, Lq, Lk]
 
     def reference(self, q_pos, k_pos):
         """float64 via the identity <p_i, p_j> = sum_k cos((i - j) w_k): [H, Lq, Lk]."""
