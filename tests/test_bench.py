@@ -15,21 +15,21 @@ from posbias_export.environment import environment
 def test_bench_command_end_to_end(tmp_path, capsys):
     out = tmp_path / "bench"
     # 300 > the 256-row block: the Loop runs (64 takes the If's one-block branch)
-    argv = ["bench", "--biases", "alibi,kerple_log", "--lengths", "64,300", "--repeats", "1",
+    argv = ["bench", "--biases", "kerple_log", "--lengths", "64,300", "--repeats", "1",
             "--profile-length", "300", "--out-dir", str(out)]
     assert cli_main(argv) == 0
     data = json.loads((out / "attention.json").read_text())
     cells = data["cells"]
-    # causal: 2 biases x 2 lengths x 4 per-bias configs + torch-sdpa once per length;
-    # bidirectional and block: the longest length only, 2 biases x 2 configs + torch-sdpa
-    assert len(cells) == (2 * 2 * 4 + 2) + 2 * (2 * 2 + 1)
+    # causal: 1 bias x 2 lengths x 4 per-bias configs + torch-sdpa once per length;
+    # bidirectional and block: the longest length only, 1 bias x 2 configs + torch-sdpa
+    assert len(cells) == (1 * 2 * 4 + 2) + 2 * (1 * 2 + 1)
     for cell in cells:
         assert cell["skipped"] is None, cell
         assert len(cell["times"]) == 1 and cell["times"][0] > 0
         assert cell["peak_rss"] >= cell["loaded_rss"] > 0
     assert {c["config"] for c in cells} == set(bench.CONFIGS)
     assert {(c["variant"], c["length"]) for c in cells if c["variant"] != "causal"} == {("bidirectional", 300), ("block", 300)}
-    assert data["targets"][0]["target"].startswith("causal alibi L=8192")
+    assert data["targets"][0]["target"].startswith("causal kerple_log L=8192")
     md = (out / "attention.md").read_text()
     assert "## Targets" in md and "| kerple_log | 300 |" in md
     assert "## Bidirectional attention alone" in md and "## A whole transformer block" in md

@@ -100,6 +100,7 @@ def test_new_family_exports_and_validates(exported, form, inline):
     assert exported["stdout"].count("EXIT 0 validate") == len(FORMS) and "FAIL" not in exported["stdout"]
 
 
+@pytest.mark.slow  # collects the whole suite in a subprocess: ~40 s
 def test_suite_collects_and_passes_the_new_family(project):
     collect = _run(["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-k", NEW, "tests"], project)
     assert collect.returncode == 0, collect.stdout[-2000:] + collect.stderr[-2000:]
