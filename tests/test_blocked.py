@@ -138,6 +138,15 @@ def test_one_head_tables_get_the_whole_budget():
     assert table_block(256, 16384, 0, table_budget(kerple)) == 128
 
 
+def test_bidirectional_tables_keep_the_causal_rows():
+    """A bidirectional table is 2 Lk wide (keys on both sides of each query): it gets twice the
+    entries, so the same rows as a causal one (128 at 16384) instead of half."""
+    causal, bidirectional = (bias_class("kerple_log")(8, causal=c) for c in (True, False))
+    assert table_budget(bidirectional) == 2 * table_budget(causal)
+    assert table_block(256, 16384, None, table_budget(bidirectional)) == 128
+    assert table_block(256, 8192, None, table_budget(bidirectional)) == 256
+
+
 def _export_core(tmp_path, bias, block, shape=SMALL, causal=True, **kwargs):
     cfg = pbe.ModelConfig(bias=bias, causal=causal, **shape)
     core = pbe.build_model(cfg, arch="attention")
@@ -337,8 +346,8 @@ def test_distance_table_rows_follow_the_budget():
 @pytest.mark.parametrize("causal", [True, False])
 def test_distance_table_rows_are_capped_by_the_budget(tmp_path, monkeypatch, causal):
     """Long inputs: the table path takes budget // width query rows per block (memory), here
-    2000 // 300 = 6 (bidirectional: 2000 // 600 = 3) instead of 16, in the ONNX Loop and its
-    PyTorch twin alike; the output is the same math."""
+    2000 // 300 = 6 (bidirectional: twice the budget over twice the width, 4000 // 600 = 6)
+    instead of 16, in the ONNX Loop and its PyTorch twin alike; the output is the same math."""
     import posbias_export.nn.blocked as nn_blocked
 
     monkeypatch.setattr(nn_blocked, "TABLE_ROW_BUDGET", 2000)  # the ONNX body reads it through table_budget

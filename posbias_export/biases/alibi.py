@@ -77,6 +77,7 @@ class AlibiBias(AttentionBias):
     function = Alibi
     relative = True
     key_row_function = AlibiKeyRow
+    key_row_mirrors = True  # -m|i - j|: m(j - p0) before the query, -m(j - p0) after it (up to row constants)
 
     def __init__(self, num_heads: int, causal: bool = True, params=None, seed: int = 0):
         super().__init__(num_heads, causal, params, seed)

@@ -107,6 +107,9 @@ class AttentionBias(nn.Module):
     # [.., H, 1, W] that equals the bias up to a per-query-row constant (softmax ignores those).
     key_row_function: ClassVar[Any] = None
     key_row_exact: ClassVar[bool] = False  # the key row IS the bias (no per-row constant): bidirectional too
+    # The bidirectional bias is the causal one mirrored, bias(i, j) = bias(max(i, j), min(i, j))
+    # (ALiBi's -m|i - j|): keys after a query then take the key row negated (blocked form, two-sided fold).
+    key_row_mirrors: ClassVar[bool] = False
 
     def __init_subclass__(cls, family: bool = True, **kwargs):
         """family=False: a bias one imported model needs (Falcon's rounded ALiBi), with its own

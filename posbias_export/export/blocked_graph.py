@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 
 from ..biases import AttentionBias
 from ..biases.onnx_domain import DOMAIN, VERSION
-from ..nn.blocked import folds_key_row, function_name, table_budget
+from ..nn.blocked import folds_key_row, folds_two_sided, function_name, table_budget
 
 _UNBOUNDED = 1 << 30  # "look as far as you like": more keys than any input has, and within int32 (OpenVINO runs int64 index math in int32)
 _ELEM_TYPES = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.float64: TensorProto.DOUBLE}
@@ -47,7 +47,11 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
     reach, ahead = bias.lookback, bias.lookahead
     key_row = bias.key_row_name() if bias.uses_key_row() else None
     by_distance = by_distance and bias.relative and (key_row is None or bias.causal)
+    name = function_name(bias, by_distance)
     folded = by_distance and folds_key_row(bias)  # ALiBi: the table holds the mask, the row rides in the MatMul
+    # bidirectional ALiBi: no table, the row rides in the MatMul on both sides of the diagonal
+    two_sided = by_distance and folds_two_sided(bias, dtype=dtype)
+    by_distance = by_distance and not two_sided  # from here: the distance-table path
     # BlockAttend masks keys past each query (k_idx <= q_idx); a bidirectional model compares
     # keys with one index past all of them instead ([1, 1]), so only padding is masked.
     def reach_of(q_idx):  # the index BlockAttend compares keys with
@@ -67,11 +71,15 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
             return call(key_row, [q_pos, k_pos, *params], [out])
         return call(bias.function_name, [q_pos, k_pos, *params], [out], **attrs)
 
+    block_keys = call("BlockKeys", ["it", "k_t", "v", "k_pos", "keep", "block", "offset", "lookback", "lookahead"],
+                      ["k_t_b", "v_b", "k_pos_b", "k_idx", "keep_b"])
+
     def table_block_nodes(padded: bool):
         """A block's bias is a slice of the (masked) table, plus the padding penalty only in the
         Loop that runs when some key is padding: unpadded inputs see one Add over the scores."""
         slice_out = "bias_slice" if padded else "bias_b"
         return [
+            block_keys,
             call("SliceByDistance", ["distance_table", "q_idx", "k_idx", "k"], [slice_out]),
             *([call("AddPaddingPenalty", ["bias_slice", "keep_b"], ["bias_b"])] if padded else []),
             *([call(key_row, ["q_pos_b", "k_pos_b", *params], ["key_row_b"]),
@@ -91,15 +99,20 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
         helper.make_node("Max", ["budget_rows", "one_row"], ["budget_rows_1"]),
         helper.make_node("Min", ["max_block", "budget_rows_1"], ["loop_block"]),
     ] if by_distance else []
-    # Before the Loop: the family's own function on the table's positions -> [H|1, Bq, M]
-    # (causal: with the mask folded in), and whether any key is padding
+    # Before the Loop: the table [H|1, Bq, M] (causal: with the mask folded in), and whether any
+    # key is padding. Its values depend on r - m alone, so the family's own function runs on the
+    # table's generating vector (Bq + M - 1 distances per head) and one Gather expands it: a
+    # KERPLE or T5 table costs one pass instead of the family's passes over H*Bq*M values (the
+    # GPU targets build theirs the same way, export/gpu_graph.py).
     distance_table = [
-        call("DistanceTablePositions", ["k", "block", "lookahead"], ["table_rows", "table_cols"]),
-        *([call("MaskTable", ["table_rows", "table_cols"], ["distance_table"])] if folded else [
-            call(bias.function_name, ["table_rows", "table_cols", *params],
-                 ["distance_table_unmasked" if bias.causal else "distance_table"], **attrs),
-            *([call("MaskFutureInTable", ["distance_table_unmasked", "table_rows", "table_cols"], ["distance_table"])]
-              if bias.causal else [])]),
+        *([call("DistanceTablePositions", ["k", "block", "lookahead"], ["table_rows", "table_cols"]),
+           call("MaskTable", ["table_rows", "table_cols"], ["distance_table"])] if folded else [
+            call("DistanceVectorPositions", ["k", "block", "lookahead"], ["table_row", "vector_cols", "table_idx"]),
+            call(bias.function_name, ["table_row", "vector_cols", *params],
+                 ["distance_vector_unmasked" if bias.causal else "distance_vector"], **attrs),
+            *([call("MaskFutureInTable", ["distance_vector_unmasked", "table_row", "vector_cols"], ["distance_vector"])]
+              if bias.causal else []),
+            call("ExpandDistanceVector", ["distance_vector", "table_idx"], ["distance_table"])]),
         call("HasPadding", ["keep"], ["has_padding"]),
     ] if by_distance else []
 
@@ -109,8 +122,6 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
         return helper.make_graph(
             [
                 call("BlockQueries", ["it", "q_pad", "q_pos_pad", "block", "offset"], ["q_b", "q_pos_b", "q_idx"]),
-                call("BlockKeys", ["it", "k_t", "v", "k_pos", "keep", "block", "offset", "lookback", "lookahead"],
-                     ["k_t_b", "v_b", "k_pos_b", "k_idx", "keep_b"]),
                 *bias_and_attend,
                 # a leading 1-axis: see BlockAssemble for why
                 helper.make_node("Constant", [], ["axis0"], value=helper.make_tensor("axis0", TensorProto.INT64, [1], [0])),
@@ -134,16 +145,29 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
                                      [helper.make_tensor_value_info(name, out_type, None)])
         query_loop = helper.make_node("If", ["has_padding"], ["blocks"], then_branch=branch(True),
                                       else_branch=branch(False))
+    elif two_sided:  # the keys twice (up to the block's last row, from its first row on), one row per side
+        row = bias.key_row_name()
+        query_loop = loop([
+            call("BlockKeysTwoSided", ["it", "k_t", "v", "k_pos", "keep", "block", "offset"],
+                 ["k_t_b", "v_b", "k_pos_left", "k_pos_right", "k_idx_left", "k_idx_right", "keep_b"]),
+            call(row, ["q_pos_b", "k_pos_left", *params], ["row_left"]),
+            call(row, ["q_pos_b", "k_pos_right", *params], ["row_right"]),
+            call(row, ["q_pos_b", "q_pos_b", *params], ["row_q"]),
+            call("BlockAttendTwoSided", ["q_b", "k_t_b", "v_b", "row_left", "row_right", "row_q", "q_idx",
+                                         "k_idx_left", "k_idx_right", "keep_b"], ["attended_b"]),
+        ], "blocks")
     else:
         query_loop = loop([
+            block_keys,
             bias_node("q_pos_b", "k_pos_b", "bias_b"),
             *reach_nodes("q_idx"),
             call("BlockAttend", ["q_b", "k_t_b", "v_b", "bias_b", reach_of("q_idx"), "k_idx", "keep_b"], ["attended_b"]),
         ], "blocks")
     blocks = helper.make_graph(
         [
-            scalar_node("lookback", _UNBOUNDED if reach is None else reach),
-            scalar_node("lookahead", _UNBOUNDED if ahead is None else ahead),
+            *([] if two_sided else [  # the two-sided keys are all keys
+                scalar_node("lookback", _UNBOUNDED if reach is None else reach),
+                scalar_node("lookahead", _UNBOUNDED if ahead is None else ahead)]),
             scalar_node("go", True, TensorProto.BOOL),
             *table_rows,
             call("BlockPrepare", ["q", "k", "v", "q_pos", "loop_block" if by_distance else "max_block"],
@@ -177,6 +201,6 @@ def function_proto(bias: AttentionBias, block: int, dtype: torch.dtype, opset: i
         helper.make_node("If", ["fits"], ["out"], then_branch=direct, else_branch=blocks),
     ]
     return helper.make_function(
-        DOMAIN, function_name(bias, by_distance), ["q", "k", "v", "q_pos", "k_pos", "keep", *params], ["out"], nodes,
+        DOMAIN, name, ["q", "k", "v", "q_pos", "k_pos", "keep", *params], ["out"], nodes,
         [helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, VERSION)],
     )

@@ -121,6 +121,31 @@ def BlockKeys(it: INT64, k_t: FLOAT, v: FLOAT, k_pos: INT64, keep: BOOL, block: 
 
 
 @script(posbias, default_opset=op)
+def BlockKeysTwoSided(it: INT64, k_t: FLOAT, v: FLOAT, k_pos: INT64, keep: BOOL, block: INT64, offset: INT64):
+    """Query block `it`'s keys for the two-sided fold (bidirectional, all keys): the keys up to
+    its last row, [0, split) with split = min(Lk, first + Bq), then again those from its first
+    row on, [first, Lk); the Bq keys between appear twice, once per side of the diagonal.
+
+    Returns k_t_b [B, H, d, W], v_b [B, H, W, d], k_pos_left [..., W1], k_pos_right [..., W2],
+    k_idx_left [W1], k_idx_right [W2], keep_b [B|1, 1, 1, W] with W = W1 + W2 = split + Lk - first.
+
+    PyTorch: left, right = slice(0, split), slice(first, Lk); cat([k_t[..., left], k_t[..., right]], -1), ...
+    """
+    k_len = op.Shape(k_t, start=3, end=4)  # [1]
+    zero = op.Constant(value_ints=[0])
+    first = op.Reshape(op.Add(op.Mul(it, block), offset), [1])  # [1] key index of the first query
+    split = op.Min(op.Add(first, op.Reshape(block, [1])), k_len)  # [1]
+    k_t_b = op.Concat(op.Slice(k_t, zero, split, [3]), op.Slice(k_t, first, k_len, [3]), axis=3)  # [B, H, d, W]
+    v_b = op.Concat(op.Slice(v, zero, split, [2]), op.Slice(v, first, k_len, [2]), axis=2)  # [B, H, W, d]
+    keep_b = op.Concat(op.Slice(keep, zero, split, [-1]), op.Slice(keep, first, k_len, [-1]), axis=-1)  # [B|1, 1, 1, W]
+    one = op.Constant(value_int=1)
+    k_idx_left = op.Range(op.Constant(value_int=0), op.Squeeze(split), one)  # [W1]
+    k_idx_right = op.Range(op.Squeeze(first), op.Squeeze(k_len), one)  # [W2]
+    return (k_t_b, v_b, op.Slice(k_pos, zero, split, [-1]), op.Slice(k_pos, first, k_len, [-1]),
+            k_idx_left, k_idx_right, keep_b)
+
+
+@script(posbias, default_opset=op)
 def DistanceTablePositions(k: FLOAT, block: INT64, lookahead: INT64):
     """Positions whose bias is the table every query block slices its own from, for a relative
     family (bias a function of i - j) with positions = indices: rows r = 0..Bq-1 and columns
@@ -140,6 +165,37 @@ def DistanceTablePositions(k: FLOAT, block: INT64, lookahead: INT64):
 
 
 @script(posbias, default_opset=op)
+def DistanceVectorPositions(k: FLOAT, block: INT64, lookahead: INT64):
+    """The positions of the distance table's generating vector: table[h, r, m] = g_h(r - m + Lk)
+    depends on r - m alone, so the family's function runs on ONE query position (Bq - 1) and
+    T = Bq - 1 + M key positions, and a Gather expands it: row [Bq - 1], cols [T] with
+    cols[t] = t - Lk, and gather indices idx [Bq, M], idx[r, m] = Bq - 1 - r + m, so that
+    vector[t] = g(Bq - 1 - cols[t]) = g(r - m + Lk) at t = idx[r, m]. M = Lk + min(Lk, Bq + lookahead).
+
+    PyTorch: [Bq - 1], arange(Bq - 1 + M) - Lk, (Bq - 1 - arange(Bq))[:, None] + arange(M)
+    """
+    k_len = op.Squeeze(op.Shape(k, start=2, end=3))  # scalar Lk
+    one = op.Constant(value_int=1)
+    zero = op.Constant(value_int=0)
+    last = op.Sub(block, one)  # scalar Bq - 1
+    width = op.Add(k_len, op.Min(k_len, op.Add(block, lookahead)))  # scalar M
+    row = op.Reshape(last, [1])  # [1]
+    cols = op.Sub(op.Range(zero, op.Add(last, width), one), k_len)  # [T]
+    idx = op.Add(op.Unsqueeze(op.Sub(last, op.Range(zero, block, one)), [1]), op.Range(zero, width, one))  # [Bq, M]
+    return row, cols, idx
+
+
+@script(posbias, default_opset=op)
+def ExpandDistanceVector(vector: FLOAT, idx: INT64) -> FLOAT:
+    """vector [H|1, 1, T] -> table [H|1, Bq, M], table[h, r, m] = vector[h, 0, idx[r, m]]: one
+    pass writing the table in the vector's dtype (the family's passes ran on T values only).
+
+    PyTorch: vector[:, 0, idx]
+    """
+    return op.Squeeze(op.Gather(vector, idx, axis=2), [1])  # [H|1, 1, Bq, M] -> [H|1, Bq, M]
+
+
+@script(posbias, default_opset=op)
 def SliceByDistance(table: FLOAT, q_idx: INT64, k_idx: INT64, k: FLOAT) -> FLOAT:
     """One block's bias as a slice of the distance table: table [H|1, Bq, M], the block's
     query indices q_idx [Bq, 1] and key indices k_idx [W] -> [H|1, Bq, W]. Row r, key j:
@@ -155,19 +211,6 @@ def SliceByDistance(table: FLOAT, q_idx: INT64, k_idx: INT64, k: FLOAT) -> FLOAT
 
 
 @script(posbias, default_opset=op)
-def MaskFutureInTable(table: FLOAT, rows: INT64, cols: INT64) -> FLOAT:
-    """The causal mask folded into the distance table, once per call: entry (r, m) is a key
-    after its query when cols[m] > r (distance r - cols[m] < 0), and gets MASK_PENALTY there, so
-    a block's slice already carries its causal mask (one [H, Bq, W] Add and a Where per block fewer).
-
-    table [H|1, Bq, M], rows [Bq], cols [M] -> [H|1, Bq, M]
-    PyTorch: table + where(cols[None, :] <= rows[:, None], 0, -1e30)
-    """
-    allowed = op.LessOrEqual(cols, op.Unsqueeze(rows, [1]))  # [Bq, M]
-    return op.Add(table, op.Where(allowed, op.Constant(value_float=0.0), op.Constant(value_float=MASK_PENALTY)))
-
-
-@script(posbias, default_opset=op)
 def MaskTable(rows: INT64, cols: INT64) -> FLOAT:
     """The causal mask alone as a distance table, once per call, for a family whose bias goes
     into the MatMul (folded key row): 0 where cols[m] <= r, else MASK_PENALTY.
@@ -177,6 +220,19 @@ def MaskTable(rows: INT64, cols: INT64) -> FLOAT:
     """
     allowed = op.LessOrEqual(cols, op.Unsqueeze(rows, [1]))  # [Bq, M]
     return op.Unsqueeze(op.Where(allowed, op.Constant(value_float=0.0), op.Constant(value_float=MASK_PENALTY)), [0])
+
+
+@script(posbias, default_opset=op)
+def MaskFutureInTable(table: FLOAT, rows: INT64, cols: INT64) -> FLOAT:
+    """The causal mask folded into the distance table (or its generating vector), once per call:
+    entry (r, m) is a key after its query when cols[m] > r (distance r - cols[m] < 0), and gets
+    MASK_PENALTY there, so a block's slice already carries its causal mask (one [H, Bq, W] Add
+    and a Where per block fewer).
+
+    table [H|1, Bq, M], rows [Bq], cols [M] -> [H|1, Bq, M] (a vector: rows [1], [H|1, 1, T])
+    PyTorch: table + where(cols[None, :] <= rows[:, None], 0, -1e30)
+    """
+    return op.Add(table, MaskTable(rows, cols))
 
 
 @script(posbias, default_opset=op)
@@ -228,6 +284,39 @@ def BlockAttendFolded(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, key_row: FLOAT, mask
 
 
 @script(posbias, default_opset=op)
+def BlockAttendTwoSided(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, row_left: FLOAT, row_right: FLOAT, row_q: FLOAT,
+                        q_idx: INT64, k_idx_left: INT64, k_idx_right: INT64, keep_b: BOOL) -> FLOAT:
+    """Bidirectional attention with a mirrored key-row bias (ALiBi: -m|i - j|), the row inside
+    the MatMul on both sides of the diagonal. With r(j) the block's key row (m(j - p0)):
+    keys j <= i: -m(i - j) = r(j) - r(i); keys j > i: -m(j - i) = -r(j) + 2 r(i) - r(i). Softmax
+    ignores the row constant -r(i), so [q, 1, 2 r(i)] [k^T; r(j); 0] on the left copy of the
+    keys and [q, 1, 2 r(i)] [k^T; -r(j); 1] on the right copy give the bias; a one-head mask keeps
+    each copy to its side (left: j <= i, right: j > i) and drops padding. |r| <= m*Bq/2 near
+    the diagonal, so float32 rounding stays small there (as BlockAttendFolded).
+
+    q_b [B, H, Bq, d], k_t_b [B, H, d, W1 + W2], v_b [B, H, W1 + W2, d], row_left [.., H, 1, W1],
+    row_right [.., H, 1, W2], row_q [.., H, 1, Bq] (the row at the queries' own positions),
+    q_idx [Bq, 1], k_idx_left [W1], k_idx_right [W2], keep_b [B|1, 1, 1, W1 + W2] -> [B, H, Bq, d]
+    PyTorch: s = cat([q_b, 1, 2 r_q], -1) @ cat([k_t_b, cat([r_l, -r_r], -1), cat([0, 1], -1)], -2) + mask; softmax(s, -1) @ v_b
+    """
+    ones_shape = op.Concat(op.Shape(q_b, start=0, end=3), op.Constant(value_ints=[1]), axis=0)  # [4]
+    column_shape = op.Concat(op.Shape(row_q, start=0, end=-2), op.Shape(row_q, start=-1), op.Constant(value_ints=[1]), axis=0)
+    twice_row_q = op.Reshape(op.Add(row_q, row_q), column_shape)  # [.., H, Bq, 1]
+    q_ext = op.Concat(q_b, op.Expand(op.CastLike(op.Constant(value_float=1.0), q_b), ones_shape),
+                      op.Expand(op.CastLike(twice_row_q, q_b), ones_shape), axis=-1)  # [B, H, Bq, d+2]
+    left = op.Concat(row_left, op.Sub(row_left, row_left), axis=-2)  # [.., H, 2, W1]: r(j), 0
+    right = op.Concat(op.Neg(row_right), op.Add(op.Sub(row_right, row_right), op.Constant(value_float=1.0)), axis=-2)  # [.., H, 2, W2]: -r(j), 1
+    rows_shape = op.Concat(op.Shape(k_t_b, start=0, end=2), op.Constant(value_ints=[2]), op.Shape(k_t_b, start=3, end=4), axis=0)
+    rows = op.Expand(op.CastLike(op.Concat(left, right, axis=-1), k_t_b), rows_shape)  # [B, H, 2, W]
+    k_ext = op.Concat(k_t_b, rows, axis=2)  # [B, H, d+2, W]
+    sides = op.Concat(op.LessOrEqual(k_idx_left, q_idx), op.Greater(k_idx_right, q_idx), axis=-1)  # [Bq, W]
+    mask = op.Where(op.And(sides, keep_b), op.Constant(value_float=0.0), op.Constant(value_float=MASK_PENALTY))  # [B|1, 1, Bq, W]
+    scores = op.Add(op.Cast(op.MatMul(q_ext, k_ext), to=1), mask)  # [B, H, Bq, W] float32
+    probs = op.Softmax(scores, axis=-1)  # [B, H, Bq, W]
+    return op.MatMul(op.CastLike(probs, v_b), v_b)  # [B, H, Bq, d]
+
+
+@script(posbias, default_opset=op)
 def BlockAttend(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, bias: FLOAT, q_idx: INT64, k_idx: INT64, keep_b: BOOL) -> FLOAT:
     """softmax(q_b k_b^T + bias + mask) v_b for one block, [B, H, Bq, d]. Scores, bias and
     softmax in float32 whatever the model dtype (as the plain form).
@@ -265,5 +354,6 @@ def BlockAssemble(blocks: FLOAT, q: FLOAT, block: INT64) -> FLOAT:
     return op.Slice(joined, [0], op.Shape(q, start=2, end=3), [2])  # [B, H, Lq, d]
 
 
-BLOCK_FUNCTIONS = (FitsOneBlock, DirectPrepare, DirectWindowKeys, BlockPrepare, BlockQueries, BlockKeys, DistanceTablePositions, SliceByDistance,
-                   MaskFutureInTable, MaskTable, HasPadding, AddPaddingPenalty, BlockAttend, BlockAttendMasked, BlockAttendFolded, BlockAssemble)
+BLOCK_FUNCTIONS = (FitsOneBlock, DirectPrepare, DirectWindowKeys, BlockPrepare, BlockQueries, BlockKeys, BlockKeysTwoSided,
+                   DistanceTablePositions, DistanceVectorPositions, ExpandDistanceVector, SliceByDistance, MaskTable,
+                   MaskFutureInTable, HasPadding, AddPaddingPenalty, BlockAttend, BlockAttendMasked, BlockAttendFolded, BlockAttendTwoSided, BlockAssemble)

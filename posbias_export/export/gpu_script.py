@@ -80,40 +80,6 @@ def MaskedBias(bias: FLOAT, q_idx: INT64, k_idx: INT64, keep: BOOL) -> FLOAT:
     return op.Add(bias, op.Where(allowed, op.Constant(value_float=0.0), op.Constant(value_float=MASK_PENALTY)))
 
 
-GPU_FUNCTIONS = (GpuBlockPrepare, GpuBlockKeys, GpuDirectPrepare, MaskedBias)
-
-
-@script(posbias, default_opset=op)
-def DistanceVectorPositions(k: FLOAT, block: INT64, lookahead: INT64):
-    """The positions of the distance table's generating vector: table[h, r, m] = g_h(r - m + Lk)
-    depends on r - m alone, so the family's function runs on ONE query position (Bq - 1) and
-    T = Bq - 1 + M key positions, and a Gather expands it: row [Bq - 1], cols [T] with
-    cols[t] = t - Lk, and gather indices idx [Bq, M], idx[r, m] = Bq - 1 - r + m, so that
-    vector[t] = g(Bq - 1 - cols[t]) = g(r - m + Lk) at t = idx[r, m]. M = Lk + min(Lk, Bq + lookahead).
-
-    PyTorch: [Bq - 1], arange(Bq - 1 + M) - Lk, (Bq - 1 - arange(Bq))[:, None] + arange(M)
-    """
-    k_len = op.Squeeze(op.Shape(k, start=2, end=3))  # scalar Lk
-    one = op.Constant(value_int=1)
-    zero = op.Constant(value_int=0)
-    last = op.Sub(block, one)  # scalar Bq - 1
-    width = op.Add(k_len, op.Min(k_len, op.Add(block, lookahead)))  # scalar M
-    row = op.Reshape(last, [1])  # [1]
-    cols = op.Sub(op.Range(zero, op.Add(last, width), one), k_len)  # [T]
-    idx = op.Add(op.Unsqueeze(op.Sub(last, op.Range(zero, block, one)), [1]), op.Range(zero, width, one))  # [Bq, M]
-    return row, cols, idx
-
-
-@script(posbias, default_opset=op)
-def ExpandDistanceVector(vector: FLOAT, idx: INT64) -> FLOAT:
-    """vector [H|1, 1, T] -> table [H|1, Bq, M], table[h, r, m] = vector[h, 0, idx[r, m]]: one
-    pass writing the table in the vector's dtype (the family's passes ran on T values only).
-
-    PyTorch: vector[:, 0, idx]
-    """
-    return op.Squeeze(op.Gather(vector, idx, axis=2), [1])  # [H|1, 1, Bq, M] -> [H|1, Bq, M]
-
-
 @script(posbias, default_opset=op)
 def ReplacePadding(bias: FLOAT, keep_b: BOOL, floor: FLOAT) -> FLOAT:
     """Padding keys get `floor` (the mask value of the bias's dtype) instead of their bias:
@@ -125,4 +91,5 @@ def ReplacePadding(bias: FLOAT, keep_b: BOOL, floor: FLOAT) -> FLOAT:
     return op.Where(keep_b, bias, floor)
 
 
-GPU_FUNCTIONS = GPU_FUNCTIONS + (DistanceVectorPositions, ExpandDistanceVector, ReplacePadding)
+# the distance vector's pieces (DistanceVectorPositions, ExpandDistanceVector) are shared: blocked_script.py
+GPU_FUNCTIONS = (GpuBlockPrepare, GpuBlockKeys, GpuDirectPrepare, MaskedBias, ReplacePadding)

@@ -18,9 +18,10 @@ from ..biases import MASK_PENALTY, AttentionBias
 
 DEFAULT_BLOCK = 256  # query rows per block: the fastest measured at L=8192 and 16384 (README, benchmarks/attention.md)
 # The distance-table path holds a [H, rows, Lk + reach] table and a slice of it per block on top of
-# the scores: its rows are capped so the table has at most TABLE_ROW_BUDGET entries per head (causal:
-# 256 rows at 8192, 128 at 16384; bidirectional, twice as wide: half that), which keeps 16384 under
-# 1 GB (256 causal rows there: 1.20 GB measured, and no faster).
+# the scores: its rows are capped so the table has at most TABLE_ROW_BUDGET entries per head and
+# per Lk-wide half (causal: 256 rows at 8192, 128 at 16384; a bidirectional table, 2 Lk wide, gets
+# twice the entries and so the same rows), which keeps 16384 under 1 GiB (256 causal rows there:
+# 1.20 GB measured, and no faster; 128 bidirectional rows: 0.96 GB, 1.2x faster than 64).
 TABLE_ROW_BUDGET = 1 << 21
 # The GPU-shaped targets (export/gpu_graph.py): entries per head of one block's bias. 2^26 keeps
 # [H=8, rows, W] at 2^29 elements (1 GB in float16), far from ONNX Runtime CUDA's 2^31-element
@@ -59,6 +60,16 @@ def folds_key_row(bias: AttentionBias, target: str = "portable") -> bool:
     return target == "portable" and bias.uses_key_row() and not bias.head_independent
 
 
+def folds_two_sided(bias: AttentionBias, target: str = "portable", dtype: torch.dtype = torch.float32) -> bool:
+    """Bidirectional ALiBi without a table: each block sees the keys up to its last row with the
+    key row, and the keys from its first row on again with the row negated (the bias mirrored,
+    see BlockAttendTwoSided), both inside the MatMul; only a one-head mask is added. Measured at
+    L=16384 on ORT CPU: 3.1 s vs 4.5 s for the [H, Bq, 2L] table (whose budget kept blocks at
+    64 rows). float32 scores only, as folds_key_row."""
+    return (target == "portable" and bias.key_row_mirrors and not bias.causal and bias.lookback is None
+            and dtype != torch.float16)
+
+
 def table_heads(bias: AttentionBias, target: str = "portable") -> int:
     """Heads of the distance table: 1 for a head-independent family or a mask-only table."""
     return 1 if bias.head_independent or folds_key_row(bias, target) else bias.num_heads
@@ -66,8 +77,10 @@ def table_heads(bias: AttentionBias, target: str = "portable") -> int:
 
 def table_budget(bias: AttentionBias, target: str = "portable") -> int:
     """Table entries one table may hold, per head of the model: TABLE_ROW_BUDGET per head, so
-    a one-head table (mask alone, or a head-independent family) gets H times the rows."""
-    return TABLE_ROW_BUDGET * bias.num_heads // table_heads(bias, target)
+    a one-head table (mask alone, or a head-independent family) gets H times the rows; a
+    bidirectional one (keys on both sides, twice as wide) twice the entries."""
+    sides = 1 if bias.causal else 2
+    return TABLE_ROW_BUDGET * sides * bias.num_heads // table_heads(bias, target)
 
 
 def table_block(block: int, k_len: int, lookahead: int | None, budget: int = TABLE_ROW_BUDGET) -> int:
@@ -95,6 +108,7 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
     """
     by_distance = slices_by_distance(bias, q_pos, target, q.dtype)
     folded = by_distance and folds_key_row(bias, target)
+    two_sided = by_distance and folds_two_sided(bias, target, q.dtype)  # no table: per-block bias below
     if as_function and torch.onnx.is_in_onnx_export():
         tensors, _ = bias.function_inputs()
         tensors = [t.float() if t.is_floating_point() else t for t in tensors]
@@ -111,17 +125,23 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
     scale = 1.0 / math.sqrt(q.shape[-1])
     work = torch.promote_types(q.dtype, torch.float32)  # float32 scores, as the plain form; float64 stays
     table = None
-    if by_distance and Lq > block:  # as the ONNX Loop branch: table[h, r, m] = g_h(r - m + Lk)
+    if by_distance and not two_sided and Lq > block:  # as the ONNX Loop branch: table[h, r, m] = g_h(r - m + Lk)
         if not torch.onnx.is_in_onnx_export() and not torch.equal(k_pos, torch.arange(Lk, device=k_pos.device)):
             raise ValueError("the distance table needs positions equal to the key indices")
         if target == "portable":
             block = table_block(block, Lk, bias.lookahead, table_budget(bias, target))
         reach_ahead = Lk if bias.lookahead is None else min(Lk, block + bias.lookahead)
         rows, cols = torch.arange(block, device=q.device), torch.arange(Lk + reach_ahead, device=q.device) - Lk  # [Bq], [M]
-        # folded: MaskTable, the mask alone [1, Bq, M]; else the family's values [H|1, Bq, M]
-        table = torch.zeros(1, block, len(cols), dtype=work, device=q.device) if folded else bias.from_positions(rows, cols).to(work)
-        if bias.causal:  # MaskFutureInTable: key after query where cols[m] > r
-            table = table + torch.where(cols[None, :] <= rows[:, None], 0.0, MASK_PENALTY).to(work)
+        if folded:  # MaskTable: the causal mask alone, [1, Bq, M]
+            table = torch.where(cols[None, :] <= rows[:, None], 0.0, MASK_PENALTY).to(work)[None]
+        else:  # DistanceVectorPositions -> the family's values on T = Bq - 1 + M distances -> ExpandDistanceVector
+            last = torch.tensor([block - 1], device=q.device)  # [1]
+            vector_cols = torch.arange(block - 1 + len(cols), device=q.device) - Lk  # [T]
+            vector = bias.from_positions(last, vector_cols).to(work)  # [H|1, 1, T]
+            if bias.causal:  # MaskFutureInTable on the vector: key after query where vector_cols[t] > Bq - 1
+                vector = vector + torch.where(vector_cols <= last, 0.0, MASK_PENALTY).to(work)
+            idx = (block - 1 - rows)[:, None] + torch.arange(len(cols), device=q.device)  # [Bq, M]
+            table = vector[:, 0, idx]  # [H|1, Bq, M]: table[h, r, m] = g_h(r - m + Lk)
         padded = not bool(keep.all())  # HasPadding: the padded Loop adds the padding penalty
     outputs = []
     for start in range(0, Lq, block):
