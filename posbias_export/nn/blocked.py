@@ -21,7 +21,7 @@ DEFAULT_BLOCK = 256  # query rows per block: the fastest measured at L=8192 and 
 # the scores: its rows are capped so the table has at most TABLE_ROW_BUDGET entries per head and
 # per Lk-wide half (causal: 256 rows at 8192, 128 at 16384; a bidirectional table, 2 Lk wide, gets
 # twice the entries and so the same rows), which keeps 16384 under 1 GiB (256 causal rows there:
-# 1.20 GB measured, and no faster; 128 bidirectional rows: 0.96 GB, 1.2x faster than 64).
+# 1.20 GB measured, and no faster; 128 bidirectional rows: 0.99 GB, 1.2x faster than 64).
 TABLE_ROW_BUDGET = 1 << 21
 # The GPU-shaped targets (export/gpu_graph.py): entries per head of one block's bias. 2^26 keeps
 # [H=8, rows, W] at 2^29 elements (1 GB in float16), far from ONNX Runtime CUDA's 2^31-element
