@@ -117,3 +117,30 @@ def test_decode_steps_alternate_in_chunks_after_settling():
     first, second = _time_alternating(lambda: calls.append("ort"), lambda: calls.append("torch"), steps=20)
     assert len(first) == len(second) == 20
     assert calls == ["ort"] * 24 + ["torch"] * 24 + ["ort"] * 12 + ["torch"] * 12
+
+
+def test_bench_cuda_lengths_come_from_the_arguments_not_sys_argv(monkeypatch, tmp_path):
+    """main([...]) called from Python: the lengths given in the list are used (not whatever
+    sys.argv holds), and without --lengths the GPU defaults. The GPU work itself is stubbed."""
+    import torch
+
+    from posbias_export.bench import gpu_attention
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_attention, "run", lambda biases, lengths, *a, **k: seen.append(tuple(lengths)) or {})
+    monkeypatch.setattr(gpu_attention, "write", lambda result, out: [])
+    monkeypatch.setattr(sys, "argv", ["python", "-m", "pytest"])
+    assert cli_main(["bench", "--device", "cuda", "--lengths", "512,1024", "--out-dir", str(tmp_path)]) == 0
+    assert cli_main(["bench", "--device", "cuda", "--out-dir", str(tmp_path)]) == 0
+    assert seen == [(512, 1024), tuple(gpu_attention.LENGTHS)]
+
+
+def test_bench_cuda_without_a_gpu_is_one_line(monkeypatch, capsys, tmp_path):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli_main(["bench", "--device", "cuda", "--out-dir", str(tmp_path / "gpu")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["posbias-export: error: bench --device cuda needs a CUDA GPU visible to PyTorch"]
+    assert not (tmp_path / "gpu").exists()

@@ -23,12 +23,20 @@ def positions(q_len, k_len):
     return np.arange(k_len - q_len, k_len), np.arange(k_len)
 
 
+SHIPPED = ("alibi", "kerple_power", "kerple_log", "sandwich", "t5", "window", "none")
+
+
 def test_registry_names():
-    assert pbe.BIASES == ("alibi", "kerple_power", "kerple_log", "sandwich", "t5", "window", "none")
+    """The shipped families are registered in rank order; another family (a copied file) joins
+    by its own rank without displacing them, and ALiBi stays the default."""
+    assert [n for n in pbe.BIASES if n in SHIPPED] == list(SHIPPED)
+    ranks = [(bias_class(n).rank, n) for n in pbe.BIASES]
+    assert ranks == sorted(ranks) and len(set(pbe.BIASES)) == len(pbe.BIASES)
+    assert pbe.BIASES[0] == "alibi"
 
 
 def test_unknown_bias_lists_choices():
-    with pytest.raises(ValueError, match="choose one of: alibi, kerple_power"):
+    with pytest.raises(ValueError, match="choose one of: " + ", ".join(pbe.BIASES) + "$"):
         pbe.create_bias("alibix", num_heads=4)
 
 
@@ -283,9 +291,17 @@ def test_key_row_shortcut_equals_the_bias_up_to_a_row_constant(name):
 
 @pytest.mark.parametrize("name", pbe.BIASES)
 def test_hyper_parameters_validate(name):
-    """Defaults build; every declared integer hyper-parameter rejects 0 and a non-integer."""
+    """Every declared integer hyper-parameter is carried by the module, changes the bias it
+    computes (over distances past every default: 0..400), and rejects 0 and a non-integer."""
     cls = bias_class(name)
-    assert pbe.create_bias(name, 2).hyper_parameters() == cls.Params().as_dict()
+    q_pos, k_pos = np.arange(400, 401), np.arange(0, 401)
+    default = pbe.create_bias(name, 2).reference(q_pos, k_pos)
+    for field in dataclasses.fields(cls.Params):
+        value = field.default + 2  # keeps an even field even
+        changed = pbe.create_bias(name, 2, **{field.name: value})
+        assert getattr(changed.params, field.name) == value
+        assert changed.reference(q_pos, k_pos).shape == default.shape
+        assert not np.array_equal(changed.reference(q_pos, k_pos), default), f"{field.name}={value} changed nothing"
     for field in dataclasses.fields(cls.Params):
         with pytest.raises(ValueError, match=field.name):
             pbe.create_bias(name, 2, **{field.name: 0})

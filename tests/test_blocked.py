@@ -3,6 +3,8 @@ ONNX Runtime and the reference evaluator against a float64 reference computed in
 the export options that choose the form. Long inputs (4096, 16384 slow) at the issue's shape."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -12,7 +14,9 @@ from onnx.reference import ReferenceEvaluator
 import posbias_export as pbe
 from posbias_export.export import functions
 from posbias_export.biases import bias_class
-from posbias_export.nn.blocked import DEFAULT_BLOCK, keep_mask, table_block, table_budget
+from posbias_export.nn import DEFAULT_BLOCK, block_plan
+from posbias_export.nn.plans import TABLE_ROW_BUDGET
+from posbias_export.nn.blocked import keep_mask
 from posbias_export.export import read_metadata
 from posbias_export.nn.attention import AttentionSettings, attention_heads, layer_bias
 from posbias_export.parity import FLOAT32, compare, torch_outputs
@@ -132,19 +136,20 @@ def test_alibi_key_row_rides_in_the_matmul(tmp_path):
 def test_one_head_tables_get_the_whole_budget():
     """A table with one head (ALiBi's mask, a head-independent family) may take H times the
     rows of a per-head table: 256 rows at 16384 where KERPLE's [H, Bq, M] table gets 128."""
-    alibi, window, kerple = (bias_class(n)(8) for n in ("alibi", "window", "kerple_log"))
-    assert table_budget(alibi) == table_budget(window) == 8 * table_budget(kerple)
-    assert table_block(256, 16384, 0, table_budget(alibi)) == 256
-    assert table_block(256, 16384, 0, table_budget(kerple)) == 128
+    alibi, window, kerple = (block_plan(bias_class(n)(8)) for n in ("alibi", "window", "kerple_log"))
+    assert (alibi.table_heads, window.table_heads, kerple.table_heads) == (1, 1, 8)
+    assert alibi.row_budget == window.row_budget == 8 * kerple.row_budget
+    assert alibi.rows(256, 16384) == 256
+    assert kerple.rows(256, 16384) == 128
 
 
 def test_bidirectional_tables_keep_the_causal_rows():
     """A bidirectional table is 2 Lk wide (keys on both sides of each query): it gets twice the
     entries, so the same rows as a causal one (128 at 16384) instead of half."""
-    causal, bidirectional = (bias_class("kerple_log")(8, causal=c) for c in (True, False))
-    assert table_budget(bidirectional) == 2 * table_budget(causal)
-    assert table_block(256, 16384, None, table_budget(bidirectional)) == 128
-    assert table_block(256, 8192, None, table_budget(bidirectional)) == 256
+    causal, bidirectional = (block_plan(bias_class("kerple_log")(8, causal=c)) for c in (True, False))
+    assert bidirectional.row_budget == 2 * causal.row_budget
+    assert bidirectional.rows(256, 16384) == 128
+    assert bidirectional.rows(256, 8192) == 256
 
 
 def _export_core(tmp_path, bias, block, shape=SMALL, causal=True, **kwargs):
@@ -337,10 +342,13 @@ def test_keep_mask_shapes():
 def test_distance_table_rows_follow_the_budget():
     """Rows per block on the table path: budget // table width (causal: Lk; bidirectional: 2 Lk;
     a symmetric window: Lk + its reach), at least 1, at most the block."""
-    assert [table_block(256, n, 0) for n in (1024, 8192, 16384, 32768)] == [256, 256, 128, 64]
-    assert [table_block(256, n, None) for n in (8192, 16384)] == [128, 64]
-    assert table_block(256, 16384, 100) == (1 << 21) // 16484
-    assert table_block(256, 1 << 23, None) == 1
+    def rows(lookahead, length):
+        plan = dataclasses.replace(block_plan(bias_class("kerple_log")(8)), lookahead=lookahead, row_budget=TABLE_ROW_BUDGET)
+        return plan.rows(256, length)
+    assert [rows(0, n) for n in (1024, 8192, 16384, 32768)] == [256, 256, 128, 64]
+    assert [rows(None, n) for n in (8192, 16384)] == [128, 64]
+    assert rows(100, 16384) == (1 << 21) // 16484
+    assert rows(None, 1 << 23) == 1
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -348,9 +356,9 @@ def test_distance_table_rows_are_capped_by_the_budget(tmp_path, monkeypatch, cau
     """Long inputs: the table path takes budget // width query rows per block (memory), here
     2000 // 300 = 6 (bidirectional: twice the budget over twice the width, 4000 // 600 = 6)
     instead of 16, in the ONNX Loop and its PyTorch twin alike; the output is the same math."""
-    import posbias_export.nn.blocked as nn_blocked
+    import posbias_export.nn.plans as plans
 
-    monkeypatch.setattr(nn_blocked, "TABLE_ROW_BUDGET", 2000)  # the ONNX body reads it through table_budget
+    monkeypatch.setattr(plans, "TABLE_ROW_BUDGET", 2000)  # the ONNX body and the twin read it through the plan
     core, path = _export_core(tmp_path, "kerple_log", 16, causal=causal)
     body = next(f for f in onnx.load(str(path)).functions if f.name == "BlockedAttentionKerpleLogByDistance")
     budget = [n for n in body.node if n.op_type == "If"][0]

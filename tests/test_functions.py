@@ -13,8 +13,7 @@ import posbias_export as pbe
 from posbias_export.export import checks, functions
 from posbias_export.biases import bias_class
 from posbias_export.parity import run_matrix
-from posbias_export.export.script_block import script_block_model
-from posbias_export.nn.blocked import function_name as blocked_function_name
+from script_block import script_block_model
 from posbias_export.parity import compare
 from conftest import SMALL, ort_session
 
@@ -91,10 +90,11 @@ def test_default_export_has_functions_inline_export_has_none(exports, name, arch
     model = onnx.load(str(exports.cli(name, arch)))
     nodes = [n for n in model.graph.node if n.domain == "posbias"]
     layers = SMALL["num_layers"] if arch == "lm" else 1
-    bias = bias_class(name)(SMALL["num_heads"])
-    # no padding mask: positions are the indices; a key-row family slices the table when causal
-    by_distance = bias.relative and (not bias.uses_key_row() or bias.causal)
-    assert [n.op_type for n in nodes] == [blocked_function_name(bias, by_distance)] * layers
+    cls = bias_class(name)
+    # README's naming: BlockedAttention + the family's function + "ByDistance" where the body runs
+    # on the key indices (no padding mask here) of a relative family (a function of i - j)
+    expected = "BlockedAttention" + cls.function_name + ("ByDistance" if cls.relative else "")
+    assert [n.op_type for n in nodes] == [expected] * layers
     local = {f.name for f in model.functions}
     assert {n.op_type for n in nodes} <= local and all(f.domain == "posbias" for f in model.functions)
     checks.check_domains(model)  # posbias only as local functions

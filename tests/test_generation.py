@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import posbias_export as pbe
-from posbias_export.nn.generation import greedy_generate
+from torch_generation import greedy_generate
 from posbias_export.parity import load_runner
 from posbias_export.parity import compare, torch_outputs
 from conftest import cli_model

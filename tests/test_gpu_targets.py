@@ -13,7 +13,8 @@ from onnx.reference import ReferenceEvaluator
 import posbias_export as pbe
 from posbias_export.export import functions, read_metadata
 from posbias_export.nn.attention import AttentionSettings
-from posbias_export.nn.blocked import GPU_ROW_BUDGET, table_block
+from posbias_export.biases import bias_class
+from posbias_export.nn import block_plan
 from posbias_export.parity import FLOAT32, compare, torch_outputs
 from conftest import SMALL, ort_session
 
@@ -91,10 +92,11 @@ def test_gpu_target_graph_shape(tmp_path, target):
 def test_gpu_rows_keep_every_block_under_the_int32_index_limit():
     """ONNX Runtime CUDA indexes with int32: a block's [H=8, rows, keys] mask (and the table)
     must stay below 2^31 elements at any length; rows shrink as keys grow."""
-    assert table_block(4096, 16384, 0, GPU_ROW_BUDGET) == 4096
-    assert table_block(4096, 32768, 0, GPU_ROW_BUDGET) == 2048
+    plan = block_plan(bias_class("kerple_log")(8), fused=True)
+    assert plan.rows(4096, 16384) == 4096
+    assert plan.rows(4096, 32768) == 2048
     for length in (1024, 16384, 32768, 65536, 1 << 20):
-        rows = table_block(4096, length, 0, GPU_ROW_BUDGET)
+        rows = plan.rows(4096, length)
         assert 8 * rows * (2 * length) < 2 ** 31
 
 

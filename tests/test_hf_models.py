@@ -97,7 +97,7 @@ def test_export_matches_on_every_runtime(folders, exported, kind):
     rows = {(c.runtime, c.case): c.verdict for c in matrix.cells}
     assert all(rows[r, f"L={n} B=3"] == "pass" for r in ("ort-cpu", "openvino", "reference") for n in lengths)
     if kind == "mpt":
-        assert rows["transformers", "L=300 B=3"].startswith("not run: transformers' MPT stops at max_seq_len")
+        assert rows["transformers", "L=300 B=3"].startswith(f"not run: transformers' mpt stops at {MPT_MAX_SEQ_LEN} tokens")
     else:
         assert rows["transformers", "L=300 B=3"] == "pass"
 

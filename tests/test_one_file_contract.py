@@ -1,9 +1,12 @@
 """The extension contract: a bias family is one file.
 
-Copies the project, adds `biases/alibi_copy.py` (biases/alibi.py with the class and the name
-renamed, nothing else touched), and checks in subprocesses that the new family exports (plain
-and blocked, functions kept and inlined), validates, is offered by `--help`, and that the test
-suite collects and passes its cases.
+Copies the project and adds two families, each a shipped file with the class and the name
+renamed: `alibi_copy` (biases/alibi.py: key-row shortcuts, the folded and two-sided bodies) and
+`window_copy` (biases/window.py: a hyper-parameter, with its own flag and no legacy key, since
+those are claims on shared names). In subprocesses: both register, show in `--help`, export
+(plain and blocked, functions kept and inlined), validate, and (slow) the registry-driven tests
+of the whole suite collect and pass their cases. A copy that keeps a shipped family's flag or
+legacy key is refused at registration with one line naming both families.
 """
 from __future__ import annotations
 
@@ -18,23 +21,40 @@ import onnx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NEW = "alibi_copy"
-FAST_CASES = "test_biases.py or test_functions.py"  # the registry-driven unit tests: seconds, not minutes
+BIASES = ROOT / "posbias_export" / "biases"
+NEW, WITH_PARAMS = "alibi_copy", "window_copy"
 
 
-def _copy_project(dest: Path) -> None:
+def _renamed(source: str, cls: str, name: str, new_cls: str, new_name: str) -> str:
+    """The file with only its class and family name renamed."""
+    out = source.replace(f'name = "{name}"', f'name = "{new_name}"')
+    out = re.sub(rf"\bclass {cls}\b", f"class {new_cls}", out)
+    assert out.count(f'"{new_name}"') == 1 and f"class {new_cls}" in out, f"{name}.py no longer has the expected shape"
+    return out
+
+
+def _window_copy(keep_flag: bool = False, keep_legacy: bool = False) -> str:
+    copy = _renamed((BIASES / "window.py").read_text(), "WindowBias", "window", "WindowCopyBias", WITH_PARAMS)
+    if not keep_flag:
+        copy = copy.replace('alias="--window"', 'alias="--window-copy"')
+    if not keep_legacy:
+        copy = copy.replace(', legacy_key="window"', "")
+    return copy
+
+
+def _copy_project(dest: Path, families: dict[str, str]) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "node_modules", "*.onnx", "*.data")
     for name in ("posbias_export", "runtimes", "tests"):
         shutil.copytree(ROOT / name, dest / name, ignore=ignore)
-    shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, dest / name)
+    shutil.copytree(ROOT / "models", dest / "models")
     node_modules = ROOT / "runtimes" / "node" / "node_modules"
     if node_modules.exists():  # the node runner needs its installed package, not a copy
         (dest / "runtimes" / "node" / "node_modules").symlink_to(node_modules)
-    source = (ROOT / "posbias_export" / "biases" / "alibi.py").read_text()
-    renamed = source.replace('name = "alibi"', f'name = "{NEW}"')
-    renamed = re.sub(r"\bclass AlibiBias\b", "class AlibiCopyBias", renamed)
-    assert renamed.count(NEW) == 1 and "AlibiCopyBias" in renamed, "alibi.py no longer has the expected shape"
-    (dest / "posbias_export" / "biases" / f"{NEW}.py").write_text(renamed)
+    for module, text in families.items():
+        (dest / "posbias_export" / "biases" / f"{module}.py").write_text(text)
+    return dest
 
 
 def _run(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -44,36 +64,51 @@ def _run(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.Completed
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    dest = tmp_path_factory.mktemp("contract")
-    _copy_project(dest)
-    return dest
+    alibi = _renamed((BIASES / "alibi.py").read_text(), "AlibiBias", "alibi", "AlibiCopyBias", NEW)
+    return _copy_project(tmp_path_factory.mktemp("contract"), {NEW: alibi, WITH_PARAMS: _window_copy()})
 
 
-def test_new_family_is_registered_from_the_copy(project):
-    out = _run(["-c", "import posbias_export as p, posbias_export.biases as b; print(p.__file__); print(*p.BIASES)"], project)
+def test_new_families_are_registered_from_the_copy(project):
+    out = _run(["-c", "import posbias_export as p; print(p.__file__); print(*p.BIASES)"], project)
     assert out.returncode == 0, out.stderr
     package_file, names = out.stdout.splitlines()
     assert Path(package_file).is_relative_to(project), "the copy was not the package imported"
-    assert NEW in names.split() and "alibi" in names.split()
+    assert {NEW, WITH_PARAMS, "alibi", "window"} <= set(names.split())
 
 
-def test_help_offers_the_new_family(project):
+def test_help_offers_the_new_families(project):
     out = _run(["-m", "posbias_export", "--help"], project)
     assert out.returncode == 0, out.stderr
-    assert NEW in out.stdout
+    assert NEW in out.stdout and WITH_PARAMS in out.stdout and "--window-copy" in out.stdout
+
+
+@pytest.mark.parametrize("kept, claim", [("flag", "flag '--window'"), ("legacy", "legacy config key 'window'")])
+def test_a_copy_that_keeps_a_shared_claim_is_refused_with_one_line(tmp_path, kept, claim):
+    """Renaming only the class and the name of window.py keeps --window (argparse would crash
+    on the duplicate) and the legacy key (old window checkpoints would feed the copy)."""
+    copy = _window_copy(keep_flag=kept == "flag", keep_legacy=True)
+    project = _copy_project(tmp_path, {WITH_PARAMS: copy})
+    for argv in (["-m", "posbias_export", "--help"], ["-m", "posbias_export", "--bias", "alibi", "--out", "m.onnx"]):
+        out = _run(argv, project)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, out.stderr
+        assert "'window'" in lines[0] and f"'{WITH_PARAMS}'" in lines[0] and claim in lines[0], lines[0]
+        assert not (project / "m.onnx").exists()
 
 
 FORMS = [("plain", False), ("plain", True), ("blocked", False), ("blocked", True)]
+CASES = [(NEW, form, inline, ()) for form, inline in FORMS] + [
+    (WITH_PARAMS, "blocked", False, ("--window-copy", "8")), (WITH_PARAMS, "blocked", True, ("--bias-param", "window=8"))]
 
 
 @pytest.fixture(scope="module")
 def exported(project) -> dict:
-    """Export every form through the CLI, then validate each, in ONE process (torch imports once)."""
-    paths = {case: project / f"{NEW}_{case[0]}_{'inline' if case[1] else 'functions'}.onnx" for case in FORMS}
+    """Export every case through the CLI, then validate each, in ONE process (torch imports once)."""
+    paths = {case: project / f"{case[0]}_{case[1]}_{'inline' if case[2] else 'functions'}.onnx" for case in CASES}
     commands = []
-    for (form, inline), path in paths.items():
-        commands.append(["--bias", NEW, "--attention", form, "--out", str(path), "--heads", "4", "--dim", "64",
-                         "--layers", "1"] + (["--inline-functions"] if inline else []))
+    for (name, form, inline, extra), path in paths.items():
+        commands.append(["--bias", name, "--attention", form, "--out", str(path), "--heads", "4", "--dim", "64",
+                         "--layers", "1", *extra] + (["--inline-functions"] if inline else []))
         commands.append(["validate", str(path), "--runtimes", "ort-cpu,reference", "--lengths", "1,40"])
     driver = ("import sys; from posbias_export.cli import main\n"
               f"for argv in {commands!r}:\n"
@@ -85,32 +120,42 @@ def exported(project) -> dict:
     return {"paths": paths, "stdout": out.stdout}
 
 
-@pytest.mark.parametrize("form,inline", FORMS)
-def test_new_family_exports_and_validates(exported, form, inline):
-    model = onnx.load(exported["paths"][form, inline])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}-{'inline' if c[2] else 'functions'}" for c in CASES])
+def test_new_family_exports_and_validates(exported, case):
+    name, form, inline, _ = case
+    model = onnx.load(exported["paths"][case])
     local = {f.name for f in model.functions}
     if inline:
         assert not local and all(n.domain != "posbias" for n in model.graph.node)
-    else:
-        # the copy's own function names (causal blocked takes the key-row shortcut), none of alibi's
+    elif name == NEW:
+        # the copy's own function names (causal blocked folds its key row), none of alibi's
         assert ("AlibiCopyKeyRow" if form == "blocked" else "AlibiCopy") in local, local
         assert not {"Alibi", "AlibiKeyRow"} & local
+    else:
+        assert "WindowCopy" in local and "Window" not in local, local
     meta = {p.key: p.value for p in model.metadata_props}
-    assert meta["posbias.bias"] == NEW and meta["posbias.attention"] == form
-    assert exported["stdout"].count("EXIT 0 validate") == len(FORMS) and "FAIL" not in exported["stdout"]
+    assert meta["posbias.bias"] == name and meta["posbias.attention"] == form
+    if name == WITH_PARAMS:
+        assert meta["posbias.bias_params"] == '{"window": 8}'
+    assert exported["stdout"].count("EXIT 0 validate") == len(CASES) and "FAIL" not in exported["stdout"]
 
 
-@pytest.mark.slow  # collects the whole suite in a subprocess: ~40 s
-def test_suite_collects_and_passes_the_new_family(project):
-    collect = _run(["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-k", NEW, "tests"], project)
+# every test module whose cases come from the registry (BIASES)
+REGISTRY_DRIVEN = ("test_biases.py", "test_functions.py", "test_export.py", "test_blocked.py", "test_runtimes.py",
+                   "test_parity_ort.py", "test_model.py", "test_checkpoint.py", "test_generation.py", "test_cli.py")
+
+
+@pytest.mark.slow  # the registry-driven cases of the whole suite for both copies: ~10 min
+def test_suite_collects_and_passes_the_new_families(project):
+    selected = f"{NEW} or {WITH_PARAMS} or test_registry_names or test_unknown_bias or test_every_option"
+    collect = _run(["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "", "-k", selected,
+                    "tests"], project)
     assert collect.returncode == 0, collect.stdout[-2000:] + collect.stderr[-2000:]
     collected = [line for line in collect.stdout.splitlines() if "::" in line]
-    files = {line.split("::")[0] for line in collected}
-    # every registry-driven test module picks the family up
-    for module in ("test_biases.py", "test_functions.py", "test_export.py", "test_blocked.py", "test_runtimes.py",
-                   "test_parity_ort.py", "test_model.py"):
-        assert f"tests/{module}" in files, f"{module} collected no {NEW} case"
-    run = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", NEW, "tests/test_biases.py",
-                "tests/test_functions.py"], project, timeout=600)
+    for name in (NEW, WITH_PARAMS):
+        files = {line.split("::")[0] for line in collected if name in line}
+        for module in REGISTRY_DRIVEN[:-1]:
+            assert f"tests/{module}" in files, f"{module} collected no {name} case"
+    run = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-k", selected, "tests"], project, timeout=3000)
     assert run.returncode == 0, run.stdout[-3000:]
     assert re.search(r"\d+ passed", run.stdout) and "failed" not in run.stdout

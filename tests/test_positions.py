@@ -50,11 +50,15 @@ def test_resize_learned_table(method):
 
 
 def test_learned_positions_refuse_beyond_table():
-    model = pbe.build_model(pbe.ModelConfig(bias="none", position="learned", max_positions=32, **SMALL), seed=0)
+    cfg = pbe.ModelConfig(bias="none", position="learned", max_positions=32, **SMALL)
+    model, sibling = pbe.build_model(cfg, seed=0), pbe.build_model(cfg, seed=1)
     with pytest.raises(IndexError):
         model(lm_inputs(1, 40))
     model.resize_positions(64, "copy")
     assert model(lm_inputs(1, 40)).shape == (1, 40, 256)
+    # the resized model has a config of its own; the shared one (the caller's, the sibling's) is unchanged
+    assert model.cfg.max_positions == 64 and all(b.cfg is model.cfg for b in model.blocks)
+    assert cfg.max_positions == 32 and sibling.cfg.max_positions == 32
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -14,6 +14,7 @@ from posbias_export.biases import bias_class
 from posbias_export.biases.onnx_domain import DOMAIN, VERSION
 from posbias_export.export import functions
 from posbias_export.export.blocked_graph import function_proto
+from posbias_export.nn import block_plan
 from conftest import ort_session
 
 HEADS, HEAD_DIM, BLOCK, OPSET = 4, 16, 16, 18
@@ -25,7 +26,7 @@ ATOL = 1e-5
 def _two_sided_model(dtype=torch.float32) -> onnx.ModelProto:
     """One posbias.BlockedAttentionAlibiByDistance node over graph inputs, its functions attached."""
     bias = bias_class("alibi")(HEADS, causal=False)
-    body = function_proto(bias, BLOCK, dtype, OPSET, by_distance=True)
+    body = function_proto(bias, block_plan(bias, dtype=dtype, indices=True), BLOCK, dtype, OPSET)
     elem = TensorProto.FLOAT if dtype == torch.float32 else TensorProto.FLOAT16
     slopes = helper.make_tensor("slopes", TensorProto.FLOAT, [HEADS], bias.slopes.tolist())
     node = helper.make_node(body.name, ["q", "k", "v", "q_pos", "k_pos", "keep", "slopes"], ["out"], domain=DOMAIN)

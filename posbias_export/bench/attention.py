@@ -365,3 +365,18 @@ def write_profile(biases, length: int, heads: int, head_dim: int, out_dir: Path,
     path = out_dir / f"{stem}_profile.md"
     path.write_text("\n".join(sections))
     return path
+
+
+def run_and_write(biases=BIASES, lengths=LENGTHS, configs=CONFIGS, variants=VARIANTS, repeats: int = 3, heads: int = 8,
+                  head_dim: int = 64, timeout: float = 900.0, profile_length: int = 8192, out_dir="benchmarks",
+                  progress=None) -> list[Path]:
+    """`bench`: every cell, then attention.md/.json/.png (and the ORT profile at profile_length)."""
+    from ..export.files import output_folder
+
+    plan(biases, lengths, configs, variants)  # unknown names: one line before anything runs
+    out = output_folder(out_dir)
+    cells = run(biases, lengths, configs, repeats, heads, head_dim, timeout, progress=progress, variants=variants)
+    paths = write(cells, out, heads, head_dim)
+    if profile_length:
+        paths.append(write_profile(biases, profile_length, heads, head_dim, out))
+    return paths

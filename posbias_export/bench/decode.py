@@ -89,6 +89,13 @@ def measure(bias: str, contexts=(512, 4096), steps: int = 32, cfg_kwargs: dict |
 
 def run(biases=BIASES, contexts=(512, 4096), steps: int = 32, out_dir: str | None = "benchmarks", progress=None,
         device: str = "cpu", target: str = "portable") -> list[dict]:
+    unknown = [b for b in biases if b not in BIASES]
+    if unknown:
+        raise ValueError(f"unknown bias {unknown[0]!r}; choose one of: {', '.join(BIASES)}")
+    if out_dir:
+        from ..export.files import output_folder
+
+        output_folder(out_dir)
     rows = []
     with tempfile.TemporaryDirectory(prefix="posbias-decode-") as tmp:
         for bias in biases:

@@ -56,15 +56,15 @@ def run_ort(path: Path, lengths, dtype: str, heads: int, head_dim: int, repeats:
 
 
 def flex_score_mod(bias, length: int, device):
-    """A score_mod adding the family's bias: ALiBi's closed form, else a per-distance table."""
+    """A score_mod adding the family's bias: None where the bias only masks (the block mask does
+    it), the family's closed form where it has one, else a per-distance table."""
     import torch
 
-    if type(bias).name == "alibi":
-        slopes = bias.slopes.to(device=device, dtype=torch.float32).reshape(-1)  # [H]
-
-        def alibi(score, b, h, q_idx, kv_idx):
-            return score + slopes[h] * (kv_idx - q_idx)
-        return alibi
+    if bias.mask_only:
+        return None
+    closed = bias.score_mod(device)
+    if closed is not None:
+        return closed
     q = torch.tensor([length - 1], device=device)
     row = bias.to(device).from_positions(q, torch.arange(length, device=device))[..., 0, :]  # [H|1, L]: g(L-1-j)
     table = row.flip(-1).float().expand(bias.num_heads, length).contiguous()  # [H, L]: table[h, d] = g_h(d)
@@ -108,7 +108,7 @@ def torch_cells(bias_name: str, dtype: str, lengths, heads: int, head_dim: int, 
             runs["torch-eager"] = lambda: model(q, k, v)
         if flex_wanted(bias_name, dtype, length):
             block_mask = create_block_mask(causal, 1, 1, length, length, device=device)
-            score_mod = None if bias_name in ("none", "window") else flex_score_mod(bias, length, device)
+            score_mod = flex_score_mod(bias, length, device)
             runs["flex"] = lambda: flex(q, k, v, score_mod=score_mod, block_mask=block_mask)
         for config in TORCH_CONFIGS:
             row = {"bias": bias_name, "dtype": dtype, "config": config, "length": length}
@@ -158,7 +158,7 @@ def flex_check(bias_name: str, heads: int, head_dim: int, length: int = 1024) ->
         return allowed if reach is None else allowed & (q_idx - kv_idx <= reach)
 
     mask = create_block_mask(causal, 1, 1, length, length, device="cuda")
-    score_mod = None if bias_name in ("none", "window") else flex_score_mod(bias, length, "cuda")
+    score_mod = flex_score_mod(bias, length, "cuda")
     with torch.no_grad():
         got = torch.compile(flex_attention)(q, k, v, score_mod=score_mod, block_mask=mask)
         want = model(q, k, v)
@@ -286,3 +286,21 @@ def write(result: dict, out_dir: Path, machine: dict | None = None) -> list[Path
         lines.append(f"| {c['target']} | {measured} | {c['limit']:g}{c['unit']} | {'yes' if c['met'] else 'NO'} |")
     md_path.write_text("\n".join(lines) + "\n")
     return [md_path, json_path]
+
+
+def run_and_write(biases, lengths=None, heads: int = 8, head_dim: int = 64, repeats: int = 10, out_dir="benchmarks",
+                  progress=print) -> list[Path]:
+    """`bench --device cuda`: needs a CUDA GPU visible to PyTorch; lengths default to LENGTHS."""
+    import tempfile
+
+    import torch
+
+    from ..export.files import output_folder
+
+    if not torch.cuda.is_available():
+        raise ValueError("bench --device cuda needs a CUDA GPU visible to PyTorch")
+    out = output_folder(out_dir)
+    with tempfile.TemporaryDirectory(prefix="posbias-gpu-") as tmp:
+        result = run(biases, lengths or LENGTHS, DTYPES, TARGETS, heads, head_dim, max(repeats, 10), Path(tmp),
+                     progress=progress)
+    return write(result, out)

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from ..environment import describe, environment
+from ..hf.models import SUPPORTED as KINDS
 from .attention import memory_budget
 
-KINDS = ("bloom", "mpt", "falcon", "t5")
 LENGTHS = (2048, 8192, 16384)
 EXPORTERS = ("posbias", "dynamo", "optimum")
 WORKER = Path(__file__).with_name("model_worker.py")
@@ -46,21 +46,13 @@ class ModelCell:
 
 def make_folder(kind: str, folder: Path, hidden: int = 256, heads: int = 4, layers: int = 2,
                 max_len: int = max(LENGTHS)) -> Path:
+    """A random transformers model of architecture `kind` saved as a local folder."""
     import transformers as tf
 
+    from ..hf.models import architecture
+
     torch.manual_seed(0)
-    if kind == "bloom":
-        model = tf.BloomForCausalLM(tf.BloomConfig(vocab_size=VOCAB, hidden_size=hidden, n_layer=layers, n_head=heads))
-    elif kind == "mpt":  # max_seq_len covers the lengths, so transformers can be the reference
-        model = tf.MptForCausalLM(tf.MptConfig(vocab_size=VOCAB, d_model=hidden, n_layers=layers, n_heads=heads,
-                                               max_seq_len=max_len))
-    elif kind == "falcon":
-        model = tf.FalconForCausalLM(tf.FalconConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
-                                                     num_attention_heads=heads, alibi=True))
-    else:
-        model = tf.T5EncoderModel(tf.T5Config(vocab_size=VOCAB, d_model=hidden, d_kv=hidden // heads,
-                                              d_ff=4 * hidden, num_layers=layers, num_heads=heads))
-    model.save_pretrained(folder)
+    architecture(kind).tiny_transformers_model(tf, VOCAB, hidden, heads, layers, max_len).save_pretrained(folder)
     return folder
 
 
@@ -123,6 +115,9 @@ def run_cell(cell: ModelCell, model: Path, work: Path, repeats: int, timeout: fl
 
 def run(kinds=KINDS, lengths=LENGTHS, exporters=EXPORTERS, repeats: int = 2, timeout: float = 900.0,
         progress=None) -> list[ModelCell]:
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise ValueError(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(KINDS)}")
     cells = []
     budget = memory_budget()
     with tempfile.TemporaryDirectory(prefix="posbias-bench-models-") as tmp:
@@ -213,3 +208,11 @@ def write(cells: list[ModelCell], out_dir: Path) -> list[Path]:
     md.write_text(markdown(cells, env))
     js.write_text(json.dumps({"environment": env, "cells": [asdict(c) for c in cells]}, indent=1))
     return [md, js]
+
+
+def run_and_write(kinds=KINDS, lengths=LENGTHS, repeats: int = 2, out_dir="benchmarks", progress=None) -> list[Path]:
+    """`bench-models`: every cell, then models.md/.json."""
+    from ..export.files import output_folder
+
+    out = output_folder(out_dir)
+    return write(run(tuple(kinds), tuple(lengths), repeats=repeats, progress=progress), out)

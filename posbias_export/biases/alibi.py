@@ -86,6 +86,13 @@ class AlibiBias(AttentionBias):
     def function_inputs(self):
         return [self.slopes], {}
 
+    def score_mod(self, device=None):
+        """FlexAttention: score - m_h |i - j| (causal: m_h (j - i), equal where the mask keeps j <= i)."""
+        slopes = self.slopes.to(device=device, dtype=torch.float32).reshape(-1)  # [H]
+        if self.causal:
+            return lambda score, b, h, q_idx, kv_idx: score + slopes[h] * (kv_idx - q_idx)
+        return lambda score, b, h, q_idx, kv_idx: score - slopes[h] * (kv_idx - q_idx).abs()
+
     def from_positions(self, q_pos, k_pos):
         distance = relative_distance(q_pos, k_pos).abs().to(torch.float32)  # [..., Lq, Lk]
         return -self.slopes.view(-1, 1, 1) * distance.unsqueeze(-3)  # [..., H, Lq, Lk]

@@ -79,6 +79,34 @@ class BiasParams:
         return dataclasses.asdict(self)
 
 
+class RegistryError(ValueError):
+    """Two families claim the same name, function, CLI flag or legacy config key."""
+
+
+def _claims(cls) -> set[tuple[str, str]]:
+    """What a family takes for itself in shared namespaces: (what, value) pairs."""
+    claims = {("name", cls.name), ("ONNX function name", cls.function_name)}
+    for f in dataclasses.fields(cls.Params):
+        claims |= {(what, f.metadata[key]) for key, what in (("alias", "flag"), ("legacy_key", "legacy config key"))
+                   if f.metadata.get(key)}
+    return claims
+
+
+def check_unique(cls) -> None:
+    """Refuse a family that claims what a registered one has: a copied file that kept the
+    original's --flag would break --help, one that kept its legacy key would silently hand old
+    checkpoints' values to the copy."""
+    mine = _claims(cls)
+    for other in FAMILIES.values():
+        if (other.__module__, other.__qualname__) == (cls.__module__, cls.__qualname__):
+            continue  # the same class defined again (a module reloaded)
+        shared = sorted(mine & _claims(other))
+        if shared:
+            what, value = shared[0]
+            raise RegistryError(f"bias families {other.name!r} ({other.__module__}) and {cls.name!r} "
+                                f"({cls.__module__}) both claim the {what} {value!r}; give the new family its own")
+
+
 def _camel(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in re.split(r"[_\W]+", name) if part)
 
@@ -110,6 +138,9 @@ class AttentionBias(nn.Module):
     # The bidirectional bias is the causal one mirrored, bias(i, j) = bias(max(i, j), min(i, j))
     # (ALiBi's -m|i - j|): keys after a query then take the key row negated (blocked form, two-sided fold).
     key_row_mirrors: ClassVar[bool] = False
+    # The bias only masks (no bias, or a local window): a FlexAttention baseline needs no
+    # score_mod, its block mask does the work.
+    mask_only: ClassVar[bool] = False
 
     def __init_subclass__(cls, family: bool = True, **kwargs):
         """family=False: a bias one imported model needs (Falcon's rounded ALiBi), with its own
@@ -124,9 +155,7 @@ class AttentionBias(nn.Module):
             raise TypeError(f"bias family {cls.name!r} declares no ONNX Script function")
         if not family:
             return
-        previous = FAMILIES.get(cls.name)
-        if previous is not None and previous.__qualname__ != cls.__qualname__:
-            raise TypeError(f"two bias families are named {cls.name!r}: {previous.__module__} and {cls.__module__}")
+        check_unique(cls)
         FAMILIES[cls.name] = cls
 
     def __init__(self, num_heads: int, causal: bool = True, params: BiasParams | None = None, seed: int = 0):
@@ -151,9 +180,9 @@ class AttentionBias(nn.Module):
         raise NotImplementedError
 
     def compute(self, q_pos: torch.Tensor, k_pos: torch.Tensor, as_function: bool = False) -> torch.Tensor:
-        """from_positions; during ONNX export with as_function, ONE posbias.<Family> node whose
-        body is attached afterwards as a model-local function."""
-        if as_function and torch.onnx.is_in_onnx_export():
+        """from_positions; with as_function (a trace for ONNX export), ONE posbias.<Family> node
+        whose body is attached afterwards as a model-local function."""
+        if as_function:
             tensors, attrs = self.function_inputs()
             # float32 whatever the model dtype: the bias is computed and added in float32
             tensors = [t.float() if t.is_floating_point() else t for t in tensors]
@@ -179,13 +208,14 @@ class AttentionBias(nn.Module):
         bidirectional: the look-back mirrored (a symmetric window), else all."""
         return 0 if self.causal else self.lookback
 
+    def score_mod(self, device=None):
+        """A closed-form FlexAttention score_mod adding this bias, (score, b, h, q_idx, kv_idx) ->
+        score, or None: a baseline then reads the family's values per distance from a table."""
+        return None
+
     def function_inputs(self) -> tuple[list[torch.Tensor], dict]:
         """Tensors after (q_pos, k_pos), and attributes, for `function`."""
         return [], {}
-
-    def hyper_parameters(self) -> dict:
-        """Fixed (non-learned) settings, recorded in exported models' metadata."""
-        return self.params.as_dict()
 
     @classmethod
     def function_protos(cls) -> list[onnx.FunctionProto]:

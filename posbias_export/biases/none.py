@@ -41,6 +41,7 @@ class NoPositionalBias(AttentionBias):
     function = NoBias
     function_name = "NoBias"
     head_independent = True
+    mask_only = True  # a FlexAttention baseline: the block mask alone
     relative = True
     key_row_function = NoBiasKeyRow
     key_row_exact = True

@@ -53,6 +53,7 @@ class WindowBias(AttentionBias):
     function = Window
     relative = True
     head_independent = True
+    mask_only = True  # a FlexAttention baseline: the block mask alone
     uses_rope = True  # Su's super-baseline: RoPE inside the window
 
     def __init__(self, num_heads: int, causal: bool = True, params: WindowParams | None = None, seed: int = 0):

@@ -2,9 +2,10 @@
 the blocked-attention graph, the ONNX Script-authored block, metadata and atomic files."""
 from .checks import ExportCheckError
 from .files import check_outputs, ensure_writable
-from .metadata import checkpoint_metadata, read_metadata, settings_from_metadata
-from .pipeline import DTYPES, OPSETS, ExportReport, export_onnx
+from .metadata import checkpoint_metadata, read_metadata, settings_from_metadata, source_metadata
+from .pipeline import DTYPES, ExportReport, export_onnx
 from .signature import INPUT_NAMES, OUTPUT_NAMES
+from .targets import OPSETS, TARGETS
 
-__all__ = ["DTYPES", "INPUT_NAMES", "OPSETS", "OUTPUT_NAMES", "ExportCheckError", "ExportReport", "check_outputs",
-           "checkpoint_metadata", "ensure_writable", "export_onnx", "read_metadata", "settings_from_metadata"]
+__all__ = ["DTYPES", "INPUT_NAMES", "OPSETS", "OUTPUT_NAMES", "TARGETS", "ExportCheckError", "ExportReport", "check_outputs",
+           "checkpoint_metadata", "ensure_writable", "export_onnx", "read_metadata", "settings_from_metadata", "source_metadata"]

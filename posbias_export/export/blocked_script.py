@@ -15,12 +15,11 @@ from ..biases.onnx_domain import posbias
 
 
 @script(posbias, default_opset=op)
-def BlockPrepare(q: FLOAT, k: FLOAT, v: FLOAT, q_pos: INT64, max_block: INT64):
-    """Scale and pad the queries once, transpose the keys once.
-
-    q [B, H, Lq, d], k/v [B, H, Lk, d], q_pos [..., Lq] -> q_pad [B, H, n*Bq, d] (scaled by
-    1/sqrt(d)), k_t [B, H, d, Lk], q_pos_pad [..., n*Bq], block Bq = min(max_block, Lq),
-    n_blocks, offset = Lk - Lq (queries are the last Lq key positions).
+def PadQueries(q: FLOAT, k: FLOAT, q_pos: INT64, max_block: INT64):
+    """Scale and pad the queries once: q_pad [B, H, n*Bq, d] (scaled by 1/sqrt(d)), q_pos_pad
+    [..., n*Bq] (the last position repeated), block Bq = min(max_block, Lq), n_blocks,
+    offset = Lk - Lq (queries are the last Lq key positions). Both bodies start with it (the
+    GPU-shaped one hands the scaled queries to a fused op with scale 1).
 
     PyTorch: Bq = min(max_block, Lq); n = ceil(Lq / Bq); q_pad = F.pad(q / sqrt(d), (0, 0, 0, n*Bq - Lq))
     """
@@ -31,12 +30,22 @@ def BlockPrepare(q: FLOAT, k: FLOAT, v: FLOAT, q_pos: INT64, max_block: INT64):
     n_blocks = op.Div(op.Sub(op.Add(q_len, block), [1]), block)  # [1], ceil division
     pad = op.Sub(op.Mul(n_blocks, block), q_len)  # [1]
     zero = op.Constant(value_ints=[0])
-    q_scaled = op.Div(q, op.Sqrt(head_dim))  # [B, H, Lq, d]
-    q_pad = op.Pad(q_scaled, op.Concat(zero, pad, axis=0), None, [2])  # [B, H, n*Bq, d]
-    q_pos_pad = op.Pad(q_pos, op.Concat(zero, pad, axis=0), None, [-1], mode="edge")  # [..., n*Bq], last position repeated
-    k_t = op.Transpose(k, perm=[0, 1, 3, 2])  # [B, H, d, Lk]
+    q_pad = op.Pad(op.Div(q, op.Sqrt(head_dim)), op.Concat(zero, pad, axis=0), None, [2])  # [B, H, n*Bq, d]
+    q_pos_pad = op.Pad(q_pos, op.Concat(zero, pad, axis=0), None, [-1], mode="edge")  # [..., n*Bq]
     offset = op.Sub(k_len, q_len)  # [1]
-    return q_pad, k_t, q_pos_pad, op.Squeeze(block), op.Squeeze(n_blocks), op.Squeeze(offset)
+    return q_pad, q_pos_pad, op.Squeeze(block), op.Squeeze(n_blocks), op.Squeeze(offset)
+
+
+@script(posbias, default_opset=op)
+def BlockPrepare(q: FLOAT, k: FLOAT, v: FLOAT, q_pos: INT64, max_block: INT64):
+    """PadQueries, and the keys transposed once for the blocks' MatMuls: q_pad, k_t [B, H, d, Lk],
+    q_pos_pad, block, n_blocks, offset.
+
+    PyTorch: PadQueries(...) and k.transpose(-1, -2)
+    """
+    q_pad, q_pos_pad, block, n_blocks, offset = PadQueries(q, k, q_pos, max_block)
+    k_t = op.Transpose(k, perm=[0, 1, 3, 2])  # [B, H, d, Lk]
+    return q_pad, k_t, q_pos_pad, block, n_blocks, offset
 
 
 @script(posbias, default_opset=op)
@@ -49,12 +58,11 @@ def FitsOneBlock(q: FLOAT, max_block: INT64) -> BOOL:
 
 
 @script(posbias, default_opset=op)
-def DirectPrepare(q: FLOAT, k: FLOAT):
-    """All queries as one block, without Loop, padding or copies of the keys: q scaled by
-    1/sqrt(d) [B, H, Lq, d], k_t [B, H, d, Lk] (a Transpose ONNX Runtime fuses into the
-    MatMul), q_idx [Lq, 1] and k_idx [Lk] for the causal mask.
+def DirectQueries(q: FLOAT, k: FLOAT):
+    """All queries as one block, without Loop or padding: q scaled by 1/sqrt(d) [B, H, Lq, d],
+    q_idx [Lq, 1] and k_idx [Lk] for the causal mask (both bodies' one-block branch).
 
-    PyTorch: q / sqrt(d), k.transpose(-1, -2), arange(Lk - Lq, Lk)[:, None], arange(Lk)
+    PyTorch: q / sqrt(d), arange(Lk - Lq, Lk)[:, None], arange(Lk)
     """
     q_len = op.Squeeze(op.Shape(q, start=2, end=3))  # scalar
     k_len = op.Squeeze(op.Shape(k, start=2, end=3))  # scalar
@@ -62,7 +70,18 @@ def DirectPrepare(q: FLOAT, k: FLOAT):
     one = op.Constant(value_int=1)
     q_idx = op.Unsqueeze(op.Range(op.Sub(k_len, q_len), k_len, one), [1])  # [Lq, 1]
     k_idx = op.Range(op.Constant(value_int=0), k_len, one)  # [Lk]
-    return op.Div(q, op.Sqrt(head_dim)), op.Transpose(k, perm=[0, 1, 3, 2]), q_idx, k_idx
+    return op.Div(q, op.Sqrt(head_dim)), q_idx, k_idx
+
+
+@script(posbias, default_opset=op)
+def DirectPrepare(q: FLOAT, k: FLOAT):
+    """DirectQueries, and k_t [B, H, d, Lk] (a Transpose ONNX Runtime fuses into the MatMul):
+    q_scaled, k_t_all, q_idx, k_idx, without copies of the keys.
+
+    PyTorch: q / sqrt(d), k.transpose(-1, -2), arange(Lk - Lq, Lk)[:, None], arange(Lk)
+    """
+    q_scaled, q_idx, k_idx = DirectQueries(q, k)
+    return q_scaled, op.Transpose(k, perm=[0, 1, 3, 2]), q_idx, k_idx
 
 
 @script(posbias, default_opset=op)
@@ -354,6 +373,6 @@ def BlockAssemble(blocks: FLOAT, q: FLOAT, block: INT64) -> FLOAT:
     return op.Slice(joined, [0], op.Shape(q, start=2, end=3), [2])  # [B, H, Lq, d]
 
 
-BLOCK_FUNCTIONS = (FitsOneBlock, DirectPrepare, DirectWindowKeys, BlockPrepare, BlockQueries, BlockKeys, BlockKeysTwoSided,
+BLOCK_FUNCTIONS = (FitsOneBlock, DirectQueries, DirectPrepare, DirectWindowKeys, PadQueries, BlockPrepare, BlockQueries, BlockKeys, BlockKeysTwoSided,
                    DistanceTablePositions, DistanceVectorPositions, ExpandDistanceVector, SliceByDistance, MaskTable,
                    MaskFutureInTable, HasPadding, AddPaddingPenalty, BlockAttend, BlockAttendMasked, BlockAttendFolded, BlockAttendTwoSided, BlockAssemble)

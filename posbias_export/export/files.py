@@ -46,6 +46,39 @@ def check_outputs(outputs, inputs=()) -> None:
                 raise OSError(f"refusing to write {out}: it is also an input ({source.name}); choose another output path")
 
 
+def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
+    """Write `data` to `path` whole or not at all: a temporary file beside it, flushed to disk,
+    then renamed over it; on any failure the temporary file is removed and an existing file at
+    `path` is left as it was."""
+    path = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, default_file_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    return write_atomic(path, text)
+
+
+def output_folder(path: str | os.PathLike) -> Path:
+    """A folder results files go to (made if missing); a file in its place is a ValueError."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output folder {path} is a file")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def default_file_mode() -> int:
     """What open() would give a new file: 0666 minus the umask (temporary files get 0600)."""
     umask = os.umask(0)

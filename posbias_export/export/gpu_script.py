@@ -16,27 +16,6 @@ from ..biases.onnx_domain import posbias
 
 
 @script(posbias, default_opset=op)
-def GpuBlockPrepare(q: FLOAT, k: FLOAT, q_pos: INT64, max_block: INT64):
-    """Scale and pad the queries once: q_pad [B, H, n*Bq, d] (scaled by 1/sqrt(d), so the fused
-    op runs with scale 1), q_pos_pad [..., n*Bq], block Bq = min(max_block, Lq), n_blocks,
-    offset = Lk - Lq. As BlockPrepare, without the transposed keys.
-
-    PyTorch: Bq = min(max_block, Lq); n = ceil(Lq / Bq); q_pad = F.pad(q / sqrt(d), (0, 0, 0, n*Bq - Lq))
-    """
-    q_len = op.Shape(q, start=2, end=3)  # [1]
-    k_len = op.Shape(k, start=2, end=3)  # [1]
-    head_dim = op.CastLike(op.Shape(q, start=3, end=4), q)  # [1]
-    block = op.Min(op.Reshape(max_block, [1]), q_len)  # [1]
-    n_blocks = op.Div(op.Sub(op.Add(q_len, block), [1]), block)  # [1], ceil division
-    pad = op.Sub(op.Mul(n_blocks, block), q_len)  # [1]
-    zero = op.Constant(value_ints=[0])
-    q_pad = op.Pad(op.Div(q, op.Sqrt(head_dim)), op.Concat(zero, pad, axis=0), None, [2])  # [B, H, n*Bq, d]
-    q_pos_pad = op.Pad(q_pos, op.Concat(zero, pad, axis=0), None, [-1], mode="edge")  # [..., n*Bq]
-    offset = op.Sub(k_len, q_len)  # [1]
-    return q_pad, q_pos_pad, op.Squeeze(block), op.Squeeze(n_blocks), op.Squeeze(offset)
-
-
-@script(posbias, default_opset=op)
 def GpuBlockKeys(it: INT64, k: FLOAT, v: FLOAT, k_pos: INT64, keep: BOOL, block: INT64, offset: INT64,
                  lookback: INT64, lookahead: INT64):
     """The keys query block `it` can see, [lo, end) as in BlockKeys, untransposed:
@@ -51,21 +30,6 @@ def GpuBlockKeys(it: INT64, k: FLOAT, v: FLOAT, k_pos: INT64, keep: BOOL, block:
     k_idx = op.Range(op.Squeeze(lo), op.Squeeze(end), op.Constant(value_int=1))  # [W]
     return (op.Slice(k, lo, end, [2]), op.Slice(v, lo, end, [2]), op.Slice(k_pos, lo, end, [-1]), k_idx,
             op.Slice(keep, lo, end, [-1]))
-
-
-@script(posbias, default_opset=op)
-def GpuDirectPrepare(q: FLOAT, k: FLOAT):
-    """All queries as one block: q scaled by 1/sqrt(d) [B, H, Lq, d], q_idx [Lq, 1], k_idx [Lk].
-
-    PyTorch: q / sqrt(d), arange(Lk - Lq, Lk)[:, None], arange(Lk)
-    """
-    q_len = op.Squeeze(op.Shape(q, start=2, end=3))  # scalar
-    k_len = op.Squeeze(op.Shape(k, start=2, end=3))  # scalar
-    head_dim = op.CastLike(op.Shape(q, start=3, end=4), q)  # [1]
-    one = op.Constant(value_int=1)
-    q_idx = op.Unsqueeze(op.Range(op.Sub(k_len, q_len), k_len, one), [1])  # [Lq, 1]
-    k_idx = op.Range(op.Constant(value_int=0), k_len, one)  # [Lk]
-    return op.Div(q, op.Sqrt(head_dim)), q_idx, k_idx
 
 
 @script(posbias, default_opset=op)
@@ -91,5 +55,6 @@ def ReplacePadding(bias: FLOAT, keep_b: BOOL, floor: FLOAT) -> FLOAT:
     return op.Where(keep_b, bias, floor)
 
 
-# the distance vector's pieces (DistanceVectorPositions, ExpandDistanceVector) are shared: blocked_script.py
-GPU_FUNCTIONS = (GpuBlockPrepare, GpuBlockKeys, GpuDirectPrepare, MaskedBias, ReplacePadding)
+# shared with the portable body (blocked_script.py): PadQueries, DirectQueries, DistanceVectorPositions,
+# ExpandDistanceVector
+GPU_FUNCTIONS = (GpuBlockKeys, MaskedBias, ReplacePadding)

@@ -1,12 +1,13 @@
-"""torch -> ONNX with dynamic batch and sequence axes, as a list of named passes:
+"""torch -> ONNX with dynamic batch and sequence axes, as a list of named passes over one
+export state:
 
-    validate_request -> prepare -> trace -> attach_functions -> (inline) -> check_exported
-    -> check_trace_growth -> add_metadata -> save_checked (onnx.checker full check on the written file) -> report
+    prepare -> functions -> trace -> attach -> inline -> check -> growth -> metadata -> save
 
-Each pass is a function below; export_onnx() runs them in that order. A pass either returns
-what the next needs or raises (ValueError: bad request; OSError: unwritable output;
-ExportCheckError: the exporter produced something we refuse to ship). Nothing is written
-until every check passed.
+`PASSES` is that list; `run_passes` runs it. What differs between models (names, axes, example
+inputs, what a file records) is the request's spec (signature.py): our own models and the
+imported Hugging Face ones (hf/export.py) run the same passes. A pass either fills its part of
+the state or raises (ValueError: bad request; OSError: unwritable output; ExportCheckError: the
+exporter produced something we refuse to ship). Nothing is written until every check passed.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,18 +26,17 @@ import onnx
 import torch
 
 from ..biases import FAMILIES, AttentionBias
-from ..nn import DEFAULT_BLOCK, AttentionSettings, ModelConfig, non_finite_tensor
-from ..nn.blocked import GPU_DEFAULT_BLOCK, TARGETS
 from ..errors import first_line
+from ..nn import AttentionSettings, block_plan, non_finite_tensor
 from . import checks, functions
-from .blocked_graph import function_proto as blocked_function_proto
-from .gpu_graph import gpu_function_proto
+from .blocked_graph import function_proto as portable_function_proto
 from .files import SavedModel, ensure_writable, save_checked
-from .metadata import export_metadata, write_metadata
-from .signature import Signature, signature
+from .gpu_graph import gpu_function_proto
+from .metadata import FORMAT_VERSION, write_metadata
+from .signature import ExportSpec, ModelSpec, Signature
+from .targets import OPSETS, attention_settings, target, target_opset
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
-OPSETS = (18, 23)
 
 
 @dataclass
@@ -69,98 +70,69 @@ class ExportReport:
 
 @dataclass(frozen=True)
 class ExportRequest:
-    """Everything export_onnx was asked for, validated."""
+    """Everything an export was asked for, validated."""
 
     path: Path
-    cfg: ModelConfig
-    arch: str
+    spec: ExportSpec
     opset: int
     dtype: str
     trace_len: int
+    target: str
     settings: AttentionSettings
-    attention_mask: bool
-    kv_cache: bool
     inline_functions: bool
     check_growth: bool
-    metadata: dict
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
+    @classmethod
+    def create(cls, path, spec: ExportSpec, opset: int | None, dtype: str, trace_len: int, target_name: str,
+               attention: str | None, block: int | None, inline_functions: bool, check_growth: bool) -> "ExportRequest":
+        opset = target_opset(target_name, opset)
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if isinstance(trace_len, bool) or not isinstance(trace_len, int) or trace_len < 2:
+            raise ValueError(f"trace_len must be an integer >= 2 (1 would specialize the axis), got {trace_len!r}")
+        settings = attention_settings(opset, attention, target_name, block)
+        request = cls(ensure_writable(path), spec, opset, dtype, trace_len, target_name, settings,
+                      bool(inline_functions), bool(check_growth))
+        spec.check(request)
+        return request
 
-def attention_form(cfg, opset: int, requested: str | None, target: str = "portable") -> str:
-    """blocked (memory linear in L, causal or bidirectional) for opset-18 exports unless the
-    plain form is asked for; opset 23 uses the ONNX Attention op, which needs the plain form.
-    The GPU targets are blocked bodies (with a fused attention op per block)."""
-    if target != "portable":
-        if requested == "plain":
-            raise ValueError(f"target {target} is a blocked form; drop attention='plain' (or use target portable)")
-        return "blocked"
-    if requested is None:
-        return "blocked" if opset < 23 else "plain"
-    if requested == "blocked" and opset >= 23:
-        raise ValueError("opset 23 exports use the ONNX Attention op (the plain form); use opset 18 for blocked")
-    return requested
+
+@dataclass
+class ExportState:
+    """What the passes share: the request and the model in, the checked proto and the saved file out."""
+
+    request: ExportRequest
+    model: torch.nn.Module
+    start: float = field(default_factory=time.perf_counter)
+    prepared: torch.nn.Module | None = None
+    generated: list[onnx.FunctionProto] = field(default_factory=list)
+    proto: onnx.ModelProto | None = None
+    sig: Signature | None = None
+    done: list[str] = field(default_factory=list)
+    initializer_bytes: int = 0
+    saved: SavedModel | None = None
 
 
 # --- the passes, in order --------------------------------------------------------------------
-def target_opset(target: str, opset: int | None) -> int:
-    """18 unless asked; the cuda target's ONNX Attention op needs 23."""
-    if target not in TARGETS:
-        raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
-    if opset is None:
-        return 23 if target == "cuda" else 18
-    if target == "cuda" and opset < 23:
-        raise ValueError("target cuda uses the ONNX Attention op: it needs opset 23")
-    return opset
-
-
-def validate_request(model: torch.nn.Module, path, opset, dtype, trace_len, *, attention, block, attention_mask,
-                     kv_cache, inline_functions, check_growth, metadata, target="portable") -> ExportRequest:
-    opset = target_opset(target, opset)
-    if block is None:
-        block = DEFAULT_BLOCK if target == "portable" else GPU_DEFAULT_BLOCK
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if opset not in OPSETS:
-        raise ValueError(f"opset must be one of {OPSETS}, got {opset!r}")
-    if isinstance(trace_len, bool) or not isinstance(trace_len, int) or trace_len < 2:
-        raise ValueError(f"trace_len must be an integer >= 2 (1 would specialize the axis), got {trace_len!r}")
-    cfg = getattr(model, "cfg", None)
-    if not isinstance(cfg, ModelConfig):
-        hint = (" (a transformers model: save it with save_pretrained and export the folder with "
-                "posbias_export.hf.export_model or --model DIR)" if type(model).__module__.startswith("transformers") else "")
-        raise ValueError(f"export_onnx needs a model from posbias_export.build_model (with a .cfg), "
-                         f"got {type(model).__name__}{hint}")
-    arch = getattr(model, "arch", "lm")
-    bad = non_finite_tensor(model)
+def prepare(state: ExportState) -> None:
+    """A copy in the export dtype, in eval mode; the caller's model is never touched."""
+    bad = non_finite_tensor(state.model)
     if bad:
         raise ValueError(f"the model's tensor {bad!r} holds NaN or infinity; refusing to export it")
-    if kv_cache and arch != "lm":
-        raise ValueError("kv_cache needs the lm arch")
-    if kv_cache and not cfg.causal:  # a cache replays past keys for new queries: causal decoding only
-        raise ValueError("a KV cache is for causal decoding; a bidirectional model has none (drop kv_cache or bidirectional)")
-    if arch == "attention" and attention_mask:
-        raise ValueError("the attention arch takes no attention_mask")
-    # Opset 23 has the ONNX Attention op, which the exporter emits for SDPA.
-    form = attention_form(cfg, opset, attention, target)
-    settings = AttentionSettings(form=form, block=block, functions=True, target=target,
-                                 impl="sdpa" if opset >= 23 and form == "plain" else "explicit")
-    return ExportRequest(ensure_writable(path), cfg, arch, opset, dtype, trace_len, settings, bool(attention_mask),
-                         bool(kv_cache), bool(inline_functions), bool(check_growth), dict(metadata or {}))
+    state.prepared = copy.deepcopy(state.model).eval().to(state.request.torch_dtype)
 
 
-def prepare(model: torch.nn.Module, request: ExportRequest) -> torch.nn.Module:
-    """A copy in the export dtype, in eval mode; the caller's model is never touched."""
-    return copy.deepcopy(model).eval().to(request.torch_dtype)
-
-
-def generated_functions(model: torch.nn.Module, settings: AttentionSettings, dtype: torch.dtype,
-                        opset: int) -> list[onnx.FunctionProto]:
+def generated_functions(model: torch.nn.Module, settings: AttentionSettings, dtype: torch.dtype, opset: int,
+                        target_name: str = "portable") -> list[onnx.FunctionProto]:
     """Function bodies made per export, callees first: those of biases outside the registry
     (an imported model's own bias, e.g. Falcon's) and, for the blocked form, the
-    posbias.BlockedAttention<Family> bodies its layers emit (block size baked in)."""
+    posbias.BlockedAttention<Family> bodies its layers emit (block size baked in): one per
+    plan, for positions that are the key indices and for positions from a padding mask."""
+    fused_op = target(target_name).fused_op
     protos = {}
     for bias in model.modules():
         if not isinstance(bias, AttentionBias):
@@ -168,19 +140,21 @@ def generated_functions(model: torch.nn.Module, settings: AttentionSettings, dty
         if type(bias).name not in FAMILIES:
             for proto in reversed(type(bias).function_protos()):  # the key row first: the bias calls it
                 protos[proto.name] = proto
-        if settings.form == "blocked":  # both bodies; the layers' nodes say which one they call
-            for by_distance in (False, True):
-                if settings.target == "portable":
-                    proto = blocked_function_proto(bias, settings.block, dtype, opset, by_distance)
-                else:
-                    proto = gpu_function_proto(bias, settings.block, dtype, opset, by_distance,
-                                               "onnx" if settings.target == "cuda" else "ort")
-                protos[proto.name] = proto
+        if settings.form != "blocked":
+            continue
+        for indices in (False, True):  # the layers' nodes say which one they call
+            plan = block_plan(bias, settings.fused, dtype, indices)
+            if fused_op is None:
+                proto = portable_function_proto(bias, plan, settings.block, dtype, opset)
+            else:
+                proto = gpu_function_proto(bias, plan, settings.block, dtype, opset, fused_op)
+            protos[proto.name] = proto
     return list(protos.values())
 
 
-def blocked_functions(model: torch.nn.Module, request: ExportRequest) -> list[onnx.FunctionProto]:
-    return generated_functions(model, request.settings, request.torch_dtype, request.opset)
+def make_functions(state: ExportState) -> None:
+    r = state.request
+    state.generated = generated_functions(state.prepared, r.settings, r.torch_dtype, r.opset, r.target)
 
 
 def run_exporter(sig: Signature, opset: int) -> onnx.ModelProto:
@@ -199,45 +173,86 @@ def run_exporter(sig: Signature, opset: int) -> onnx.ModelProto:
     return program.model_proto
 
 
-def trace(model: torch.nn.Module, request: ExportRequest, trace_len: int) -> tuple[onnx.ModelProto, Signature]:
-    """One dynamo export with the signature's dynamic axes."""
-    sig = signature(model, request.cfg, request.arch, trace_len, request.torch_dtype, request.settings,
-                    request.attention_mask, request.kv_cache)
-    return run_exporter(sig, request.opset), sig
+def traced(state: ExportState, trace_len: int) -> tuple[onnx.ModelProto, Signature]:
+    """One dynamo export at `trace_len` with the spec's dynamic axes, functions attached."""
+    r = state.request
+    sig = r.spec.signature(state.prepared, trace_len, r.torch_dtype, r.settings)
+    proto = run_exporter(sig, r.opset)
+    functions.attach(proto, r.opset, state.generated)  # the bodies of the posbias.* nodes the trace emitted
+    return proto, sig
 
 
-def attach_functions(proto: onnx.ModelProto, request: ExportRequest, generated: list[onnx.FunctionProto]) -> None:
-    """The bodies of the posbias.* nodes the trace emitted, as model-local functions."""
-    functions.attach(proto, request.opset, generated)
+def trace(state: ExportState) -> None:
+    state.proto, state.sig = traced(state, state.request.trace_len)
 
 
-def check_exported(proto: onnx.ModelProto, sig: Signature, request: ExportRequest) -> list[str]:
-    checks.check_symbolic_axes(proto, sig.dynamic_axes)
-    checks.check_domains(proto)
-    done = ["symbolic batch/seq axes",
-            "standard domain only" if request.inline_functions else "standard ops + posbias local functions"]
-    if request.settings.target == "cuda-ort":
-        done[-1] += " + com.microsoft.MultiHeadAttention (ONNX Runtime only)"
-    return done
+def inline(state: ExportState) -> None:
+    if state.request.inline_functions:
+        state.proto = functions.inline(state.proto)
 
 
-def check_trace_growth(proto: onnx.ModelProto, model: torch.nn.Module, request: ExportRequest,
-                 generated: list[onnx.FunctionProto]) -> list[str]:
+def check_exported(state: ExportState) -> None:
+    checks.check_symbolic_axes(state.proto, state.sig.dynamic_axes)
+    checks.check_domains(state.proto)
+    domains = "standard domain only" if state.request.inline_functions else "standard ops + posbias local functions"
+    if target(state.request.target).fused_op == "ort":
+        domains += " + com.microsoft.MultiHeadAttention (ONNX Runtime only)"
+    state.done += ["symbolic batch/seq axes", domains]
+
+
+def check_trace_growth(state: ExportState) -> None:
     """Re-trace at another length: an initializer whose shape changes was sized by the trace."""
-    if not request.check_growth:
-        return []
-    other_len = 2 * request.trace_len + 1
-    other, _ = trace(model, request, other_len)
-    attach_functions(other, request, generated)
-    checks.check_no_trace_length_growth(proto, other, request.trace_len, other_len)
-    return [f"no initializer grows with trace length ({request.trace_len} vs {other_len})"]
+    r = state.request
+    if not r.check_growth:
+        return
+    other_len = 2 * r.trace_len + 1
+    other, _ = traced(state, other_len)
+    checks.check_no_trace_length_growth(state.proto, other, r.trace_len, other_len)
+    state.done.append(f"no initializer grows with trace length ({r.trace_len} vs {other_len})")
 
 
-def add_metadata(proto: onnx.ModelProto, request: ExportRequest) -> None:
-    write_metadata(proto, export_metadata(request.cfg, request.arch, request.dtype, request.opset, request.trace_len,
-                                          request.settings, request.attention_mask, request.kv_cache,
-                                          request.inline_functions, request.metadata))
-    proto.producer_name = "posbias_export"
+def export_metadata(request: ExportRequest) -> dict[str, str]:
+    """What the file records: the spec's model, then how it was exported, then the spec's tail."""
+    spec, settings = request.spec, request.settings
+    meta = {
+        **spec.metadata(),
+        "dtype": request.dtype,
+        "opset": str(request.opset),
+        "trace_len": str(request.trace_len),
+        "attention_mask": str(int(spec.attention_mask)),
+        "kv_cache": str(int(spec.kv_cache)),
+        "functions": "inlined" if request.inline_functions else "local",
+        "attention": settings.form,
+        "format_version": FORMAT_VERSION,
+    }
+    if settings.form == "blocked":
+        meta["attention_block"] = str(settings.block)
+        meta["target"] = request.target
+    return {**meta, **spec.trailing_metadata()}
+
+
+def add_metadata(state: ExportState) -> None:
+    write_metadata(state.proto, export_metadata(state.request))
+    state.proto.producer_name = "posbias_export"
+
+
+def save(state: ExportState) -> None:
+    state.initializer_bytes = checks.initializer_bytes(state.proto)  # before saving: external data empties the proto
+    state.saved = save_checked(state.proto, state.request.path, checks.check_full)
+    state.done.append("onnx.checker full check")
+
+
+Pass = tuple[str, Callable[[ExportState], None]]
+PASSES: tuple[Pass, ...] = (
+    ("prepare", prepare),
+    ("functions", make_functions),
+    ("trace", trace),
+    ("inline", inline),
+    ("check", check_exported),
+    ("growth", check_trace_growth),
+    ("metadata", add_metadata),
+    ("save", save),
+)
 
 
 def report_dims(values) -> dict[str, list]:
@@ -245,20 +260,27 @@ def report_dims(values) -> dict[str, list]:
     return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
 
 
-def report(proto: onnx.ModelProto, request: ExportRequest, initializer_bytes: int, saved: SavedModel, seconds: float,
-           done: list[str]) -> ExportReport:
-    dims = report_dims
+def report(state: ExportState) -> ExportReport:
+    r, proto, saved = state.request, state.proto, state.saved
     notes = []
     if proto.functions:
         notes.append("OpenVINO cannot load model-local functions: give it a file exported with --inline-functions "
                      "(ONNX Runtime, onnxruntime-node and the reference evaluator load this one as it is)")
     return ExportReport(
-        path=str(request.path), arch=request.arch, bias=request.cfg.bias, opset=request.opset, dtype=request.dtype,
-        trace_len=request.trace_len, inputs=dims(proto.graph.input), outputs=dims(proto.graph.output),
-        op_types=sorted({n.op_type for n in proto.graph.node}), initializer_bytes=initializer_bytes,
-        file_bytes=saved.model_bytes, seconds=seconds, checks=done,
-        data_path=str(saved.data_path) if saved.data_path else None, data_bytes=saved.data_bytes, notes=notes,
+        path=str(r.path), arch=r.spec.arch, bias=r.spec.bias, opset=r.opset, dtype=r.dtype,
+        trace_len=r.trace_len, inputs=report_dims(proto.graph.input), outputs=report_dims(proto.graph.output),
+        op_types=sorted({n.op_type for n in proto.graph.node}), initializer_bytes=state.initializer_bytes,
+        file_bytes=saved.model_bytes, seconds=time.perf_counter() - state.start, checks=state.done,
+        data_path=str(saved.data_path) if saved.data_path else None, data_bytes=saved.data_bytes,
+        notes=notes + r.spec.notes,
     )
+
+
+def run_passes(request: ExportRequest, model: torch.nn.Module, passes: tuple[Pass, ...] = PASSES) -> ExportReport:
+    state = ExportState(request, model)
+    for _, run in passes:
+        run(state)
+    return report(state)
 
 
 def export_onnx(
@@ -294,20 +316,7 @@ def export_onnx(
     checks.ExportCheckError when the exported model fails a post-export check. On any failure
     no file is written and an existing file at `path` is left untouched.
     """
-    start = time.perf_counter()
-    request = validate_request(model, path, opset, dtype, trace_len, attention=attention, block=block,
-                               attention_mask=attention_mask, kv_cache=kv_cache, inline_functions=inline_functions,
-                               check_growth=check_growth, metadata=metadata, target=target)
-    prepared = prepare(model, request)
-    generated = blocked_functions(prepared, request)
-    proto, sig = trace(prepared, request, request.trace_len)
-    attach_functions(proto, request, generated)
-    if request.inline_functions:
-        proto = functions.inline(proto)
-    done = check_exported(proto, sig, request)
-    done += check_trace_growth(proto, prepared, request, generated)
-    add_metadata(proto, request)
-    initializer_bytes = checks.initializer_bytes(proto)  # before saving: external data empties the proto
-    saved = save_checked(proto, request.path, checks.check_full)
-    done.append("onnx.checker full check")
-    return report(proto, request, initializer_bytes, saved, time.perf_counter() - start, done)
+    spec = ModelSpec.of(model, attention_mask, kv_cache, metadata)
+    request = ExportRequest.create(path, spec, opset, dtype, trace_len, target, attention, block, inline_functions,
+                                   check_growth)
+    return run_passes(request, model)

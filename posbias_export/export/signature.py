@@ -1,8 +1,12 @@
-"""What one trace needs: the module with its attention settings bound, example inputs, the
-dynamic shapes and the input/output names, per arch (lm, block, attention, KV-cache lm)."""
+"""What differs between the models one export pipeline serves, as one object per kind of model
+(Optimum's per-model OnnxConfig): the module a trace runs with its attention settings bound,
+example inputs, input and output names with their dynamic axes, the metadata the file records
+and the notes its report carries. pipeline.py runs the same passes for every spec; hf/export.py
+supplies specs for imported models.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -11,6 +15,16 @@ from ..nn import AttentionSettings, ModelConfig
 
 INPUT_NAMES = {"lm": ["input_ids"], "block": ["hidden_states"], "attention": ["query", "key", "value"]}
 OUTPUT_NAMES = {"lm": ["logits"], "block": ["output"], "attention": ["output"]}
+
+
+@dataclass
+class Signature:
+    module: nn.Module
+    args: tuple
+    dynamic_shapes: tuple
+    input_names: list[str]
+    output_names: list[str]
+    dynamic_axes: dict[str, tuple[int, ...]]  # name -> axes that must come out symbolic
 
 
 class WithSettings(nn.Module):
@@ -41,53 +55,137 @@ class KVCacheLM(nn.Module):
         return (logits, *[t for kv in presents for t in kv])
 
 
-@dataclass
-class Signature:
-    module: nn.Module
-    args: tuple
-    dynamic_shapes: tuple
-    input_names: list[str]
-    output_names: list[str]
-    dynamic_axes: dict[str, tuple[int, ...]]  # name -> axes that must come out symbolic
+def cache_names(layers: int) -> tuple[list[str], list[str]]:
+    """past_key.N / past_value.N in, present_key.N / present_value.N out, layer by layer."""
+    past = [f"past_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
+    return past, [n.replace("past_", "present_") for n in past]
 
 
-def signature(model: nn.Module, cfg: ModelConfig, arch: str, trace_len: int, dtype: torch.dtype,
-              settings: AttentionSettings, attention_mask: bool = False, kv_cache: bool = False,
-              batch: int = 2) -> Signature:
+def cached_signature(module: nn.Module, leading: tuple, leading_shapes: tuple,
+                     leading_names: list[str], leading_axes: dict, heads: int, head_dim: int, layers: int,
+                     batch: int, past_len: int, dtype: torch.dtype, gen: torch.Generator, past_dim) -> Signature:
+    """A cached decoder's signature: `module` takes the leading inputs, then one (key, value)
+    pair per layer, flat (KVCacheLM); its first output is the logits."""
+    b = leading_shapes[0][0]
+    past = [torch.randn(batch, heads, past_len, head_dim, generator=gen).to(dtype) for _ in range(2 * layers)]
+    past_names, present_names = cache_names(layers)
+    return Signature(
+        module, (*leading, *past), (*leading_shapes, tuple({0: b, 2: past_dim} for _ in past)),
+        [*leading_names, *past_names], ["logits", *present_names],
+        {**leading_axes, "logits": (0, 1), **{n: (0, 2) for n in past_names + present_names}},
+    )
+
+
+def lm_signature(model: nn.Module, settings: AttentionSettings, vocab_size: int, cache_shape: tuple[int, int, int],
+                 trace_len: int, dtype: torch.dtype, with_mask: bool, kv_cache: bool, output: str = "logits",
+                 batch: int = 2) -> Signature:
+    """input_ids [B, L] (+ attention_mask) -> `output` [B, L, ...]; with kv_cache the cached
+    decoder: input_ids [B, L], attention_mask [B, P + L] and the past pairs ([heads, head_dim,
+    layers] = cache_shape) in, logits and the present pairs out."""
     gen = torch.Generator().manual_seed(0)
     b, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
     if kv_cache:
         # Distinct example sizes for past and new tokens, so no axis gets unified with another.
         past_len = trace_len // 2 + 1
-        ids = torch.randint(0, cfg.vocab_size, (batch, trace_len), generator=gen)
+        ids = torch.randint(0, vocab_size, (batch, trace_len), generator=gen)
         mask = torch.ones(batch, past_len + trace_len, dtype=torch.int64)
-        past = [torch.randn(batch, cfg.num_heads, past_len, cfg.head_dim, generator=gen).to(dtype)
-                for _ in range(2 * cfg.num_layers)]
         past_dim, total = torch.export.Dim("past"), torch.export.Dim("total")
-        layers = range(cfg.num_layers)
-        past_names = [f"past_{kind}.{i}" for i in layers for kind in ("key", "value")]
-        present_names = [f"present_{kind}.{i}" for i in layers for kind in ("key", "value")]
-        return Signature(
-            KVCacheLM(model, settings), (ids, mask, *past),
-            ({0: b, 1: seq}, {0: b, 1: total}, tuple({0: b, 2: past_dim} for _ in past)),
-            ["input_ids", "attention_mask", *past_names], ["logits", *present_names],
-            {"input_ids": (0, 1), "attention_mask": (0, 1), "logits": (0, 1),
-             **{n: (0, 2) for n in past_names + present_names}},
-        )
-    module = WithSettings(model, settings)
-    if arch == "attention":
-        shape = (batch, cfg.num_heads, trace_len, cfg.head_dim)
-        args = tuple(torch.randn(shape, generator=gen).to(dtype) for _ in range(3))
-        names = INPUT_NAMES[arch]
-        return Signature(module, args, tuple({0: b, 2: seq} for _ in args), names, OUTPUT_NAMES[arch],
-                         {**{n: (0, 2) for n in names}, "output": (0, 2)})
-    mask = torch.ones(batch, trace_len, dtype=torch.int64) if attention_mask else None
-    if arch == "lm":
-        first = torch.randint(0, cfg.vocab_size, (batch, trace_len), generator=gen)
-        args = (first, mask) if attention_mask else (first,)
-    else:
+        return cached_signature(KVCacheLM(model, settings), (ids, mask), ({0: b, 1: seq}, {0: b, 1: total}),
+                                ["input_ids", "attention_mask"], {"input_ids": (0, 1), "attention_mask": (0, 1)},
+                                *cache_shape, batch, past_len, dtype, gen, past_dim)
+    ids = torch.randint(0, vocab_size, (batch, trace_len), generator=gen)
+    args = (ids, torch.ones(batch, trace_len, dtype=torch.int64)) if with_mask else (ids,)
+    names = ["input_ids"] + (["attention_mask"] if with_mask else [])
+    return Signature(WithSettings(model, settings), args, tuple({0: b, 1: seq} for _ in args), names, [output],
+                     {n: (0, 1) for n in names + [output]})
+
+
+@dataclass
+class ExportSpec:
+    """Base of the per-model export specs. arch and bias label the report; `check` refuses what
+    this model cannot be exported as; `signature` makes one trace; `metadata` says what the file
+    records about the model (the pipeline adds how it was exported)."""
+
+    arch: str
+    bias: str
+    kv_cache: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def check(self, request) -> None:
+        """Raise ValueError for a request this model cannot honour."""
+
+    def signature(self, model: nn.Module, trace_len: int, dtype: torch.dtype, settings: AttentionSettings,
+                  batch: int = 2) -> Signature:
+        raise NotImplementedError
+
+    def metadata(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    @property
+    def attention_mask(self) -> bool:
+        return self.kv_cache
+
+
+@dataclass
+class ModelSpec(ExportSpec):
+    """Our own models (build_model): lm, block or attention, with an optional attention mask and
+    KV cache."""
+
+    cfg: ModelConfig | None = None
+    with_mask: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, model: nn.Module, attention_mask: bool, kv_cache: bool, metadata: dict | None) -> "ModelSpec":
+        cfg = getattr(model, "cfg", None)
+        if not isinstance(cfg, ModelConfig):
+            hint = (" (a transformers model: save it with save_pretrained and export the folder with "
+                    "posbias_export.hf.export_model or --model DIR)" if type(model).__module__.startswith("transformers")
+                    else "")
+            raise ValueError(f"export_onnx needs a model from posbias_export.build_model (with a .cfg), "
+                             f"got {type(model).__name__}{hint}")
+        arch = getattr(model, "arch", "lm")
+        if kv_cache and arch != "lm":
+            raise ValueError("kv_cache needs the lm arch")
+        if kv_cache and not cfg.causal:  # a cache replays past keys for new queries: causal decoding only
+            raise ValueError("a KV cache is for causal decoding; a bidirectional model has none (drop kv_cache or bidirectional)")
+        if arch == "attention" and attention_mask:
+            raise ValueError("the attention arch takes no attention_mask")
+        return cls(arch, cfg.bias, bool(kv_cache), cfg=cfg, with_mask=bool(attention_mask),
+                   extra={k: str(v) for k, v in (metadata or {}).items()})
+
+    @property
+    def attention_mask(self) -> bool:
+        return self.with_mask or self.kv_cache
+
+    def signature(self, model, trace_len, dtype, settings, batch=2) -> Signature:
+        cfg = self.cfg
+        if self.arch == "lm":
+            return lm_signature(model, settings, cfg.vocab_size, (cfg.num_heads, cfg.head_dim, cfg.num_layers),
+                                trace_len, dtype, self.with_mask, self.kv_cache, batch=batch)
+        gen = torch.Generator().manual_seed(0)
+        b, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+        module = WithSettings(model, settings)
+        if self.arch == "attention":
+            shape = (batch, cfg.num_heads, trace_len, cfg.head_dim)
+            args = tuple(torch.randn(shape, generator=gen).to(dtype) for _ in range(3))
+            names = INPUT_NAMES[self.arch]
+            return Signature(module, args, tuple({0: b, 2: seq} for _ in args), names, OUTPUT_NAMES[self.arch],
+                             {**{n: (0, 2) for n in names}, "output": (0, 2)})
         first = torch.randn(batch, trace_len, cfg.dim, generator=gen).to(dtype)
-        args = (first, None, mask) if attention_mask else (first,)
-    names = INPUT_NAMES[arch] + (["attention_mask"] if attention_mask else [])
-    return Signature(module, args, tuple(None if a is None else {0: b, 1: seq} for a in args), names,
-                     OUTPUT_NAMES[arch], {n: (0, 1) for n in names + OUTPUT_NAMES[arch]})
+        mask = torch.ones(batch, trace_len, dtype=torch.int64)
+        args = (first, None, mask) if self.with_mask else (first,)
+        names = INPUT_NAMES[self.arch] + (["attention_mask"] if self.with_mask else [])
+        return Signature(module, args, tuple(None if a is None else {0: b, 1: seq} for a in args), names,
+                         OUTPUT_NAMES[self.arch], {n: (0, 1) for n in names + OUTPUT_NAMES[self.arch]})
+
+    def metadata(self) -> dict[str, str]:
+        import json
+
+        return {"config": json.dumps(self.cfg.to_dict(), sort_keys=True), "bias": self.cfg.bias,
+                "bias_params": json.dumps(self.cfg.bias_params, sort_keys=True), "arch": self.arch}
+
+    def trailing_metadata(self) -> dict[str, str]:
+        """After how the file was exported: the learned table's size, then the caller's own keys."""
+        meta = {"max_positions": str(self.cfg.max_positions)} if self.cfg.position == "learned" else {}
+        return {**meta, **self.extra}

@@ -2,7 +2,7 @@
 local Hugging Face folder into our biased attention, exported and validated against
 transformers itself."""
 from .export import export_model
-from .folder import SUPPORTED, FolderError
-from .models import load_model
+from .folder import FolderError
+from .models import SUPPORTED, load_model
 
 __all__ = ["SUPPORTED", "FolderError", "export_model", "load_model"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from .models import architecture
 from .validate import transformers_model
 
 
@@ -29,7 +30,7 @@ class _FirstOutput(torch.nn.Module):
 
 def dynamo_export(folder: str | Path, path: str | Path, model_type: str) -> Path:
     """input_ids, attention_mask [batch, seq] -> logits / last_hidden_state, dynamic axes."""
-    encoder = model_type == "t5"
+    encoder = architecture(model_type).arch == "encoder"
     module = _FirstOutput(transformers_model(Path(folder), model_type), encoder)
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
     args = (torch.randint(0, 100, (2, 16)), torch.ones(2, 16, dtype=torch.int64))
@@ -47,7 +48,7 @@ def optimum_export(folder: str | Path, out_dir: str | Path, model_type: str) -> 
     """Optimum's model.onnx for the folder (raises ImportError when optimum-onnx is missing)."""
     from optimum.exporters.onnx import main_export
 
-    task = "text2text-generation" if model_type == "t5" else "text-generation"
+    task = architecture(model_type).optimum_task
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         main_export(str(folder), output=str(out_dir), task=task, no_post_process=True)

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from ..biases import create_bias
 from ..nn.attention import EAGER
-from .layers import ImportedModel, bloom_style_slopes, merge_heads, self_attention
+from .layers import CausalLM, Shape, bloom_style_slopes, merge_heads, self_attention
 
 
 def bloom_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -73,19 +72,21 @@ class BloomTransformer(nn.Module):
         self.ln_f = nn.LayerNorm(D, eps=eps)
 
 
-class BloomLM(ImportedModel):
-    """input_ids [B, L], attention_mask [B, P + L] -> logits [B, L, V] (+ presents with past)."""
-
-    tied_keys = ("lm_head.weight",)
+class BloomLM(CausalLM):
+    model_type = "bloom"
+    bias_name = "alibi"
 
     def __init__(self, config):
         H = config.n_head
-        super().__init__(config, "bloom", "alibi", H, config.hidden_size // H, config.n_layer, config.vocab_size)
+        super().__init__(config, Shape(H, config.hidden_size // H, config.n_layer, config.vocab_size))
         bias = create_bias("alibi", H, causal=True)
         bias.slopes.copy_(bloom_style_slopes(H))
         self.transformer = BloomTransformer(config, bias)
-        self.tied = config.tie_word_embeddings
-        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.add_head(config)
+
+    @classmethod
+    def tiny_transformers_model(cls, tf, vocab, hidden, heads, layers, max_len):
+        return tf.BloomForCausalLM(tf.BloomConfig(vocab_size=vocab, hidden_size=hidden, n_layer=layers, n_head=heads))
 
     def transformers_bias_magnitude(self, length: int) -> float:
         """transformers adds slope * absolute key position (up to max slope * (L - 1))."""
@@ -94,10 +95,4 @@ class BloomLM(ImportedModel):
     def forward(self, input_ids, attention_mask=None, past=None, settings=EAGER):
         t = self.transformer
         x = t.word_embeddings_layernorm(t.word_embeddings(input_ids))  # [B, L, D]
-        presents = []
-        for index, block in enumerate(t.h):
-            x, present = block(x, attention_mask, None if past is None else past[index], settings)
-            presents.append(present)
-        x = t.ln_f(x)
-        logits = F.linear(x, t.word_embeddings.weight) if self.tied else self.lm_head(x)  # [B, L, V]
-        return logits if past is None else (logits, presents)
+        return self.decode(x, t.h, t.ln_f, t.word_embeddings, attention_mask, past, settings)

@@ -20,12 +20,11 @@ import torch
 from onnxscript import FLOAT, INT64, script
 from onnxscript import opset18 as op
 from torch import nn
-from torch.nn import functional as F
 
 from ..biases import AttentionBias
 from ..biases.onnx_domain import posbias
 from ..nn.attention import EAGER
-from .layers import ImportedModel, bloom_style_slopes, merge_heads, self_attention
+from .layers import CausalLM, Shape, bloom_style_slopes, merge_heads, self_attention
 
 BF16_SPLIT = 65537.0  # 2^16 + 1: keeps 24 - 16 = 8 significant bits
 
@@ -173,26 +172,30 @@ class FalconTransformer(nn.Module):
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
 
 
-class FalconLM(ImportedModel):
-    """input_ids [B, L], attention_mask [B, P + L] -> logits [B, L, V] (+ presents with past)."""
-
-    tied_keys = ("lm_head.weight",)
+class FalconLM(CausalLM):
+    model_type = "falcon"
+    bias_name = FalconAlibiBias.name
 
     def __init__(self, config):
         H = config.num_attention_heads
         d = config.hidden_size // H
-        super().__init__(config, "falcon", FalconAlibiBias.name, H, d, config.num_hidden_layers, config.vocab_size)
+        super().__init__(config, Shape(H, d, config.num_hidden_layers, config.vocab_size))
         self.transformer = FalconTransformer(config, FalconAlibiBias(H, d))
-        self.tied = config.tie_word_embeddings
-        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.add_head(config)
+
+    @classmethod
+    def check_config(cls, config, where) -> str | None:
+        if not config.alibi:
+            return (f"{where}: this Falcon uses rotary positions (alibi=false); only Falcon with alibi=true "
+                    "has a positional attention bias to export")
+        return None
+
+    @classmethod
+    def tiny_transformers_model(cls, tf, vocab, hidden, heads, layers, max_len):
+        return tf.FalconForCausalLM(tf.FalconConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                                                    num_attention_heads=heads, alibi=True))
 
     def forward(self, input_ids, attention_mask=None, past=None, settings=EAGER):
         t = self.transformer
         x = t.word_embeddings(input_ids)  # [B, L, D]
-        presents = []
-        for index, layer in enumerate(t.h):
-            x, present = layer(x, attention_mask, None if past is None else past[index], settings)
-            presents.append(present)
-        x = t.ln_f(x)
-        logits = F.linear(x, t.word_embeddings.weight) if self.tied else self.lm_head(x)  # [B, L, V]
-        return logits if past is None else (logits, presents)
+        return self.decode(x, t.h, t.ln_f, t.word_embeddings, attention_mask, past, settings)

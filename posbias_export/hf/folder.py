@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-SUPPORTED = ("bloom", "mpt", "falcon", "t5")  # model_type values
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
@@ -24,6 +23,7 @@ class ModelFolder:
     model_type: str
     config: object  # the transformers PretrainedConfig subclass of model_type
     state: dict[str, torch.Tensor]
+    raw: dict  # config.json as written
 
 
 def transformers_module():
@@ -34,8 +34,9 @@ def transformers_module():
     return transformers
 
 
-def read_config(path: Path) -> tuple[str, dict]:
-    """model_type and the raw config.json; refuses folders that need their own code."""
+def read_config(path: Path, supported: tuple[str, ...]) -> tuple[str, dict]:
+    """model_type and the raw config.json; refuses folders that need their own code and
+    model types outside `supported`."""
     if not path.is_dir():
         raise FolderError(f"{path} is not a folder (a Hugging Face model folder holds config.json and weights)")
     config_file = path / "config.json"
@@ -49,12 +50,29 @@ def read_config(path: Path) -> tuple[str, dict]:
         raise FolderError(f"{config_file} holds {type(raw).__name__}, not a JSON object")
     if raw.get("auto_map"):
         raise FolderError(f"{path} needs trust_remote_code (config.json maps to custom code in auto_map); only the "
-                          f"transformers implementations of {', '.join(SUPPORTED)} are supported")
+                          f"transformers implementations of {', '.join(supported)} are supported")
     model_type = raw.get("model_type")
-    if model_type not in SUPPORTED:
-        raise FolderError(f"{path}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED)} "
+    if model_type not in supported:
+        raise FolderError(f"{path}: model_type {model_type!r} is not supported; supported: {', '.join(supported)} "
                           "(falcon with alibi=true)")
     return model_type, raw
+
+
+def folder_files(path) -> list[Path]:
+    """Every file an import of the folder may read: its own files and the shards its weight
+    index names (an output must be none of them)."""
+    path = Path(path)
+    if not path.is_dir():
+        return [path]
+    files = [p for p in path.iterdir() if p.is_file()]
+    index = path / WEIGHT_FILES[1]
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map") if index.is_file() else None
+    except (ValueError, UnicodeDecodeError, OSError, AttributeError):
+        weight_map = None
+    if isinstance(weight_map, dict):
+        files += [path / str(shard) for shard in set(weight_map.values())]
+    return [path, *files]
 
 
 def read_state(path: Path) -> dict[str, torch.Tensor]:
@@ -85,16 +103,18 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
     raise FolderError(f"{path} has no weights ({', '.join(WEIGHT_FILES)})")
 
 
-def read_folder(path) -> ModelFolder:
+def read_folder(path, architectures: dict) -> ModelFolder:
+    """The folder's config and weights; `architectures` (model_type -> class, hf/layers.py) say
+    which model types are supported and may refuse a config (check_config)."""
     path = Path(path)
-    model_type, raw = read_config(path)
+    model_type, raw = read_config(path, tuple(architectures))
     transformers = transformers_module()
     config_class = transformers.AutoConfig.for_model(model_type).__class__
     try:
         config = config_class.from_dict(raw)
     except (ValueError, TypeError, KeyError) as err:
         raise FolderError(f"{path}/config.json does not describe a {model_type} model: {str(err).splitlines()[0]}") from None
-    if model_type == "falcon" and not config.alibi:
-        raise FolderError(f"{path}: this Falcon uses rotary positions (alibi=false); only Falcon with alibi=true "
-                          "has a positional attention bias to export")
-    return ModelFolder(path, model_type, config, read_state(path))
+    refusal = architectures[model_type].check_config(config, path)
+    if refusal:
+        raise FolderError(refusal)
+    return ModelFolder(path, model_type, config, read_state(path), raw)

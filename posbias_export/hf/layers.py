@@ -10,33 +10,89 @@ the float64 reference are the same code.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ..biases import AttentionBias, query_key_positions
 from ..nn.attention import EAGER, AttentionSettings, attention_heads
 
 
+ARCHITECTURES: dict[str, type["ImportedModel"]] = {}  # model_type -> the class that imports it
+PARTS: dict[tuple[str, str], type["ImportedModel"]] = {}  # (model_type, part) -> a part of such a folder (T5's decoder)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the export signature and the KV cache need to know of an imported model."""
+
+    num_heads: int
+    head_dim: int
+    num_layers: int
+    vocab_size: int
+
+
 class ImportedModel(nn.Module):
-    """Base of the models read from a Hugging Face folder."""
+    """Base of the models read from a Hugging Face folder. A subclass with a `model_type`
+    registers itself as that architecture (everything else reads ARCHITECTURES); part="name"
+    registers it as a part of such a folder instead (the T5 decoder: --part decoder)."""
 
-    arch = "lm"  # "lm": input_ids -> logits; "encoder": input_ids -> last_hidden_state
-    output_name = "logits"
-    causal = True
-    tied_keys: tuple[str, ...] = ()  # transformers keys that may repeat a tied tensor
-    ignored_prefixes: tuple[str, ...] = ()  # keys of parts this model does not contain (a T5 decoder)
+    model_type: ClassVar[str] = ""  # transformers' model_type
+    bias_name: ClassVar[str] = ""
+    arch: ClassVar[str] = "lm"  # "lm": input_ids -> logits; "encoder": input_ids -> last_hidden_state
+    output_name: ClassVar[str] = "logits"
+    causal: ClassVar[bool] = True
+    transformers_class: ClassVar[str] = "AutoModelForCausalLM"  # what validate --model compares with
+    optimum_task: ClassVar[str] = "text-generation"
+    tied_keys: ClassVar[tuple[str, ...]] = ()  # transformers keys that may repeat a tied tensor
+    ignored_prefixes: ClassVar[tuple[str, ...]] = ()  # keys of parts this model does not contain (a T5 decoder)
 
-    def __init__(self, config, model_type: str, bias_name: str, num_heads: int, head_dim: int, num_layers: int,
-                 vocab_size: int):
+    def __init_subclass__(cls, part: str | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("model_type"):
+            return
+        table, key = (ARCHITECTURES, cls.model_type) if part is None else (PARTS, (cls.model_type, part))
+        previous = table.get(key)
+        if previous is not None and (previous.__module__, previous.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise TypeError(f"two imported models claim {key!r}: {previous.__module__} and {cls.__module__}")
+        table[key] = cls
+
+    def __init__(self, config, shape: Shape):
         super().__init__()
-        self.config, self.model_type, self.bias_name = config, model_type, bias_name
-        self.num_heads, self.head_dim, self.num_layers, self.vocab_size = num_heads, head_dim, num_layers, vocab_size
+        self.config, self.shape = config, shape
+        self.num_heads, self.head_dim, self.num_layers, self.vocab_size = (shape.num_heads, shape.head_dim,
+                                                                           shape.num_layers, shape.vocab_size)
+
+    @classmethod
+    def check_config(cls, config, where) -> str | None:
+        """Why this config cannot be imported (one line), or None."""
+        return None
+
+    @classmethod
+    def from_folder(cls, source) -> "ImportedModel":
+        """Our module for a folder's config (weights are loaded afterwards)."""
+        return cls(source.config)
+
+    @classmethod
+    def tiny_transformers_model(cls, tf, vocab: int, hidden: int, heads: int, layers: int, max_len: int):
+        """A random transformers model of this architecture (benchmarks and tests make folders of them)."""
+        raise NotImplementedError
 
     def transformers_bias_magnitude(self, length: int) -> float:
         """The largest |bias| transformers materialises in float32 at this length (0 where its
         bias is exact or computed as ours is); see hf/validate.py."""
         return 0.0
+
+    def export_note(self) -> str | None:
+        """What an export's report adds for this architecture, if anything."""
+        return None
+
+    def max_length(self) -> int | None:
+        """The longest input transformers' own implementation accepts (None: no limit)."""
+        return None
 
     def weight_key(self, name: str) -> str:
         """The transformers key of our parameter `name` (the same unless a model renames)."""
@@ -45,6 +101,28 @@ class ImportedModel(nn.Module):
     def empty_past(self, batch: int, dtype: torch.dtype = torch.float32) -> list:
         shape = (batch, self.num_heads, 0, self.head_dim)
         return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(self.num_layers)]
+
+
+class CausalLM(ImportedModel):
+    """BLOOM, MPT, Falcon: embeddings -> layers (each with its slice of the KV cache) -> final norm
+    -> a head tied to the embeddings, or its own lm_head.
+    input_ids [B, L], attention_mask [B, P + L] -> logits [B, L, V] (+ presents with past)."""
+
+    tied_keys = ("lm_head.weight",)
+
+    def add_head(self, config) -> None:
+        self.tied = config.tie_word_embeddings
+        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def decode(self, x, layers, final_norm, embedding: nn.Embedding, attention_mask, past, settings):
+        """x [B, L, D] through the layers and the head -> logits [B, L, V] (with past: and the presents)."""
+        presents = []
+        for index, layer in enumerate(layers):
+            x, present = layer(x, attention_mask, None if past is None else past[index], settings)
+            presents.append(present)
+        x = final_norm(x)
+        logits = F.linear(x, embedding.weight) if self.tied else self.lm_head(x)  # [B, L, V]
+        return logits if past is None else (logits, presents)
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:

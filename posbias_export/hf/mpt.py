@@ -19,7 +19,7 @@ from torch.nn import functional as F
 
 from ..biases import create_bias
 from ..nn.attention import EAGER
-from .layers import ImportedModel, merge_heads, scale_queries, self_attention, split_heads
+from .layers import CausalLM, Shape, merge_heads, scale_queries, self_attention, split_heads
 
 
 def mpt_slopes(num_heads: int, alibi_bias_max: float = 8.0) -> torch.Tensor:
@@ -86,19 +86,30 @@ class MptTransformer(nn.Module):
         self.norm_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon, bias=False)
 
 
-class MptLM(ImportedModel):
-    """input_ids [B, L], attention_mask [B, P + L] -> logits [B, L, V] (+ presents with past)."""
-
-    tied_keys = ("lm_head.weight",)
+class MptLM(CausalLM):
+    model_type = "mpt"
+    bias_name = "alibi"
 
     def __init__(self, config):
         H = config.n_heads
-        super().__init__(config, "mpt", "alibi", H, config.hidden_size // H, config.n_layers, config.vocab_size)
+        super().__init__(config, Shape(H, config.hidden_size // H, config.n_layers, config.vocab_size))
         bias = create_bias("alibi", H, causal=True)
         bias.slopes.copy_(mpt_slopes(H, config.attn_config.alibi_bias_max))
         self.transformer = MptTransformer(config, bias)
-        self.tied = config.tie_word_embeddings
-        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.add_head(config)
+
+    @classmethod
+    def tiny_transformers_model(cls, tf, vocab, hidden, heads, layers, max_len):
+        # max_seq_len covers the lengths, so transformers can be the reference
+        return tf.MptForCausalLM(tf.MptConfig(vocab_size=vocab, d_model=hidden, n_layers=layers, n_heads=heads,
+                                              max_seq_len=max_len))
+
+    def export_note(self) -> str:
+        return (f"positions come from the input: this file runs past max_seq_len ({self.config.max_seq_len}), "
+                "where transformers' MPT stops")
+
+    def max_length(self) -> int:
+        return self.config.max_seq_len
 
     def transformers_bias_magnitude(self, length: int) -> float:
         """transformers' table holds slope * (j - max_seq_len + 1), whatever the input length."""
@@ -107,10 +118,4 @@ class MptLM(ImportedModel):
     def forward(self, input_ids, attention_mask=None, past=None, settings=EAGER):
         t = self.transformer
         x = t.wte(input_ids)  # [B, L, D]
-        presents = []
-        for index, block in enumerate(t.blocks):
-            x, present = block(x, attention_mask, None if past is None else past[index], settings)
-            presents.append(present)
-        x = t.norm_f(x)
-        logits = F.linear(x, t.wte.weight) if self.tied else self.lm_head(x)  # [B, L, V]
-        return logits if past is None else (logits, presents)
+        return self.decode(x, t.blocks, t.norm_f, t.wte, attention_mask, past, settings)

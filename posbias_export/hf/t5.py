@@ -9,9 +9,15 @@ from torch import nn
 
 from ..biases import create_bias
 from ..nn.attention import EAGER
-from .layers import ImportedModel, RMSNorm, merge_heads, scale_queries, self_attention, split_heads
+from .layers import ImportedModel, RMSNorm, Shape, merge_heads, scale_queries, self_attention, split_heads
 
 BIAS_KEY = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+
+
+def t5_bias_params(config) -> dict:
+    """Our t5 family's hyper-parameters from a T5Config."""
+    return {"num_buckets": config.relative_attention_num_buckets,
+            "max_distance": config.relative_attention_max_distance}
 
 
 class T5SelfAttention(nn.Module):
@@ -85,19 +91,26 @@ class T5Stack(nn.Module):
 class T5Encoder(ImportedModel):
     """input_ids [B, L], attention_mask [B, L] -> last_hidden_state [B, L, d_model]."""
 
+    model_type = "t5"
+    bias_name = "t5"
     arch = "encoder"
     output_name = "last_hidden_state"
     causal = False
+    transformers_class = "T5EncoderModel"
+    optimum_task = "text2text-generation"
     tied_keys = ("encoder.embed_tokens.weight",)
     ignored_prefixes = ("decoder.", "lm_head.")  # a T5ForConditionalGeneration folder: its encoder
 
     def __init__(self, config):
-        super().__init__(config, "t5", "t5", config.num_heads, config.d_kv, config.num_layers, config.vocab_size)
-        params = {"num_buckets": config.relative_attention_num_buckets,
-                  "max_distance": config.relative_attention_max_distance}
-        self.bias = create_bias("t5", config.num_heads, causal=False, **params)
+        super().__init__(config, Shape(config.num_heads, config.d_kv, config.num_layers, config.vocab_size))
+        self.bias = create_bias("t5", config.num_heads, causal=False, **t5_bias_params(config))
         self.shared = nn.Embedding(config.vocab_size, config.d_model)
         self.encoder = T5Stack(config, self.bias)
+
+    @classmethod
+    def tiny_transformers_model(cls, tf, vocab, hidden, heads, layers, max_len):
+        return tf.T5EncoderModel(tf.T5Config(vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=4 * hidden,
+                                             num_layers=layers, num_heads=heads))
 
     def weight_key(self, name: str) -> str:
         return BIAS_KEY if name == "bias.relative_attention_bias.weight" else name

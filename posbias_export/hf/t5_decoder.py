@@ -17,8 +17,9 @@ from torch.nn import functional as F
 
 from ..biases import MASK_PENALTY, create_bias
 from ..nn.attention import EAGER
-from .layers import ImportedModel, RMSNorm, merge_heads, scale_queries, self_attention, split_heads
-from .t5 import T5FeedForwardLayer
+from .folder import FolderError
+from .layers import ImportedModel, RMSNorm, Shape, merge_heads, scale_queries, self_attention, split_heads
+from .t5 import T5FeedForwardLayer, t5_bias_params
 
 BIAS_KEY = "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
 
@@ -85,24 +86,33 @@ class T5DecoderStack(nn.Module):
         self.final_layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
 
 
-class T5Decoder(ImportedModel):
+class T5Decoder(ImportedModel, part="decoder"):
     """(input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, past) -> logits
     [B, L, V] and the presents."""
 
+    model_type = "t5"
+    bias_name = "t5"
     arch = "decoder"
     tied_keys = ("decoder.embed_tokens.weight", "encoder.embed_tokens.weight", "lm_head.weight")
     ignored_prefixes = ("encoder.",)
 
     def __init__(self, config, own_head: bool, rescale: bool):
-        super().__init__(config, "t5", "t5", config.num_heads, config.d_kv, config.num_decoder_layers,
-                         config.vocab_size)
-        params = {"num_buckets": config.relative_attention_num_buckets,
-                  "max_distance": config.relative_attention_max_distance}
-        self.bias = create_bias("t5", config.num_heads, causal=True, **params)
+        super().__init__(config, Shape(config.num_heads, config.d_kv, config.num_decoder_layers, config.vocab_size))
+        self.bias = create_bias("t5", config.num_heads, causal=True, **t5_bias_params(config))
         self.shared = nn.Embedding(config.vocab_size, config.d_model)
         self.decoder = T5DecoderStack(config, self.bias)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False) if own_head else None
         self.rescale = config.d_model ** -0.5 if rescale else 1.0
+
+    @classmethod
+    def from_folder(cls, source) -> "T5Decoder":
+        if not any(k.startswith("decoder.") for k in source.state):
+            raise FolderError(f"{source.path} holds no T5 decoder (--part decoder needs a T5ForConditionalGeneration "
+                              "folder)")
+        raw = source.raw
+        # original T5 ties the head to the embedding and rescales; v1.1 ships its own lm_head
+        return cls(source.config, own_head="lm_head.weight" in source.state and raw.get("tie_word_embeddings") is False,
+                   rescale=raw.get("tie_word_embeddings") is not False)
 
     def weight_key(self, name: str) -> str:
         return BIAS_KEY if name == "bias.relative_attention_bias.weight" else name

@@ -25,7 +25,7 @@ from ..parity.reference import ParityInputError, read_onnx
 from ..parity.runtimes import DEFAULT_RUNTIMES, RUNTIMES
 from ..parity.tolerance import FLOAT32, Tolerance, compare
 from .folder import transformers_module
-from .models import load_model
+from .models import architecture, load_model
 
 TRANSFORMERS_ROW = "transformers"
 BLOCKED = AttentionSettings(form="blocked")
@@ -98,8 +98,8 @@ def left_padded(length: int, batch: int, vocab: int, seed: int) -> tuple[np.ndar
 
 
 def transformers_model(model_dir: Path, model_type: str):
-    transformers = transformers_module()
-    cls = transformers.T5EncoderModel if model_type == "t5" else transformers.AutoModelForCausalLM
+    """transformers' own implementation of the folder's model (the class the architecture names)."""
+    cls = getattr(transformers_module(), architecture(model_type).transformers_class)
     return cls.from_pretrained(str(model_dir)).float().eval()
 
 
@@ -125,7 +125,7 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
     output = proto.graph.output[0].name
     matrix = Matrix(str(model_path), ours.bias_name, f"{ours.model_type} {ours.arch} ({output})")
     cases, refs = [], []
-    limit = getattr(ours.config, "max_seq_len", None) if ours.model_type == "mpt" else None
+    limit = ours.max_length()
     for n in lengths:
         ids, mask = left_padded(n, batch, ours.vocab_size, seed=n)
         keep = mask.astype(bool)
@@ -134,7 +134,7 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
         ref64 = ours.double()(*args, settings=BLOCKED).numpy()[keep]
         same = ours.float()(*args, settings=BLOCKED).numpy()[keep]
         if limit is not None and n > limit:
-            hf = f"{NOT_RUN}transformers' MPT stops at max_seq_len ({limit})"
+            hf = f"{NOT_RUN}transformers' {ours.model_type} stops at {limit} tokens"
         else:
             out = theirs(input_ids=args[0], attention_mask=args[1])
             hf = (out.last_hidden_state if ours.arch == "encoder" else out.logits).numpy()[keep]

@@ -17,7 +17,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..biases import AttentionBias, create_bias, mask_value, query_key_positions
-from .blocked import DEFAULT_BLOCK, TARGETS, blocked_attention, keep_mask
+from .plans import DEFAULT_BLOCK, block_plan
+from .blocked import blocked_attention, keep_mask
 from .config import ModelConfig
 from .positions import RotaryEmbedding, logn_scale
 
@@ -33,15 +34,18 @@ class AttentionSettings:
       rows at a time (causal only; memory linear in L).
     impl: "explicit" (matmul, softmax, matmul) or "sdpa" (F.scaled_dot_product_attention,
       which the opset-23 exporter turns into the ONNX Attention op).
-    functions: during ONNX export, emit posbias.* nodes whose bodies are attached as
-      model-local functions afterwards, instead of tracing the bias.
+    functions: this forward is traced for ONNX export: emit posbias.* nodes whose bodies are
+      attached as model-local functions afterwards, instead of tracing the bias (an eager call
+      with it returns placeholders).
+    fused: the blocked form's GPU-shaped body (export/targets.py): each block ends in one fused
+      attention op, rows budgeted for ONNX Runtime CUDA; the PyTorch twin cuts the same blocks.
     """
 
     form: str = "plain"
     block: int = DEFAULT_BLOCK
     impl: str = "explicit"
     functions: bool = False
-    target: str = "portable"  # the blocked body's shape: portable, or GPU-shaped (nn/blocked.py TARGETS)
+    fused: bool = False
 
     def __post_init__(self):
         if self.form not in ATTENTION_FORMS:
@@ -50,8 +54,6 @@ class AttentionSettings:
             raise ValueError(f"attention impl must be one of {', '.join(ATTENTION_IMPLS)}, got {self.impl!r}")
         if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
             raise ValueError(f"block must be a positive integer, got {self.block!r}")
-        if self.target not in TARGETS:
-            raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {self.target!r}")
 
 
 EAGER = AttentionSettings()  # what a plain model(x) call uses
@@ -68,8 +70,9 @@ def attention_heads(q, k, v, q_pos, k_pos, key_mask, bias: AttentionBias, causal
     the last Lq key positions), q_pos [..., Lq], k_pos [..., Lk], key_mask [B, Lk] or None."""
     Lq, Lk = q.shape[2], k.shape[2]
     if settings.form == "blocked":  # causal or not: the bias knows (bias.causal == causal)
-        return blocked_attention(q, k, v, q_pos, k_pos, keep_mask(key_mask, Lk, q.device), bias, settings.block,
-                                 settings.functions, settings.target)
+        plan = block_plan(bias, settings.fused, q.dtype, indices=q_pos.dim() == 1)
+        return blocked_attention(q, k, v, q_pos, k_pos, keep_mask(key_mask, Lk, q.device), bias, settings.block, plan,
+                                 settings.functions)
     q_idx, k_idx = query_key_positions(Lq, Lk, device=q.device)  # [Lq], [Lk]
     allowed = (k_idx.unsqueeze(0) <= q_idx.unsqueeze(1)) if causal else None  # [Lq, Lk]
     if key_mask is not None:

@@ -87,21 +87,34 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def load_checkpoint(path: str | os.PathLike, cfg: ModelConfig | None = None, arch: str | None = None) -> torch.nn.Module:
-    """Rebuild the model a checkpoint was saved from. `cfg`/`arch` are used only when the file
-    carries none; when both exist and disagree, that is an error rather than a silent choice."""
+def checkpoint_config(path, saved_cfg: dict | None, given: dict | ModelConfig | None = None) -> ModelConfig:
+    """The config a checkpoint is loaded with: its saved one, which options given alongside (a
+    dict of ModelConfig fields, or a whole ModelConfig) may repeat but not contradict; without a
+    saved config, the options alone (the bias at least)."""
+    given = given.to_dict() if isinstance(given, ModelConfig) else dict(given or {})
+    if saved_cfg is None:
+        if "bias" not in given:
+            raise CheckpointError(f"checkpoint {path} carries no config; pass the model options explicitly "
+                                  "(--bias is required)")
+        return ModelConfig(**given)
+    try:
+        saved = ModelConfig.from_dict(saved_cfg)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {path}: its saved config is invalid: {first_line(err)}") from None
+    merged = {**saved.to_dict(), **given, "bias_params": {**saved.bias_params, **given.get("bias_params", {})}}
+    if ModelConfig.from_dict(merged) != saved:
+        differ = sorted(k for k, v in given.items() if saved.to_dict().get(k) != v)
+        raise CheckpointError(f"options {', '.join(differ or sorted(given))} contradict the checkpoint's saved config "
+                              f"({path}); drop them")
+    return saved
+
+
+def load_checkpoint(path: str | os.PathLike, cfg: ModelConfig | dict | None = None, arch: str | None = None) -> torch.nn.Module:
+    """Rebuild the model a checkpoint was saved from. `cfg` (a ModelConfig, or the fields some
+    options set) is used when the file carries no config; when both exist and disagree, that is
+    an error rather than a silent choice (checkpoint_config)."""
     state, saved_cfg, saved_arch = read_checkpoint(path)
-    if saved_cfg is not None:
-        try:
-            saved = ModelConfig.from_dict(saved_cfg)
-        except (TypeError, ValueError) as err:
-            raise CheckpointError(f"checkpoint {path}: its saved config is invalid: {first_line(err)}") from None
-        if cfg is not None and cfg != saved:
-            diff = {k: (v, getattr(saved, k)) for k, v in cfg.to_dict().items() if getattr(saved, k) != v}
-            raise CheckpointError(f"options disagree with the checkpoint's config (given, saved): {diff}")
-        cfg = saved
-    if cfg is None:
-        raise CheckpointError(f"checkpoint {path} carries no config; pass the model options explicitly")
+    cfg = checkpoint_config(path, saved_cfg, cfg)
     arch = arch or saved_arch or "lm"
     if saved_arch and arch != saved_arch:
         raise CheckpointError(f"checkpoint {path} is a {saved_arch!r} model, not {arch!r}")
@@ -119,6 +132,17 @@ def load_checkpoint(path: str | os.PathLike, cfg: ModelConfig | None = None, arc
     if bad:
         raise CheckpointError(f"checkpoint {path}: tensor {bad!r} holds NaN or infinity")
     return model.eval()
+
+
+def model_for(given: dict, checkpoint: str | os.PathLike | None = None, arch: str | None = None,
+              seed: int = 0) -> torch.nn.Module:
+    """The model an export asks for: the checkpoint's (options given must agree with its saved
+    config), else a fresh one from the options (seeded)."""
+    if checkpoint:
+        return load_checkpoint(checkpoint, given, arch)
+    if "bias" not in given:
+        raise ValueError("--bias is required (or --checkpoint with a saved config)")
+    return build_model(ModelConfig(**given), seed=seed, arch=arch or "lm")
 
 
 def non_finite_tensor(model: torch.nn.Module) -> str | None:

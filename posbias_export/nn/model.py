@@ -5,6 +5,8 @@ takes the AttentionSettings (attention.py) to use, EAGER by default.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -98,7 +100,11 @@ class DecoderLM(nn.Module):
             raise ValueError("only a model with learned positions has a table to resize")
         table = resize_learned_table(self.pos_embed.weight.data, new_len, method)
         self.pos_embed = nn.Embedding.from_pretrained(table, freeze=False)
-        self.cfg.max_positions = new_len
+        # a new config for this model: the old one may be shared (the caller's, another model's)
+        old, new = self.cfg, dataclasses.replace(self.cfg, max_positions=new_len)
+        for module in self.modules():
+            if getattr(module, "cfg", None) is old:
+                module.cfg = new
         return self
 
     def empty_past(self, batch: int, dtype: torch.dtype = torch.float32) -> list:

@@ -32,6 +32,20 @@ def read_onnx(path: str | Path) -> onnx.ModelProto:
     return proto
 
 
+def read_npz(path: str | Path) -> dict[str, np.ndarray]:
+    """Named arrays from an .npz archive; anything else (an .npy, random bytes, pickles) is one line."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        reason = "does not exist" if not Path(path).exists() else "is not an .npz archive (np.savez(path, input_ids=...))"
+        raise ParityInputError(f"inputs {path} {reason}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
+        raise ParityInputError(f"cannot read inputs {path}: {first_line(err)} (object arrays are refused)") from None
+
+
 def load_model_file(path: str | Path) -> tuple[onnx.ModelProto, dict]:
     """A file we wrote from one of our own models, and its metadata."""
     proto = read_onnx(path)

@@ -104,3 +104,15 @@ def format_results(results: list[LengthResult]) -> str:
             lines.append(f"{r.length:>7} {r.windows:>7} {r.ort_ppl:>9.4f} {r.torch_ppl:>9.4f} {r.rel_diff:>9.1e} "
                          f"{r.ort_tokens_per_s:>10.0f}")
     return "\n".join(lines)
+
+
+def evaluate_to_files(model_path, corpus, lengths=(64, 128, 256, 512, 1024), max_tokens: int = 16384,
+                      checkpoint=None, json_path=None, progress=None) -> list[LengthResult]:
+    """`evaluate`: the results, also written as JSON when asked (outputs checked before any work)."""
+    from ..export.files import check_outputs, write_text_atomic
+
+    check_outputs([json_path], [model_path, corpus, checkpoint])
+    results = evaluate(model_path, corpus, lengths, max_tokens, checkpoint, progress=progress)
+    if json_path:
+        write_text_atomic(json_path, json.dumps(as_json(results), indent=1))
+    return results

@@ -13,6 +13,7 @@ import torch
 from torch.nn import functional as F
 
 from ..biases import BIASES, NO_BIAS, bias_class
+from ..export.files import check_outputs, write_text_atomic
 from ..nn import ModelConfig, build_model, save_checkpoint
 from .corpus import HELDOUT_FRACTION, read_corpus, split
 
@@ -100,4 +101,19 @@ def save_trained(model: torch.nn.Module, card: dict, out: str | Path, command: s
                 "final_loss", "train_seconds", "command"):
         lines.append(f"| {key} | `{card[key]}` |")
     lines += ["", "Config:", "", "```json", json.dumps(cfg, indent=1, sort_keys=True), "```", ""]
-    out.with_suffix(".md").write_text("\n".join(lines))
+    write_text_atomic(out.with_suffix(".md"), "\n".join(lines))
+
+
+def train_to_files(scheme: str, corpus: str | Path, out: str | Path, *, train_len: int = 64, steps: int = 600,
+                   batch: int = 32, lr: float = 3e-3, seed: int = 0, heads: int = 4, dim: int = 128, layers: int = 2,
+                   command: str = "") -> tuple[Path, dict]:
+    """`train`: a model of `scheme` (a bias family or a position scheme) trained on the corpus,
+    saved as <out>.safetensors and <out>.md; outputs are checked before any training."""
+    fields = scheme_fields(scheme, train_len)
+    out = Path(out)
+    paths = [out.with_suffix(".safetensors"), out.with_suffix(".md")]
+    check_outputs(paths, [corpus])
+    cfg = ModelConfig(num_heads=heads, dim=dim, num_layers=layers, **fields)
+    model, card = train(cfg, corpus, train_len, steps, batch, lr, seed)
+    save_trained(model, card, out, command)
+    return paths[0], card

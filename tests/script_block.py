@@ -14,9 +14,9 @@ from onnx import helper, numpy_helper
 from onnxscript import FLOAT, INT64, script
 from onnxscript import opset18 as op
 
-from . import functions
-from ..biases import FLOAT32_LOWEST
-from ..biases.onnx_domain import DOMAIN, VERSION, posbias
+from posbias_export.export import functions
+from posbias_export.biases import FLOAT32_LOWEST
+from posbias_export.biases.onnx_domain import DOMAIN, VERSION, posbias
 
 
 @script(posbias, default_opset=op)

@@ -1,10 +1,10 @@
-"""The PyTorch side of generation: greedy decoding with the same KV cache and left padding
-as runtimes/ort/generate.py, the reference that ONNX Runtime must match token for token."""
+"""The PyTorch side of generation, for the tests: greedy decoding with the same KV cache and left
+padding as runtimes/ort/generate.py, the reference that ONNX Runtime must match token for token."""
 from __future__ import annotations
 
 import torch
 
-from .model import DecoderLM
+from posbias_export.nn import DecoderLM
 
 
 @torch.no_grad()

@@ -1,0 +1,109 @@
+"""bench, bench-decode, bench-models: speed and memory side by side (posbias_export/bench/)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .options import int_list, name_list, parser, positive_int
+
+
+def build_bench_parser() -> argparse.ArgumentParser:
+    from ..bench import attention as bench
+
+    p = parser("bench", "Long-context attention: our export on ONNX Runtime CPU (blocked and plain forms) and OpenVINO "
+                "vs PyTorch eager with the same bias and PyTorch fused causal SDPA without a bias; one process per "
+                "configuration. Writes attention.md/.json/.png.", "examples:\n  python -m posbias_export bench\n  "
+                "python -m posbias_export bench --biases alibi --lengths 512,2048 --repeats 2 --out-dir /tmp/bench")
+    p.add_argument("--biases", type=name_list, default=bench.BIASES, help="comma-separated bias families (default all)")
+    p.add_argument("--lengths", type=int_list, default=None, help=f"comma-separated sequence lengths (default "
+                   f"{','.join(map(str, bench.LENGTHS))}; --device cuda: 1024,4096,16384,32768)")
+    p.add_argument("--configs", type=name_list, default=bench.CONFIGS, help=f"from: {', '.join(bench.CONFIGS)}")
+    p.add_argument("--variants", type=name_list, default=bench.VARIANTS, help=f"from: {', '.join(bench.VARIANTS)} "
+                   f"(bidirectional and block run at the lengths >= {bench.LONG}, or the longest given; default all)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed forwards per configuration (after a warm-up)")
+    p.add_argument("--heads", type=positive_int, default=8, help="attention heads (default 8)")
+    p.add_argument("--head-dim", type=positive_int, default=64, help="dimension per head (default 64)")
+    p.add_argument("--timeout", type=positive_int, default=900, help="seconds per configuration")
+    p.add_argument("--profile-length", type=int, default=8192,
+                   help="also profile ORT (blocked form) at this length; 0: no profile")
+    p.add_argument("--out-dir", default="benchmarks", help="where the results files go (default benchmarks)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: our GPU-shaped and portable exports on ONNX Runtime CUDA vs PyTorch eager, fused SDPA "
+                   "and FlexAttention on the GPU, float16 and float32; writes gpu_attention.md/.json")
+    return p
+
+
+def run_bench(args) -> int:
+    from tqdm import tqdm
+
+    from ..bench import attention, gpu_attention
+
+    if args.device == "cuda":
+        paths = gpu_attention.run_and_write(args.biases, args.lengths, args.heads, args.head_dim, args.repeats,
+                                            args.out_dir)
+    else:
+        lengths = args.lengths or attention.LENGTHS
+        with tqdm(total=attention.count(args.biases, lengths, args.configs, args.variants), desc="bench",
+                  unit="config", disable=None, file=sys.stderr) as bar:
+            paths = attention.run_and_write(args.biases, lengths, args.configs, args.variants, args.repeats, args.heads,
+                                            args.head_dim, args.timeout, args.profile_length, args.out_dir, bar.update)
+        print(paths[1].read_text())
+    print("wrote " + ", ".join(str(x) for x in paths))
+    return 0
+
+
+def build_bench_decode_parser() -> argparse.ArgumentParser:
+    from ..biases import BIASES
+    from ..export import TARGETS
+
+    p = parser("bench-decode", "Per-token decode latency: ONNX Runtime vs PyTorch eager with the same KV cache, side "
+                "by side; writes decode.md and decode.json.")
+    p.add_argument("--biases", type=name_list, default=BIASES, help="comma-separated bias families (default all)")
+    p.add_argument("--contexts", type=int_list, default=(512, 4096),
+                   help="comma-separated context lengths decoded from (default 512,4096)")
+    p.add_argument("--steps", type=positive_int, default=32, help="decode steps timed per context")
+    p.add_argument("--out-dir", default="benchmarks", help="where decode.md/.json go (default benchmarks)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: ONNX Runtime CUDA (cache kept on "
+                   "the GPU) vs PyTorch eager on the GPU; writes gpu_decode.md/.json")
+    p.add_argument("--target", choices=tuple(TARGETS), default="portable", help="export target of the decoder file")
+    return p
+
+
+def run_bench_decode(args) -> int:
+    from tqdm import tqdm
+
+    from ..bench.decode import run
+
+    with tqdm(total=len(args.biases), desc="bench-decode", unit="bias", disable=None, file=sys.stderr) as bar:
+        rows = run(args.biases, args.contexts, args.steps, args.out_dir, progress=bar.update, device=args.device,
+                   target=args.target)
+    for r in rows:
+        print(f"{r['bias']:>13} context {r['context']:>5}: ORT {r['ort_ms_median']:.2f} ms/token, "
+              f"PyTorch {r['torch_ms_median']:.2f} ms/token, ratio {r['ort_over_torch']:.2f}")
+    return 0
+
+
+def build_bench_models_parser() -> argparse.ArgumentParser:
+    from ..bench import models as bench
+
+    p = parser("bench-models", "Imported BLOOM / MPT / Falcon (alibi) / T5-encoder models: our blocked export vs a "
+                "plain dynamo export vs Optimum's (if installed), time, peak RSS and error vs transformers on ONNX "
+                "Runtime CPU, each cell in its own process; writes models.md/.json.")
+    p.add_argument("--models", type=name_list, default=bench.KINDS, help=f"from: {', '.join(bench.KINDS)}")
+    p.add_argument("--lengths", type=int_list, default=bench.LENGTHS,
+                   help=f"comma-separated sequence lengths (default {','.join(map(str, bench.LENGTHS))})")
+    p.add_argument("--repeats", type=positive_int, default=2, help="timed forwards per cell (default 2)")
+    p.add_argument("--out-dir", default="benchmarks", help="where models.md/.json go (default benchmarks)")
+    return p
+
+
+def run_bench_models(args) -> int:
+    from tqdm import tqdm
+
+    from ..bench import models as bench
+
+    total = len(args.models) * len(args.lengths) * len(bench.EXPORTERS)
+    with tqdm(total=total, desc="bench-models", unit="cell", disable=None, file=sys.stderr) as bar:
+        paths = bench.run_and_write(tuple(args.models), tuple(args.lengths), args.repeats, args.out_dir, bar.update)
+    print("\n".join(f"wrote {path}" for path in paths))
+    return 0

@@ -1,0 +1,96 @@
+"""What the portable (blocked_graph.py) and GPU-shaped (gpu_graph.py) bodies of
+posbias.BlockedAttention<Family> share: the Loop over query blocks and its body's frame, the
+two Loops chosen by whether any key is padding, the rows budgeted by the keys' width, and the
+function around an If that skips the Loop when the queries fit one block.
+
+    max_block (, budgeted rows) -> FitsOneBlock -> If(one block: direct branch,
+                                                      else: prepare -> Loop over blocks -> BlockAssemble)
+"""
+from __future__ import annotations
+
+import onnx
+import torch
+from onnx import TensorProto, helper
+
+from ..biases.onnx_domain import DOMAIN, VERSION
+
+UNBOUNDED = 1 << 30  # "look as far as you like": more keys than any input has, and within int32 (OpenVINO runs int64 index math in int32)
+ELEM_TYPES = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.float64: TensorProto.DOUBLE}
+
+
+def scalar_node(name, value, elem=TensorProto.INT64):
+    return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, elem, [], [value]))
+
+
+def call(op_type, inputs, outputs, **attributes):
+    """A node calling a posbias function."""
+    return helper.make_node(op_type, inputs, outputs, domain=DOMAIN, **attributes)
+
+
+def budgeted_rows(budget: int) -> list[onnx.NodeProto]:
+    """loop_block = min(max_block, max(1, budget // (Lk + min(Lk, lookahead)))): the rows that
+    keep a block's table (or bias) under `budget` entries per head (BlockPlan.rows)."""
+    return [
+        scalar_node("row_budget", budget),
+        scalar_node("one_row", 1),
+        helper.make_node("Shape", ["k"], ["k_len_1d"], start=2, end=3),
+        helper.make_node("Squeeze", ["k_len_1d"], ["k_len"]),
+        helper.make_node("Min", ["k_len", "lookahead"], ["k_ahead"]),
+        helper.make_node("Add", ["k_len", "k_ahead"], ["table_width"]),
+        helper.make_node("Div", ["row_budget", "table_width"], ["budget_rows"]),
+        helper.make_node("Max", ["budget_rows", "one_row"], ["budget_rows_1"]),
+        helper.make_node("Min", ["max_block", "budget_rows_1"], ["loop_block"]),
+    ]
+
+
+def loop_body(block_nodes: list[onnx.NodeProto], out_type: int) -> onnx.GraphProto:
+    """One query block: BlockQueries, then `block_nodes` (keys, bias, attention -> attended_b)."""
+    return helper.make_graph(
+        [
+            call("BlockQueries", ["it", "q_pad", "q_pos_pad", "block", "offset"], ["q_b", "q_pos_b", "q_idx"]),
+            *block_nodes,
+            # a leading 1-axis: see BlockAssemble for why
+            helper.make_node("Constant", [], ["axis0"], value=helper.make_tensor("axis0", TensorProto.INT64, [1], [0])),
+            helper.make_node("Unsqueeze", ["attended_b", "axis0"], ["out_b"]),  # [1, B, H, Bq, d]
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "query_block",
+        [helper.make_tensor_value_info("it", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("out_b", out_type, None)],
+    )
+
+
+def loop(block_nodes: list[onnx.NodeProto], out: str, out_type: int) -> onnx.NodeProto:
+    """The Loop over n_blocks query blocks; scan output `out` [n, 1, B, H, Bq, d] (or [n, B, ...])."""
+    return helper.make_node("Loop", ["n_blocks", "go"], [out], body=loop_body(block_nodes, out_type))
+
+
+def padding_loops(block_nodes, out_type: int) -> onnx.NodeProto:
+    """Two Loops, chosen once per call by has_padding: block_nodes(padded) builds each body (an
+    If inside the body would copy each block's bias in ONNX Runtime). Output: blocks."""
+    def branch(padded: bool) -> onnx.GraphProto:
+        name = "blocks_padded" if padded else "blocks_unpadded"
+        return helper.make_graph([loop(block_nodes(padded), name, out_type)], name, [],
+                                 [helper.make_tensor_value_info(name, out_type, None)])
+    return helper.make_node("If", ["has_padding"], ["blocks"], then_branch=branch(True), else_branch=branch(False))
+
+
+def graph(nodes, name: str, out: str, out_type: int) -> onnx.GraphProto:
+    """An If branch: no inputs, one output."""
+    return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, out_type, None)])
+
+
+def blocked_function(name: str, params: list[str], head: list[onnx.NodeProto], fits_rows: str,
+                     direct: onnx.GraphProto, blocks: onnx.GraphProto, opset: int,
+                     extra_imports=()) -> onnx.FunctionProto:
+    """posbias.<name>(q, k, v, q_pos, k_pos, keep, *params) -> out: `head` nodes, then an If
+    on FitsOneBlock(q, fits_rows) between the `direct` branch and the `blocks` one."""
+    nodes = [
+        *head,
+        call("FitsOneBlock", ["q", fits_rows], ["fits"]),
+        helper.make_node("If", ["fits"], ["out"], then_branch=direct, else_branch=blocks),
+    ]
+    imports = [helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, VERSION), *extra_imports]
+    return helper.make_function(DOMAIN, name, ["q", "k", "v", "q_pos", "k_pos", "keep", *params], ["out"], nodes, imports)

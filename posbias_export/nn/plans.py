@@ -1,0 +1,122 @@
+"""The block plan: how query-blocked attention runs for one layer, decided once.
+
+Four places used to derive it on their own (the PyTorch twin in blocked.py, the portable and
+GPU-shaped ONNX bodies in export/, a test); now each reads a BlockPlan made by `block_plan`
+from (bias, body shape, dtype, whether the positions are the key indices).
+
+Paths a block's bias can take:
+  positions  the family's function (or its key-row shortcut) on each block's own positions
+  table      a slice of one table of per-distance values, built once per call (a relative
+             family whose positions are the key indices)
+  folded     causal key-row families (ALiBi): the table holds the causal mask alone and the
+             key row rides inside the MatMul ([q, 1] [k^T; row])
+  two_sided  bidirectional ALiBi: no table, the row rides in the MatMul on both sides of the
+             diagonal (see BlockAttendTwoSided)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..biases import AttentionBias
+
+DEFAULT_BLOCK = 256  # query rows per block: the fastest measured at L=8192 and 16384 (README, benchmarks/attention.md)
+# The distance-table path holds a [H, rows, Lk + reach] table and a slice of it per block on top of
+# the scores: its rows are capped so the table has at most TABLE_ROW_BUDGET entries per head and
+# per Lk-wide half (causal: 256 rows at 8192, 128 at 16384; a bidirectional table, 2 Lk wide, gets
+# twice the entries and so the same rows), which keeps 16384 under 1 GiB (256 causal rows there:
+# 1.20 GB measured, and no faster; 128 bidirectional rows: 0.99 GB, 1.2x faster than 64).
+TABLE_ROW_BUDGET = 1 << 21
+# GPU-shaped bodies (one fused attention op per block): entries per head of one block's bias.
+# 2^26 keeps [H=8, rows, W] at 2^29 elements (1 GB in float16), far from ONNX Runtime CUDA's
+# 2^31-element index limit: 4096 rows at L=16384, 2048 at 32768.
+GPU_ROW_BUDGET = 1 << 26
+GPU_DEFAULT_BLOCK = 4096
+FUNCTION_PREFIX = "BlockedAttention"
+PATHS = ("positions", "table", "folded", "two_sided")
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """What every builder of one layer's blocked attention reads.
+
+    name: the posbias function the layer's node calls (BlockedAttention<Family>[ByDistance]).
+    fused: the GPU-shaped body (each block ends in one fused attention op), else the portable one.
+    path: how a block gets its bias (see the module docstring).
+    key_row: the family's key-row function, where it stands for the bias of a block that
+      computes its own (the one-block branch, the positions path, the folded row), else None.
+    table_heads: heads of the distance table (1: a mask-only table or a head-independent family).
+    row_budget: table entries per table head that cap the rows of a block (None: no cap).
+    lookback / lookahead: keys before / after its own position a query can see (None: all).
+    """
+
+    name: str
+    fused: bool
+    path: str
+    key_row: str | None
+    table_heads: int
+    row_budget: int | None
+    lookback: int | None
+    lookahead: int | None
+
+    @property
+    def by_distance(self) -> bool:
+        return self.path != "positions"
+
+    @property
+    def uses_table(self) -> bool:
+        return self.path in ("table", "folded")
+
+    def rows(self, block: int, k_len: int) -> int:
+        """Query rows per block at this key length: `block`, capped by the row budget for a
+        table as wide as the ONNX body computes it (Lk + min(Lk, lookahead))."""
+        if self.row_budget is None:
+            return block
+        width = k_len + (k_len if self.lookahead is None else min(k_len, self.lookahead))
+        return min(block, max(1, self.row_budget // width))
+
+    def one_block_rows(self, block: int, k_len: int) -> int:
+        """The most queries the direct (Loop-free) branch takes: GPU-shaped bodies budget it
+        too (no bias tensor near the 2^31-element limit); the portable one does not."""
+        return self.rows(block, k_len) if self.fused else block
+
+
+def function_name(bias: AttentionBias, by_distance: bool = False) -> str:
+    """BlockedAttention<Family>, or ...ByDistance for the body that runs on the key indices."""
+    return FUNCTION_PREFIX + bias.function_name + ("ByDistance" if by_distance else "")
+
+
+def _portable_path(bias: AttentionBias, dtype: torch.dtype, indices: bool) -> str:
+    if not (indices and bias.relative):
+        return "positions"
+    if bias.uses_key_row():
+        if not bias.causal:
+            return "positions"  # an exact key row (no per-row constant) needs no table
+        if bias.head_independent:
+            return "table"
+        # the folded row needs float32 scores: float16 models keep the per-block key row
+        return "positions" if dtype == torch.float16 else "folded"
+    if (bias.key_row_mirrors and not bias.causal and bias.lookback is None and dtype != torch.float16):
+        return "two_sided"
+    return "table"
+
+
+def block_plan(bias: AttentionBias, fused: bool = False, dtype: torch.dtype = torch.float32,
+               indices: bool = True) -> BlockPlan:
+    """The plan of one layer: `fused` picks the GPU-shaped body, `indices` says the layer's
+    positions are the key indices (1-D positions; those from a padding mask are not)."""
+    if fused:
+        path = "table" if indices and bias.relative else "positions"
+        key_row, budget = None, GPU_ROW_BUDGET
+    else:
+        path = _portable_path(bias, dtype, indices)
+        key_row, budget = (bias.key_row_name() if bias.uses_key_row() else None), None
+    folded = path == "folded"
+    heads = 1 if bias.head_independent or folded else bias.num_heads
+    if not fused and path in ("table", "folded"):
+        # TABLE_ROW_BUDGET per head of the model: a one-head table gets H times the rows, a
+        # bidirectional one (keys on both sides, twice as wide) twice the entries
+        budget = TABLE_ROW_BUDGET * (1 if bias.causal else 2) * bias.num_heads // heads
+    return BlockPlan(function_name(bias, path != "positions"), fused, path, key_row, heads, budget,
+                     bias.lookback, bias.lookahead)

@@ -1,0 +1,80 @@
+"""A validate session: which runtimes and lengths by default, every file judged by the matrix
+that fits it (our own exports: parity/matrix.py; files of a Hugging Face model, whoever wrote
+them: hf/validate.py), and the reports written. Sits above parity/ and hf/ (it routes between
+them); the command line calls it and prints."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_LENGTH_FACTOR = 64  # besides 1 and 17: 64x the trace length, far past what the trace saw
+
+
+@dataclass
+class Validation:
+    matrices: list = field(default_factory=list)
+    runtimes: tuple[str, ...] = ()
+    skipped: dict[str, str] = field(default_factory=dict)  # default runtimes not installed here, and why
+
+    @property
+    def ok(self) -> bool:
+        return all(m.ok for m in self.matrices)
+
+
+def choose_runtimes(runtimes) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The runtimes asked for, or the installed defaults and why the others are skipped."""
+    from .parity import installed_defaults
+
+    if runtimes is not None:
+        return tuple(runtimes), {}
+    chosen, missing = installed_defaults()
+    if not chosen:
+        raise ValueError("none of the default runtimes is installed; name some with --runtimes")
+    return chosen, missing
+
+
+def default_lengths(meta: dict) -> tuple[int, ...]:
+    return (1, 17, DEFAULT_LENGTH_FACTOR * int(meta.get("trace_len", 16)))
+
+
+def is_imported(meta: dict, model_dir) -> bool:
+    """A file to judge against a Hugging Face model: --model given, or our export of one."""
+    return bool(model_dir) or meta.get("source") == "huggingface"
+
+
+def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=None, inputs=None, model_dir=None,
+             progress=None) -> Validation:
+    """Every file on every runtime against its float64 reference. `inputs`: a path to an .npz
+    of the user's own tensors (instead of generated lengths)."""
+    from .export.metadata import read_metadata
+    from .parity import load_model_file, run_matrix
+    from .parity.reference import read_npz, read_onnx
+
+    chosen, skipped = choose_runtimes(runtimes)
+    feeds = read_npz(inputs) if inputs else None
+    result = Validation(runtimes=chosen, skipped=skipped)
+    for model in models:
+        meta = read_metadata(read_onnx(model))
+        model_lengths = lengths or default_lengths(meta)
+        if is_imported(meta, model_dir):
+            from .hf.validate import run_hf_matrix
+
+            result.matrices.append(run_hf_matrix(model, model_dir, chosen, model_lengths, batch, progress=progress))
+            continue
+        load_model_file(model)  # our own export: its metadata must be complete
+        result.matrices.append(run_matrix(model, chosen, model_lengths, batch, checkpoint, feeds, progress=progress))
+    return result
+
+
+def write_reports(result: Validation, json_path=None, markdown=None, lengths=None, batch: int = 3) -> list[Path]:
+    from .export.files import write_text_atomic
+    from .parity import parity_markdown
+
+    written = []
+    if json_path:
+        report = {"ok": result.ok, "models": [m.as_dict() for m in result.matrices]}
+        written.append(write_text_atomic(json_path, json.dumps(report, indent=1)))
+    if markdown:
+        written.append(write_text_atomic(markdown, parity_markdown(result.matrices, result.runtimes, lengths, batch)))
+    return written

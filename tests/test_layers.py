@@ -1,0 +1,61 @@
+"""The folders are the layers (README, Layout): a module imports only from its own layer and
+those below it, and the runners under runtimes/ import neither torch nor this package. Read
+from the source with ast, so a lazy import inside a function counts too."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "posbias_export"
+# bottom up; a room may import its own layer and every layer before it
+LAYERS = [{"errors", "environment", "lazy", "plots"}, {"biases"}, {"nn"}, {"export"}, {"parity"}, {"study", "hf"},
+          {"bench", "validation"}, {"commands"}, {"cli", "__main__", "__init__"}]
+RANK = {room: rank for rank, rooms in enumerate(LAYERS) for room in rooms}
+
+
+def _room(path: Path) -> str:
+    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+
+def _imported_rooms(path: Path) -> set[str]:
+    """The rooms of posbias_export a module imports, absolute or relative."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = path.relative_to(PACKAGE).parent.parts
+    rooms = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: climb from the module's package
+                base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+                parts = [*base, *(node.module.split(".") if node.module else [])]
+                if parts:
+                    rooms.add(parts[0])
+                else:  # "from . import x" at the top: x are rooms
+                    rooms |= {alias.name for alias in node.names}
+            elif node.module and node.module.split(".")[0] == "posbias_export":
+                parts = node.module.split(".")[1:]
+                rooms |= {parts[0]} if parts else {alias.name for alias in node.names}
+        elif isinstance(node, ast.Import):
+            rooms |= {a.name.split(".")[1] for a in node.names if a.name.startswith("posbias_export.")}
+    return rooms
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[str(p.relative_to(PACKAGE)) for p in MODULES])
+def test_no_upward_import(path):
+    room = _room(path)
+    assert room in RANK, f"{room} is in no layer: add it to README's Layout and LAYERS"
+    upward = sorted(r for r in _imported_rooms(path) if r in RANK and RANK[r] > RANK[room])
+    assert not upward, f"{path.relative_to(ROOT)} ({room}) imports from higher layers: {upward}"
+
+
+def test_runners_import_neither_torch_nor_the_package():
+    for path in (ROOT / "runtimes").rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+        assert not names & {"torch", "posbias_export"}, f"{path.relative_to(ROOT)} imports {names & {'torch', 'posbias_export'}}"
