@@ -75,6 +75,28 @@ def test_specialized_axis_is_caught_and_nothing_written(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.onnx"]  # and leaves no temp file
 
 
+class _BranchesOnData(_SpecializesLength):
+    """A Python branch on a tensor's value: torch.export cannot trace it."""
+
+    def forward(self, input_ids, settings):
+        out = self.inner(input_ids, settings=settings)
+        return out + 1 if out.sum() > 0 else out - 1
+
+
+def test_a_failed_trace_names_its_cause_on_one_line(tmp_path, capfd):
+    """torch.onnx.export wraps the cause in a page of generic text with colour codes and dumps
+    the graph through torch's loggers: the error keeps the line naming the cause, nothing else
+    reaches stderr, and nothing is written."""
+    inner = pbe.build_model(pbe.ModelConfig(bias="alibi", **SMALL), seed=0)
+    with pytest.raises(checks.ExportCheckError) as caught:
+        pbe.export_onnx(_BranchesOnData(inner), tmp_path / "m.onnx", check_growth=False)
+    message = str(caught.value)
+    assert message.startswith("torch.onnx.export failed: ") and "data-dependent" in message, message
+    assert "\x1b[" not in message and "step 1/3" not in message and "\n" not in message
+    assert capfd.readouterr().err == ""
+    assert not list(tmp_path.iterdir())
+
+
 def _model_with_initializer(length: int) -> onnx.ModelProto:
     table = onnx.helper.make_tensor("table", onnx.TensorProto.FLOAT, [length], [0.0] * length)
     graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["table"], ["y"])], "g", [],

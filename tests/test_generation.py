@@ -119,7 +119,7 @@ def test_generate_command_errors_are_one_line(exports):
     cmd = [sys.executable, "-m", "posbias_export", "generate", str(exports.cli("alibi", extra=("--kv-cache",))),
            "--prompt", "", "--max-new-tokens", "3"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and proc.stderr.strip() == "generate: error: prompt 0 is empty: generation needs at least one byte of context"
+    assert proc.returncode == 2 and proc.stderr.strip() == "generate: error: prompt 0 is empty: generation needs at least one token of context"
 
 
 def test_bench_decode_smoke(tmp_path):

@@ -107,3 +107,29 @@ def run_bench_models(args) -> int:
         paths = bench.run_and_write(tuple(args.models), tuple(args.lengths), args.repeats, args.out_dir, bar.update)
     print("\n".join(f"wrote {path}" for path in paths))
     return 0
+
+
+
+def build_bench_clients_parser() -> argparse.ArgumentParser:
+    from ..hf.models import SUPPORTED
+
+    p = parser("bench-clients", "The serving folder (--model DIR --out-dir OUT) in the clients people run: our "
+               "generate, transformers.js (tests/clients), onnxruntime-genai, Optimum (its own environment, "
+               "benchmarks/optimum_env.sh; also Optimum's own export): tokens and logits vs transformers at a short "
+               "and a 1024-token prompt; writes clients.md/.json.")
+    p.add_argument("--models", type=name_list, default=SUPPORTED, help=f"from: {', '.join(SUPPORTED)}")
+    p.add_argument("--no-optimum", action="store_true", help="skip Optimum (it builds a side environment once)")
+    p.add_argument("--out-dir", default="benchmarks", help="where clients.md/.json go (default benchmarks)")
+    return p
+
+
+def run_bench_clients(args) -> int:
+    from tqdm import tqdm
+
+    from ..bench import clients
+
+    with tqdm(total=len(args.models), desc="bench-clients", unit="model", disable=None, file=sys.stderr) as bar:
+        paths = clients.run_and_write(tuple(args.models), args.out_dir, not args.no_optimum, bar.update)
+    print(paths[0].read_text())
+    print("wrote " + ", ".join(str(x) for x in paths))
+    return 0

@@ -37,6 +37,7 @@ def _families_epilog() -> str:
 def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
     from ..biases import BIASES, hyper_parameter_fields
     from ..export import DTYPES, OPSETS, TARGETS
+    from ..hf.models import PART_NAMES
     from ..nn import ARCHS, ATTENTION_FORMS
     from ..nn.positions import RESIZE_METHODS
 
@@ -49,7 +50,11 @@ def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
         if f.metadata.get("alias"):
             p.add_argument(f.metadata["alias"], type=positive_int, dest=f"{_PARAM_DEST}{f.name}", metavar="N",
                            help=f"{family}: {f.metadata['help']} (default {f.default}); same as --bias-param {f.name}=N")
-    p.add_argument("--out", required=True, help="output .onnx path (written atomically)")
+    p.add_argument("--out", help="output .onnx path (written atomically)")
+    p.add_argument("--out-dir", metavar="OUT", help="with --model: a folder the serving tools load as it is (Optimum, "
+                   "transformers.js, onnxruntime-genai, Triton): Hugging Face names, model.onnx (T5: encoder_model.onnx "
+                   "and decoder_model_merged.onnx), onnx/, genai_config.json, triton/, the folder's config and "
+                   "tokenizer files; OUT must not exist or be empty")
     p.add_argument("--arch", choices=ARCHS, default=None,
                    help="lm: byte-level decoder, input_ids [B, L] -> logits [B, L, 256]; block: one transformer block, "
                    "hidden [B, L, dim] in and out; attention: query/key/value [B, heads, L, dim/heads] -> same (default lm)")
@@ -85,7 +90,7 @@ def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="DIR", help="a local Hugging Face folder (config.json + safetensors) of a BLOOM, "
                    "MPT, Falcon (alibi) or T5 model: exported with input_ids, attention_mask -> logits (T5: the encoder, "
                    "-> last_hidden_state); nothing is downloaded")
-    p.add_argument("--part", choices=("encoder", "decoder"), default=None,
+    p.add_argument("--part", choices=PART_NAMES, default=None,
                    help="with --model and a T5 encoder-decoder folder: which half (default encoder); the decoder file "
                    "carries its KV cache and takes encoder_hidden_states, encoder_attention_mask")
     p.add_argument("--validate", action="store_true",
@@ -105,8 +110,12 @@ def given_config(args) -> dict:
 
 
 def run_export(args) -> int:
+    if bool(args.out) == bool(args.out_dir):
+        raise UsageError("give --out FILE (or, with --model, --out-dir FOLDER)")
     if args.model:
         return run_export_folder(args)
+    if args.out_dir:
+        raise UsageError("--out-dir writes a serving folder for a Hugging Face model: it needs --model DIR")
     if args.part:
         raise UsageError("--part chooses a half of a T5 folder given with --model")
     from ..export import check_outputs, export_onnx, source_metadata
@@ -132,9 +141,20 @@ def run_export_folder(args) -> int:
     if given:
         raise UsageError("--model takes the architecture and weights from the folder; drop "
                          + ", ".join("--" + name.replace("_", "-") for name in given))
+    block = {"block": args.block} if args.block else {}
+    if args.out_dir:
+        from ..hf.ship import ship
+
+        refused = [f for f, on in (("--kv-cache", args.kv_cache), ("--part", args.part), ("--attention", args.attention),
+                                   ("--validate", args.validate)) if on]
+        if refused:
+            raise UsageError(f"--out-dir decides what each client needs; drop {', '.join(refused)}")
+        print(ship(args.model, args.out_dir, opset=args.opset or 18, trace_len=args.trace_len,
+                   inline_functions=args.inline_functions, **block).summary())
+        return 0
     report = export_model(args.model, args.out, opset=args.opset or 18, trace_len=args.trace_len, kv_cache=args.kv_cache,
                           inline_functions=args.inline_functions, attention=args.attention, part=args.part or "encoder",
-                          **({"block": args.block} if args.block else {}))
+                          **block)
     print(report.summary())
     if args.validate and args.part == "decoder":
         print("the T5 decoder file is checked by the test suite (greedy tokens against transformers.generate); "

@@ -1,7 +1,7 @@
 """torch -> ONNX with dynamic batch and sequence axes, as a list of named passes over one
 export state:
 
-    prepare -> functions -> trace -> attach -> inline -> check -> growth -> metadata -> save
+    prepare -> functions -> trace -> inline -> check -> growth -> names -> metadata -> save
 
 `PASSES` is that list; `run_passes` runs it. What differs between models (names, axes, example
 inputs, what a file records) is the request's spec (signature.py): our own models and the
@@ -26,13 +26,14 @@ import onnx
 import torch
 
 from ..biases import FAMILIES, AttentionBias
-from ..errors import first_line
+from ..errors import cause_line
 from ..nn import AttentionSettings, block_plan, non_finite_tensor
 from . import checks, functions
 from .blocked_graph import function_proto as portable_function_proto
 from .files import SavedModel, ensure_writable, save_checked
 from .gpu_graph import gpu_function_proto
 from .metadata import FORMAT_VERSION, write_metadata
+from .naming import POSBIAS, rename
 from .signature import ExportSpec, ModelSpec, Signature
 from .targets import OPSETS, attention_settings, target, target_opset
 
@@ -159,17 +160,20 @@ def make_functions(state: ExportState) -> None:
 
 def run_exporter(sig: Signature, opset: int) -> onnx.ModelProto:
     """One dynamo export of a signature (module, example inputs, dynamic shapes, names)."""
-    # The exporter prints progress and warnings of its own; the report carries what matters.
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    # The exporter prints progress, warnings and (on failure) whole graphs of its own, through
+    # stdout and torch's loggers; the report carries what matters, the error its cause.
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
-        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        logging.disable(logging.CRITICAL)
         try:
             program = torch.onnx.export(
                 sig.module, sig.args, dynamo=True, dynamic_shapes=sig.dynamic_shapes, opset_version=opset,
                 input_names=sig.input_names, output_names=sig.output_names, verbose=False,
             )
-        except Exception as err:  # the exporter's errors are long; keep the first line
-            raise checks.ExportCheckError(f"torch.onnx.export failed: {first_line(err)}") from err
+        except Exception as err:  # the exporter's errors are pages long: keep the line naming the cause
+            raise checks.ExportCheckError(f"torch.onnx.export failed: {cause_line(err)}") from err
+        finally:
+            logging.disable(logging.NOTSET)
     return program.model_proto
 
 
@@ -211,6 +215,15 @@ def check_trace_growth(state: ExportState) -> None:
     state.done.append(f"no initializer grows with trace length ({r.trace_len} vs {other_len})")
 
 
+def apply_names(state: ExportState) -> None:
+    """The spec's naming (Hugging Face's, for the clients people serve with): inputs, outputs,
+    symbolic axes; after the checks, which speak our names."""
+    naming = state.request.spec.naming
+    if naming.name != POSBIAS.name:
+        rename(state.proto, naming)
+        state.done.append(f"{naming.name} input/output names")
+
+
 def export_metadata(request: ExportRequest) -> dict[str, str]:
     """What the file records: the spec's model, then how it was exported, then the spec's tail."""
     spec, settings = request.spec, request.settings
@@ -228,6 +241,8 @@ def export_metadata(request: ExportRequest) -> dict[str, str]:
     if settings.form == "blocked":
         meta["attention_block"] = str(settings.block)
         meta["target"] = request.target
+    if spec.naming.name != POSBIAS.name:
+        meta["names"] = spec.naming.name
     return {**meta, **spec.trailing_metadata()}
 
 
@@ -250,6 +265,7 @@ PASSES: tuple[Pass, ...] = (
     ("inline", inline),
     ("check", check_exported),
     ("growth", check_trace_growth),
+    ("names", apply_names),
     ("metadata", add_metadata),
     ("save", save),
 )

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..nn import AttentionSettings, ModelConfig
+from .naming import POSBIAS, Naming
 
 INPUT_NAMES = {"lm": ["input_ids"], "block": ["hidden_states"], "attention": ["query", "key", "value"]}
 OUTPUT_NAMES = {"lm": ["logits"], "block": ["output"], "attention": ["output"]}
@@ -110,6 +111,7 @@ class ExportSpec:
     bias: str
     kv_cache: bool = False
     notes: list[str] = field(default_factory=list)
+    naming: Naming = POSBIAS  # the names the file is written with (naming.py)
 
     def check(self, request) -> None:
         """Raise ValueError for a request this model cannot honour."""

@@ -1,7 +1,7 @@
 """BLOOM (BloomForCausalLM) on our biased attention: parameter names, LayerNorms, fused QKV
-layout and tanh GELU as in transformers' modeling_bloom; its ALiBi (slope * key position,
-softmax-equivalent to -slope * |i - j| under the causal mask) is our alibi family with
-BLOOM's slopes."""
+layout and tanh GELU as in transformers' modeling_bloom; its ALiBi (slope * key position, the
+positions counted by cumsum(mask) - 1, softmax-equivalent to -slope * |p_i - p_j| under the
+causal mask) is our alibi family with BLOOM's slopes on positions from the mask."""
 from __future__ import annotations
 
 import torch
@@ -30,7 +30,9 @@ class BloomAttention(nn.Module):
         B, L, _ = x.shape
         qkv = self.query_key_value(x).view(B, L, self.num_heads, 3, -1)  # per head: q, k, v interleaved
         q, k, v = (qkv[..., i, :].transpose(1, 2) for i in range(3))  # [B, H, L, d] each
-        y, present = self_attention(q, k, v, attention_mask, past, self.alibi, settings)
+        # positions from cumsum(mask) - 1, as transformers' BLOOM builds its ALiBi: a hole in the
+        # mask (right-padded batches that go on decoding) must not count as a distance
+        y, present = self_attention(q, k, v, attention_mask, past, self.alibi, settings, positions_from_mask=True)
         return self.dense(merge_heads(y)), present
 
 
@@ -85,8 +87,9 @@ class BloomLM(CausalLM):
         self.add_head(config)
 
     @classmethod
-    def tiny_transformers_model(cls, tf, vocab, hidden, heads, layers, max_len):
-        return tf.BloomForCausalLM(tf.BloomConfig(vocab_size=vocab, hidden_size=hidden, n_layer=layers, n_head=heads))
+    def tiny_transformers_model(cls, tf, vocab, hidden, heads, layers, max_len, **config):
+        return tf.BloomForCausalLM(tf.BloomConfig(vocab_size=vocab, hidden_size=hidden, n_layer=layers, n_head=heads,
+                                                  **config))
 
     def transformers_bias_magnitude(self, length: int) -> float:
         """transformers adds slope * absolute key position (up to max slope * (L - 1))."""

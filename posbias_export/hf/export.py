@@ -5,12 +5,14 @@ out, as our own cached decoders (so `generate` and bench-decode run these files)
 decoder's file also takes encoder_hidden_states and encoder_attention_mask."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
 import torch
 
 from ..export.files import check_outputs
+from ..export.naming import NAMINGS, POSBIAS, Naming
 from ..export.pipeline import ExportReport, ExportRequest, run_passes
 from ..export.signature import ExportSpec, Signature, cached_signature, lm_signature
 from ..nn import DEFAULT_BLOCK, file_sha256
@@ -21,20 +23,26 @@ from .models import load_model
 
 @dataclass
 class ImportedSpec(ExportSpec):
-    """A causal LM or the T5 encoder from a folder: our lm signature with an attention mask."""
+    """A causal LM or the T5 encoder from a folder: our lm signature with an attention mask.
+    shipped: a file for a folder that travels (--out-dir): its metadata names the source folder
+    but not where it lay on this machine."""
 
     model: ImportedModel | None = None
+    shipped: bool = False
 
     @classmethod
-    def of(cls, model: ImportedModel, kv_cache: bool) -> "ImportedSpec":
+    def of(cls, model: ImportedModel, kv_cache: bool, naming: Naming = POSBIAS, shipped: bool = False) -> "ImportedSpec":
         if kv_cache and not model.causal:
             raise ValueError(f"a KV cache is for causal decoders; {model.model_type}'s encoder has none (drop --kv-cache, "
                              "or export the decoder of an encoder-decoder folder with --part decoder)")
-        spec_class = T5DecoderSpec if model.arch == "decoder" else cls
         note = model.export_note()
-        # the T5 decoder file always carries its cache
-        return spec_class(f"{model.model_type} {model.arch}", model.bias_name, kv_cache or model.arch == "decoder",
-                          notes=[note] if note else [], model=model)
+        common = dict(notes=[note] if note else [], model=model, shipped=shipped)
+        if model.arch == "decoder":  # the T5 decoder file always carries its cache
+            part = dataclasses.replace(naming, cache_part="decoder") if naming.name != POSBIAS.name else naming
+            # the clients feed a seq2seq decoder no mask of its own (transformers.js gives it the encoder's)
+            return T5DecoderSpec(f"{model.model_type} {model.arch}", model.bias_name, True, naming=part,
+                                 with_mask=naming.name == POSBIAS.name, **common)
+        return cls(f"{model.model_type} {model.arch}", model.bias_name, kv_cache, naming=naming, **common)
 
     @property
     def attention_mask(self) -> bool:
@@ -48,10 +56,11 @@ class ImportedSpec(ExportSpec):
     def metadata(self) -> dict[str, str]:
         m = self.model
         weights = sorted(p for p in m.source_dir.iterdir() if p.suffix in (".safetensors", ".bin"))
+        where = {"model_name": m.source_dir.name} if self.shipped else {"model_dir": str(m.source_dir)}
         return {
             "source": "huggingface",
             "model_type": m.model_type,
-            "model_dir": str(m.source_dir),
+            **where,
             "weights_sha256": ",".join(f"{p.name}:{file_sha256(p)}" for p in weights),
             "arch": m.arch,
             "bias": m.bias_name,
@@ -76,10 +85,32 @@ class CachedT5Decoder(torch.nn.Module):
         return (logits, *[t for kv in presents for t in kv])
 
 
+class CachedT5DecoderNoMask(torch.nn.Module):
+    """The T5 decoder as the clients call it: no mask of its own (decoder tokens are never padded
+    while generating: every key is attended, as transformers' own generate does)."""
+
+    def __init__(self, decoder, settings):
+        super().__init__()
+        self.decoder, self.settings = decoder, settings
+
+    def forward(self, input_ids, encoder_hidden_states, encoder_attention_mask, *past_flat):
+        past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
+        logits, presents = self.decoder(input_ids, None, encoder_hidden_states, encoder_attention_mask, past,
+                                        settings=self.settings)
+        return (logits, *[t for kv in presents for t in kv])
+
+
 @dataclass
 class T5DecoderSpec(ImportedSpec):
-    """The cached T5 decoder (hf/t5_decoder.py): input_ids, attention_mask, encoder_hidden_states,
-    encoder_attention_mask and the past pairs in; logits and the present pairs out."""
+    """The cached T5 decoder (hf/t5_decoder.py): input_ids, attention_mask (unless with_mask is
+    off), encoder_hidden_states, encoder_attention_mask and the past pairs in; logits and the
+    present pairs out."""
+
+    with_mask: bool = True
+
+    @property
+    def attention_mask(self) -> bool:
+        return self.with_mask
 
     def signature(self, model, trace_len, dtype, settings, batch=2) -> Signature:
         m, gen = self.model, torch.Generator().manual_seed(0)
@@ -90,11 +121,16 @@ class T5DecoderSpec(ImportedSpec):
         mask = torch.ones(batch, past_len + trace_len, dtype=torch.int64)
         states = torch.randn(batch, enc_len, m.config.d_model, generator=gen)
         enc_mask = torch.ones(batch, enc_len, dtype=torch.int64)
-        names = ["input_ids", "attention_mask", "encoder_hidden_states", "encoder_attention_mask"]
-        return cached_signature(CachedT5Decoder(model, settings), (ids, mask, states, enc_mask),
-                                ({0: b, 1: seq}, {0: b, 1: total}, {0: b, 1: enc_seq}, {0: b, 1: enc_seq}),
-                                names, {n: (0, 1) for n in names}, m.num_heads, m.head_dim, m.num_layers, batch,
-                                past_len, dtype, gen, past_dim)
+        if self.with_mask:
+            names = ["input_ids", "attention_mask", "encoder_hidden_states", "encoder_attention_mask"]
+            module, leading, shapes = CachedT5Decoder(model, settings), (ids, mask, states, enc_mask), (
+                {0: b, 1: seq}, {0: b, 1: total}, {0: b, 1: enc_seq}, {0: b, 1: enc_seq})
+        else:
+            names = ["input_ids", "encoder_hidden_states", "encoder_attention_mask"]
+            module, leading, shapes = CachedT5DecoderNoMask(model, settings), (ids, states, enc_mask), (
+                {0: b, 1: seq}, {0: b, 1: enc_seq}, {0: b, 1: enc_seq})
+        return cached_signature(module, leading, shapes, names, {n: (0, 1) for n in names}, m.num_heads, m.head_dim,
+                                m.num_layers, batch, past_len, dtype, gen, past_dim)
 
 
 def export_model(
@@ -109,14 +145,19 @@ def export_model(
     block: int = DEFAULT_BLOCK,
     check_growth: bool = True,
     part: str = "encoder",
+    names: str = "posbias",
+    shipped: bool = False,
 ) -> ExportReport:
     """Export the model in a local Hugging Face folder (BLOOM, MPT, Falcon with alibi, the T5
     encoder; part="decoder": the cached T5 decoder) to `path` in float32 and check it. Raises
     ValueError for a bad folder or request, OSError for an unwritable path, ExportCheckError for
-    a failed check; nothing is written then."""
+    a failed check; nothing is written then. names="huggingface": the clients' names
+    (export/naming.py); shipped: the metadata keeps the folder's name, not its path."""
     check_outputs([path], folder_files(model_dir))  # never write over what the folder holds
     model = load_model(model_dir, part)
-    spec = ImportedSpec.of(model, kv_cache)
+    if names not in NAMINGS:
+        raise ValueError(f"names must be one of {', '.join(NAMINGS)}, got {names!r}")
+    spec = ImportedSpec.of(model, kv_cache, NAMINGS[names], shipped)
     request = ExportRequest.create(path, spec, opset, "float32", trace_len, "portable", attention, block,
                                    inline_functions, check_growth)
     return run_passes(request, model)

@@ -190,10 +190,16 @@ class FalconLM(CausalLM):
                     "has a positional attention bias to export")
         return None
 
+    def shipped_config(self, config: dict) -> dict:
+        """Our file caches keys and values per attention head (multi-query and grouped layouts
+        included), and Optimum and transformers.js shape the first empty cache from the config:
+        it says so (one key/value head per attention head, not multi-query)."""
+        return {**config, "multi_query": False, "num_kv_heads": self.num_heads}
+
     @classmethod
-    def tiny_transformers_model(cls, tf, vocab, hidden, heads, layers, max_len):
+    def tiny_transformers_model(cls, tf, vocab, hidden, heads, layers, max_len, **config):
         return tf.FalconForCausalLM(tf.FalconConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-                                                    num_attention_heads=heads, alibi=True))
+                                                    num_attention_heads=heads, alibi=True, **config))
 
     def forward(self, input_ids, attention_mask=None, past=None, settings=EAGER):
         t = self.transformer

@@ -77,14 +77,20 @@ class ImportedModel(nn.Module):
         return cls(source.config)
 
     @classmethod
-    def tiny_transformers_model(cls, tf, vocab: int, hidden: int, heads: int, layers: int, max_len: int):
-        """A random transformers model of this architecture (benchmarks and tests make folders of them)."""
+    def tiny_transformers_model(cls, tf, vocab: int, hidden: int, heads: int, layers: int, max_len: int, **config):
+        """A random transformers model of this architecture (benchmarks and tests make folders of
+        them); `config`: more fields of its config (token ids, untied heads)."""
         raise NotImplementedError
 
     def transformers_bias_magnitude(self, length: int) -> float:
         """The largest |bias| transformers materialises in float32 at this length (0 where its
         bias is exact or computed as ours is); see hf/validate.py."""
         return 0.0
+
+    def shipped_config(self, config: dict) -> dict:
+        """config.json as a serving folder carries it: describing the files beside it (which the
+        clients read to shape the cache they feed). The same as the folder's by default."""
+        return config
 
     def export_note(self) -> str | None:
         """What an export's report adds for this architecture, if anything."""

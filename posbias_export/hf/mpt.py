@@ -99,10 +99,10 @@ class MptLM(CausalLM):
         self.add_head(config)
 
     @classmethod
-    def tiny_transformers_model(cls, tf, vocab, hidden, heads, layers, max_len):
+    def tiny_transformers_model(cls, tf, vocab, hidden, heads, layers, max_len, **config):
         # max_seq_len covers the lengths, so transformers can be the reference
         return tf.MptForCausalLM(tf.MptConfig(vocab_size=vocab, d_model=hidden, n_layers=layers, n_heads=heads,
-                                              max_seq_len=max_len))
+                                              max_seq_len=max_len, **config))
 
     def export_note(self) -> str:
         return (f"positions come from the input: this file runs past max_seq_len ({self.config.max_seq_len}), "

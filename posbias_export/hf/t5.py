@@ -108,9 +108,11 @@ class T5Encoder(ImportedModel):
         self.encoder = T5Stack(config, self.bias)
 
     @classmethod
-    def tiny_transformers_model(cls, tf, vocab, hidden, heads, layers, max_len):
-        return tf.T5EncoderModel(tf.T5Config(vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=4 * hidden,
-                                             num_layers=layers, num_heads=heads))
+    def tiny_transformers_model(cls, tf, vocab, hidden, heads, layers, max_len, encoder_decoder: bool = False, **config):
+        """T5EncoderModel, or with encoder_decoder the whole T5ForConditionalGeneration."""
+        model_class = tf.T5ForConditionalGeneration if encoder_decoder else tf.T5EncoderModel
+        return model_class(tf.T5Config(vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=4 * hidden,
+                                       num_layers=layers, num_heads=heads, **config))
 
     def weight_key(self, name: str) -> str:
         return BIAS_KEY if name == "bias.relative_attention_bias.weight" else name

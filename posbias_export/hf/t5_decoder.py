@@ -110,9 +110,11 @@ class T5Decoder(ImportedModel, part="decoder"):
             raise FolderError(f"{source.path} holds no T5 decoder (--part decoder needs a T5ForConditionalGeneration "
                               "folder)")
         raw = source.raw
-        # original T5 ties the head to the embedding and rescales; v1.1 ships its own lm_head
+        # original T5 ties the head to the embedding and rescales; v1.1 ships its own lm_head. transformers 5
+        # writes the rescale as scale_decoder_outputs (and tie_word_embeddings always true): it decides then
+        rescale = raw.get("scale_decoder_outputs", raw.get("tie_word_embeddings") is not False)
         return cls(source.config, own_head="lm_head.weight" in source.state and raw.get("tie_word_embeddings") is False,
-                   rescale=raw.get("tie_word_embeddings") is not False)
+                   rescale=bool(rescale))
 
     def weight_key(self, name: str) -> str:
         return BIAS_KEY if name == "bias.relative_attention_bias.weight" else name

@@ -42,8 +42,8 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
         )
     Lq, Lk = q.shape[2], k.shape[2]
     offset = Lk - Lq
-    if plan.by_distance and not torch.equal(k_pos, torch.arange(Lk, device=k_pos.device)):
-        raise ValueError("this block plan slices by distance: it needs positions equal to the key indices")
+    if plan.needs_indices and not torch.equal(k_pos, torch.arange(Lk, device=k_pos.device)):
+        raise ValueError("this block plan slices a distance table: it needs positions equal to the key indices")
     direct = Lq <= plan.one_block_rows(block, Lk)  # as the ONNX If: one block, every key, no Loop
     block = Lq if direct else plan.rows(block, Lk)
     reach, ahead = (None, None) if direct else (plan.lookback, plan.lookahead)
@@ -64,8 +64,9 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
             masked_bias = table[:, : stop - start, first:first + end - lo]  # [H|1, Bq, W]
             if padded:  # AddPaddingPenalty
                 masked_bias = masked_bias + torch.where(keep[..., lo:end], 0.0, MASK_PENALTY).to(work)  # [B|1, H|1, Bq, W]
-            if plan.path == "folded":  # the key row (BlockAttendFolded: inside the MatMul) equals the bias up to a row constant
-                masked_bias = masked_bias + bias.from_positions(q_pos[start:stop], k_pos[lo:end]).to(work)  # [B|1, H, Bq, W]
+            if plan.path == "folded":  # the key row (BlockAttendFolded: inside the MatMul) is the bias up to a row constant
+                block_bias = bias.from_positions(q_pos[..., start:stop], k_pos[..., lo:end])  # [B|1, H, Bq, W]
+                masked_bias = masked_bias + block_bias.to(work)
         else:
             allowed = keep[..., lo:end] & ((k_idx <= q_idx) if bias.causal else True)  # [B|1, 1, Bq|1, W]
             penalty = torch.where(allowed, 0.0, MASK_PENALTY).to(work)  # [B|1, 1, Bq, W], see BlockAttend

@@ -8,10 +8,10 @@ Paths a block's bias can take:
   positions  the family's function (or its key-row shortcut) on each block's own positions
   table      a slice of one table of per-distance values, built once per call (a relative
              family whose positions are the key indices)
-  folded     causal key-row families (ALiBi): the table holds the causal mask alone and the
-             key row rides inside the MatMul ([q, 1] [k^T; row])
+  folded     causal key-row families (ALiBi, Falcon's): the table holds the causal mask alone
+             and the key row rides inside the MatMul ([q, 1] [k^T; row]); any positions
   two_sided  bidirectional ALiBi: no table, the row rides in the MatMul on both sides of the
-             diagonal (see BlockAttendTwoSided)
+             diagonal (see BlockAttendTwoSided); any positions
 """
 from __future__ import annotations
 
@@ -68,6 +68,11 @@ class BlockPlan:
     def uses_table(self) -> bool:
         return self.path in ("table", "folded")
 
+    @property
+    def needs_indices(self) -> bool:
+        """The table's values are per index distance: positions must be the key indices."""
+        return self.path == "table"
+
     def rows(self, block: int, k_len: int) -> int:
         """Query rows per block at this key length: `block`, capped by the row budget for a
         table as wide as the ONNX body computes it (Lk + min(Lk, lookahead))."""
@@ -88,18 +93,19 @@ def function_name(bias: AttentionBias, by_distance: bool = False) -> str:
 
 
 def _portable_path(bias: AttentionBias, dtype: torch.dtype, indices: bool) -> str:
-    if not (indices and bias.relative):
-        return "positions"
-    if bias.uses_key_row():
-        if not bias.causal:
-            return "positions"  # an exact key row (no per-row constant) needs no table
-        if bias.head_independent:
-            return "table"
-        # the folded row needs float32 scores: float16 models keep the per-block key row
-        return "positions" if dtype == torch.float16 else "folded"
-    if (bias.key_row_mirrors and not bias.causal and bias.lookback is None and dtype != torch.float16):
+    """The portable body's path. The folded and two-sided paths carry the bias in a key row at
+    whatever the positions are (the masks come from the key indices), so they serve positions
+    from a padding mask too; a table holds values per index distance, so it needs positions
+    that are the indices."""
+    float32 = dtype != torch.float16  # a row inside the MatMul needs float32 scores
+    if bias.uses_key_row() and bias.causal and not bias.head_independent and float32:
+        return "folded"
+    if bias.key_row_mirrors and not bias.causal and bias.lookback is None and float32:
         return "two_sided"
-    return "table"
+    # an exact key row (bidirectional), or a per-head row in float16, stays per block
+    if indices and bias.relative and (not bias.uses_key_row() or (bias.causal and bias.head_independent)):
+        return "table"
+    return "positions"
 
 
 def block_plan(bias: AttentionBias, fused: bool = False, dtype: torch.dtype = torch.float32,

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Byte-level text generation with an exported KV-cache decoder on ONNX Runtime.
+"""Text generation with an exported KV-cache decoder on ONNX Runtime.
 
     python runtimes/ort/generate.py model.onnx --prompt "To be" --max-new-tokens 64 [--provider cpu|cuda]
-        [--temperature T --seed S] [--max-context N] [--output out.bin]
+        [--temperature T --seed S] [--max-context N] [--output out.bin] [--tokenizer tokenizer.json]
 
-onnxruntime and numpy only. Greedy by default. Several prompts are left-padded into one
+onnxruntime and numpy only (and the tokenizers package for a model from a Hugging Face folder,
+whose tokenizer.json is found beside the file or in its folder). Greedy by default; a model
+with an end-of-sequence token stops each row there. Several prompts are left-padded into one
 batch; positions come from the attention mask, so each row equals that prompt run alone.
 """
 from __future__ import annotations
@@ -19,10 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from common.cache import cache_layout  # noqa: E402
 from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
 from common.loading import load_runner  # noqa: E402
 from common.runner_cli import OneLineParser  # noqa: E402
 from common.tensor_io import RunnerError  # noqa: E402
+from common.vocabulary import Vocabulary, vocabulary_for  # noqa: E402
 
 create_session = load_runner("ort/run.py").create_session  # the sibling runner's session, checks included
 
@@ -34,17 +38,20 @@ class CachedDecoder:
         self.session = create_session(model_path, provider, threads, tf32)
         self.device = "cuda" if provider == "cuda" else "cpu"  # where the cache lives between steps
         inputs = {i.name: i for i in self.session.get_inputs()}
-        if "attention_mask" not in inputs or "past_key.0" not in inputs:
+        try:
+            layout = cache_layout(inputs, [o.name for o in self.session.get_outputs()])
+        except ValueError as err:
+            raise RunnerError(f"{model_path}: {err}") from None
+        if "attention_mask" not in inputs or layout is None:
             raise RunnerError(f"{model_path} has no KV cache inputs; export it with --kv-cache")
-        self.layers = sum(1 for name in inputs if name.startswith("past_key."))
-        first = inputs["past_key.0"]
+        self.layers, self.past_names = layout.layers, list(layout.past)  # key 0, value 0, key 1, ...
+        first = inputs[layout.past[0]]
         self.heads, self.head_dim = first.shape[1], first.shape[3]
         self.dtype = np.dtype(ONNX_TYPE_TO_NUMPY[first.type])
         meta = self.session.get_modelmeta().custom_metadata_map
         # A learned absolute position table (if any) bounds the context; biases do not.
         self.max_positions = int(meta["posbias.max_positions"]) if "posbias.max_positions" in meta else None
-        self.output_names = [o.name for o in self.session.get_outputs()]
-        self.past_names = [f"past_{kind}.{i}" for i in range(self.layers) for kind in ("key", "value")]
+        self.output_names = [self.session.get_outputs()[0].name, *layout.present]  # logits, then the cache in order
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
         shape = (batch, self.heads, 0, self.head_dim)
@@ -61,17 +68,14 @@ class CachedDecoder:
         expected = (batch, self.heads, past[0].shape[2] if past[0].ndim == 4 else -1, self.head_dim)
         for index, tensor in enumerate(past):
             if tensor.shape != expected or tensor.dtype != self.dtype:
-                kind = "key" if index % 2 == 0 else "value"
-                raise RunnerError(f"past_{kind}.{index // 2} has shape {list(tensor.shape)} {tensor.dtype}; "
+                raise RunnerError(f"{self.past_names[index]} has shape {list(tensor.shape)} {tensor.dtype}; "
                                   f"all past tensors must be {list(expected)} {self.dtype}")
         if attention_mask.shape != (batch, expected[2] + new):
             raise RunnerError(f"attention_mask must be [{batch}, past + new = {expected[2] + new}], "
                               f"got {list(attention_mask.shape)}")
-        feeds = {"input_ids": input_ids, "attention_mask": attention_mask.astype(np.int64)}
-        for i in range(self.layers):
-            feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = past[2 * i], past[2 * i + 1]
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask.astype(np.int64), **dict(zip(self.past_names, past))}
         try:
-            outputs = self.session.run(None, feeds)
+            outputs = self.session.run(self.output_names, feeds)
         except Exception as err:
             raise RunnerError(f"onnxruntime failed: {str(err).strip().splitlines()[0]}") from None
         return outputs[0], outputs[1:]
@@ -108,14 +112,16 @@ class CachedDecoder:
         return outputs[0].numpy(), outputs[1:]
 
 
-def left_pad(prompts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """Byte prompts -> input_ids [B, Lmax] and attention_mask [B, Lmax], padding on the left."""
-    width = max(len(p) for p in prompts)
-    ids = np.zeros((len(prompts), width), np.int64)
-    mask = np.zeros((len(prompts), width), np.int64)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = np.frombuffer(prompt, np.uint8)
-        mask[row, width - len(prompt):] = 1
+def left_pad(prompts: list, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Prompts (bytes, or lists of token ids) -> input_ids [B, Lmax] and attention_mask
+    [B, Lmax], padding on the left."""
+    rows = [list(p) for p in prompts]
+    width = max(len(r) for r in rows)
+    ids = np.full((len(rows), width), pad_id, np.int64)
+    mask = np.zeros((len(rows), width), np.int64)
+    for row, tokens in enumerate(rows):
+        ids[row, width - len(tokens):] = tokens
+        mask[row, width - len(tokens):] = 1
     return ids, mask
 
 
@@ -131,8 +137,8 @@ def check_request(prompts: list[bytes], max_new_tokens: int, max_context: int | 
     if not prompts:
         raise RunnerError("no prompt given")
     for index, prompt in enumerate(prompts):
-        if not isinstance(prompt, (bytes, bytearray)) or len(prompt) == 0:
-            raise RunnerError(f"prompt {index} is empty: generation needs at least one byte of context")
+        if len(prompt) == 0:
+            raise RunnerError(f"prompt {index} is empty: generation needs at least one token of context")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise RunnerError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     needed = max(len(p) for p in prompts) + max_new_tokens
@@ -151,27 +157,40 @@ def choose(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> 
     return np.array([rng.choice(len(p), p=p) for p in probs], np.int64)
 
 
-def generate_steps(decoder: CachedDecoder, prompts: list[bytes], max_new_tokens: int, temperature: float = 0.0,
-                   seed: int = 0, max_context: int | None = DEFAULT_MAX_CONTEXT):
-    """Yields the next byte of every prompt, [B] int64, one step at a time (for streaming)."""
+def generate_steps(decoder: CachedDecoder, prompts: list, max_new_tokens: int, temperature: float = 0.0,
+                   seed: int = 0, max_context: int | None = DEFAULT_MAX_CONTEXT, eos_id: int | None = None,
+                   pad_id: int = 0):
+    """Yields the next token of every prompt (bytes or token id lists), [B] int64, one step at a
+    time (for streaming). With eos_id a row that produced it yields pad_id from then on, and the
+    steps end once every row has (as transformers' generate)."""
     check_request(prompts, max_new_tokens, max_context, decoder.max_positions)
     check_temperature(temperature)
     rng = np.random.default_rng(seed)
-    ids, mask = left_pad(prompts)
+    ids, mask = left_pad(prompts, pad_id)
     cache = decoder.empty_cache(len(prompts))
+    done = np.zeros(len(prompts), bool)
     for _ in range(max_new_tokens):
         logits, cache = decoder.step_on_device(ids, mask, cache)  # prefill at step 0, then one token at a time
-        ids = choose(logits[:, -1], temperature, rng)[:, None]  # [B, 1]
+        chosen = np.where(done, pad_id, choose(logits[:, -1], temperature, rng))  # [B]
+        ids = chosen[:, None].astype(np.int64)  # [B, 1]
         mask = np.concatenate([mask, np.ones((len(prompts), 1), np.int64)], axis=1)
         yield ids[:, 0]
+        if eos_id is not None:
+            done |= chosen == eos_id
+            if done.all():
+                return
 
 
-def generate(decoder: CachedDecoder, prompts: list[bytes], max_new_tokens: int, temperature: float = 0.0,
-             seed: int = 0, max_context: int | None = DEFAULT_MAX_CONTEXT) -> list[bytes]:
-    """New bytes per prompt (the prompt itself not included)."""
-    steps = list(generate_steps(decoder, prompts, max_new_tokens, temperature, seed, max_context))
+def generate(decoder: CachedDecoder, prompts: list, max_new_tokens: int, temperature: float = 0.0,
+             seed: int = 0, max_context: int | None = DEFAULT_MAX_CONTEXT, eos_id: int | None = None,
+             pad_id: int = 0) -> list:
+    """New tokens per prompt (the prompt itself not included): bytes for byte prompts, else
+    lists of token ids."""
+    steps = list(generate_steps(decoder, prompts, max_new_tokens, temperature, seed, max_context, eos_id, pad_id))
     new_tokens = np.stack(steps, axis=1) if steps else np.zeros((len(prompts), 0), np.int64)  # [B, T]
-    return [bytes(row.astype(np.uint8).tolist()) for row in new_tokens]
+    if all(isinstance(p, (bytes, bytearray)) for p in prompts):
+        return [bytes(row.astype(np.uint8).tolist()) for row in new_tokens]
+    return [row.tolist() for row in new_tokens]
 
 
 def _positive(text: str) -> int:
@@ -197,10 +216,12 @@ def _check_output(path: str, model: str) -> None:
 
 def main(argv=None) -> int:
     p = OneLineParser(prog="generate", description=__doc__.splitlines()[0])
-    p.add_argument("model", help="an export made with --kv-cache")
+    p.add_argument("model", help="an export made with --kv-cache (or model.onnx of a folder written with --out-dir)")
     p.add_argument("--prompt", action="append", help="text prompt (UTF-8); repeat for a batch")
     p.add_argument("--prompt-file", action="append", help="a file whose raw bytes are a prompt; repeatable")
-    p.add_argument("--max-new-tokens", type=_positive, default=64, help="bytes to generate per prompt (default 64)")
+    p.add_argument("--max-new-tokens", type=_positive, default=64, help="tokens to generate per prompt (default 64)")
+    p.add_argument("--tokenizer", help="a Hugging Face tokenizer.json (default: the one beside the model or in its "
+                   "folder; byte-level models need none)")
     p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu",
                    help="ONNX Runtime execution provider; the KV cache stays on its device between steps")
     p.add_argument("--tf32", action="store_true", help="cuda: allow TF32 matmuls (faster; off by default)")
@@ -208,56 +229,72 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--max-context", type=_positive, default=DEFAULT_MAX_CONTEXT,
                    help=f"refuse requests whose prompt + new tokens exceed this (default {DEFAULT_MAX_CONTEXT})")
-    p.add_argument("--output", help="write the generated bytes of the first prompt here (raw)")
+    p.add_argument("--output", help="write what the first prompt generated here (raw bytes; text for a tokenizer)")
     args = p.parse_args(argv)
     try:
         check_temperature(args.temperature)
         if args.output:
             _check_output(args.output, args.model)
-        prompts = [t.encode("utf-8") for t in args.prompt or []]
+        decoder = CachedDecoder(args.model, args.provider, tf32=args.tf32)
+        vocab = vocabulary_for(args.model, decoder.session.get_modelmeta().custom_metadata_map, args.tokenizer)
+        prompts = [vocab.encode(t) if not vocab.is_bytes else t.encode("utf-8") for t in args.prompt or []]
         for file in args.prompt_file or []:
             try:
-                prompts.append(Path(file).read_bytes())
+                data = Path(file).read_bytes()
             except OSError as err:
                 raise RunnerError(f"cannot read prompt file {file}: {err.strerror}") from None
+            prompts.append(data if vocab.is_bytes else vocab.encode_bytes(data))
         check_request(prompts, args.max_new_tokens, args.max_context, None)
-        decoder = CachedDecoder(args.model, args.provider, tf32=args.tf32)
-        steps = generate_steps(decoder, prompts, args.max_new_tokens, args.temperature, args.seed, args.max_context)
-        outputs = _stream(prompts[0], steps) if len(prompts) == 1 else generate_rows(steps, len(prompts))
+        steps = generate_steps(decoder, prompts, args.max_new_tokens, args.temperature, args.seed, args.max_context,
+                               vocab.eos_id, vocab.pad_id)
+        outputs = _stream(prompts[0], steps, vocab) if len(prompts) == 1 else generate_rows(steps, len(prompts))
     except RunnerError as err:
         print(f"generate: error: {err}", file=sys.stderr)
         return 2
     if len(prompts) > 1:
         for prompt, out in zip(prompts, outputs):
-            print(_text(prompt + out))
+            print(vocab.decode(list(prompt) + _until_eos(out, vocab)))
     if args.output:
-        Path(args.output).write_bytes(outputs[0])
+        first = _until_eos(outputs[0], vocab)
+        Path(args.output).write_bytes(bytes(first) if vocab.is_bytes else vocab.decode(first).encode("utf-8"))
     return 0
 
 
-def _text(data: bytes) -> str:
-    # Generated bytes need not be valid UTF-8: shown with escapes, written raw with --output.
-    return data.decode("utf-8", errors="backslashreplace")
+def _until_eos(tokens: list[int], vocab: Vocabulary) -> list[int]:
+    tokens = list(tokens)
+    return tokens[: tokens.index(vocab.eos_id) + 1] if vocab.eos_id in tokens else tokens
 
 
-def _stream(prompt: bytes, steps) -> list[bytes]:
-    """One prompt: print it, then each byte as it comes (UTF-8 sequences completed first)."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
-    print(decoder.decode(prompt), end="", flush=True)
-    out = bytearray()
+def _stream(prompt, steps, vocab: Vocabulary) -> list[list[int]]:
+    """One prompt: print it, then the text as the tokens come (a byte-level model's UTF-8
+    sequences completed first; a tokenizer's text decoded again as it grows)."""
+    out: list[int] = []
+    if vocab.is_bytes:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+        print(decoder.decode(bytes(prompt)), end="", flush=True)
+        for token in steps:
+            out.append(int(token[0]))
+            print(decoder.decode(bytes([out[-1]])), end="", flush=True)
+        print(decoder.decode(b"", final=True))
+        return [out]
+    shown = vocab.decode(prompt)
+    print(shown, end="", flush=True)
     for token in steps:
         out.append(int(token[0]))
-        print(decoder.decode(bytes([out[-1]])), end="", flush=True)
-    print(decoder.decode(b"", final=True))
-    return [bytes(out)]
+        text = vocab.decode(list(prompt) + _until_eos(out, vocab))
+        if text.startswith(shown):  # tokenizers may rewrite the tail once more tokens come: print only what holds
+            print(text[len(shown):], end="", flush=True)
+            shown = text
+    print()
+    return [out]
 
 
-def generate_rows(steps, rows: int) -> list[bytes]:
-    out = [bytearray() for _ in range(rows)]
+def generate_rows(steps, rows: int) -> list[list[int]]:
+    out: list[list[int]] = [[] for _ in range(rows)]
     for tokens in steps:
         for row, token in zip(out, tokens.tolist()):
             row.append(token)
-    return [bytes(row) for row in out]
+    return out
 
 
 if __name__ == "__main__":

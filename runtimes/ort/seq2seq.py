@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Greedy encoder-decoder generation (T5) with two exported files on ONNX Runtime:
 
-    encoder.onnx: input_ids, attention_mask [B, Le] -> last_hidden_state [B, Le, D]
-    decoder.onnx: input_ids [B, L], attention_mask [B, P+L], encoder_hidden_states,
-                  encoder_attention_mask, past_key.N / past_value.N -> logits, presents
+    python runtimes/ort/seq2seq.py OUT --prompt "translate: ..." [--max-new-tokens N] [--tokenizer PATH]
+    python runtimes/ort/seq2seq.py encoder.onnx decoder.onnx --prompt ...
 
-onnxruntime and numpy only; used from Python (greedy_generate), as the tests do. The encoder
-runs once; each step feeds the decoder one token and its cache.
+    encoder: input_ids, attention_mask [B, Le] -> last_hidden_state [B, Le, D]
+    decoder: input_ids [B, L], (attention_mask [B, P+L],) encoder_hidden_states,
+             encoder_attention_mask, the cache (past_key.N or past_key_values.N.decoder.key) -> logits, presents
+
+OUT is a folder written with --model DIR --out-dir OUT (encoder_model.onnx, decoder_model_merged.onnx,
+tokenizer.json, config.json). onnxruntime, numpy and tokenizers only. The encoder runs once; each
+step feeds the decoder one token and its cache; a row stops at the end-of-sequence token.
 """
 from __future__ import annotations
 
@@ -17,8 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from common.cache import cache_layout  # noqa: E402
 from common.loading import load_runner  # noqa: E402
+from common.runner_cli import OneLineParser  # noqa: E402
 from common.tensor_io import RunnerError  # noqa: E402
+from common.vocabulary import TokenizerVocabulary  # noqa: E402
 
 create_session = load_runner("ort/run.py").create_session
 
@@ -30,23 +37,97 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
     `eos_token` is forbidden for the first `min_new_tokens` steps, as transformers does)."""
     encoder, decoder = create_session(encoder_path, provider), create_session(decoder_path, provider)
     names = {i.name: i for i in decoder.get_inputs()}
-    if "encoder_hidden_states" not in names or "past_key.0" not in names:
+    try:
+        layout = cache_layout(names, [o.name for o in decoder.get_outputs()])
+    except ValueError as err:
+        raise RunnerError(f"{decoder_path}: {err}") from None
+    if "encoder_hidden_states" not in names or layout is None:
         raise RunnerError(f"{decoder_path} is not a cached T5 decoder (export it with --model DIR --part decoder)")
-    layers = sum(1 for n in names if n.startswith("past_key."))
-    heads, head_dim = names["past_key.0"].shape[1], names["past_key.0"].shape[3]
+    layers, first = layout.layers, names[layout.past[0]]
+    heads, head_dim = first.shape[1], first.shape[3]
+    outputs = [decoder.get_outputs()[0].name, *layout.present]
     batch = input_ids.shape[0]
     states = encoder.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
     past = [np.zeros((batch, heads, 0, head_dim), np.float32) for _ in range(2 * layers)]
     step = np.full((batch, 1), start_token, np.int64)
     tokens = []
     for index in range(max_new_tokens):
-        feeds = {"input_ids": step, "attention_mask": np.ones((batch, index + 1), np.int64),
-                 "encoder_hidden_states": states, "encoder_attention_mask": attention_mask}
-        feeds.update({f"past_{kind}.{i // 2}": past[i] for i, kind in zip(range(2 * layers), ["key", "value"] * layers)})
-        logits, *past = decoder.run(None, feeds)
+        feeds = {"input_ids": step, "encoder_hidden_states": states, "encoder_attention_mask": attention_mask,
+                 **dict(zip(layout.past, past))}
+        if "attention_mask" in names:  # the decoder's own mask (a file shipped for clients has none: all ones)
+            feeds["attention_mask"] = np.ones((batch, index + 1), np.int64)
+        logits, *past = decoder.run(outputs, feeds)
         last = logits[:, -1]
         if eos_token is not None and index < min_new_tokens:
             last[:, eos_token] = -np.inf
         step = last.argmax(-1)[:, None].astype(np.int64)
         tokens.append(step)
     return np.concatenate(tokens, axis=1)
+
+
+def _files(model: str, decoder: str | None) -> tuple[Path, Path, Path]:
+    """(encoder, decoder, the folder with tokenizer.json and config.json)."""
+    first = Path(model)
+    if decoder is not None:
+        return first, Path(decoder), first.resolve().parent
+    if not first.is_dir():
+        raise RunnerError(f"{model} is not a folder: give the folder written with --out-dir, or ENCODER DECODER")
+    pair = first / "encoder_model.onnx", first / "decoder_model_merged.onnx"
+    missing = [p.name for p in pair if not p.is_file()]
+    if missing:
+        raise RunnerError(f"{model} has no {missing[0]} (a T5 folder written with --model DIR --out-dir OUT)")
+    return pair[0], pair[1], first
+
+
+def main(argv=None) -> int:
+    p = OneLineParser(prog="seq2seq", description="greedy T5 generation from text with two ONNX files")
+    p.add_argument("model", help="a folder written with --out-dir, or the encoder file")
+    p.add_argument("decoder", nargs="?", help="the decoder file (when the first argument is the encoder)")
+    p.add_argument("--prompt", action="append", required=True, help="source text; repeat for a batch")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)")
+    p.add_argument("--tokenizer", help="tokenizer.json (default: the folder's)")
+    p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
+    args = p.parse_args(argv)
+    try:
+        if args.max_new_tokens < 1:
+            raise RunnerError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+        encoder, decoder, folder = _files(args.model, args.decoder)
+        tokenizer = Path(args.tokenizer) if args.tokenizer else folder / "tokenizer.json"
+        if not tokenizer.is_file():
+            raise RunnerError(f"tokenizer {tokenizer} does not exist (pass --tokenizer)")
+        vocab = TokenizerVocabulary(tokenizer)
+        start = _decoder_start(folder)
+        prompts = [vocab.encode(text) for text in args.prompt]
+        if not all(prompts):
+            raise RunnerError("a prompt encodes to no tokens")
+        width = max(len(t) for t in prompts)
+        ids = np.full((len(prompts), width), vocab.pad_id, np.int64)
+        mask = np.zeros((len(prompts), width), np.int64)
+        for row, tokens in enumerate(prompts):  # right padding, as T5 tokenizers pad
+            ids[row, :len(tokens)], mask[row, :len(tokens)] = tokens, 1
+        tokens = greedy_generate(str(encoder), str(decoder), ids, mask, args.max_new_tokens, start,
+                                 eos_token=vocab.eos_id, provider=args.provider)
+    except RunnerError as err:
+        print(f"seq2seq: error: {err}", file=sys.stderr)
+        return 2
+    for row in tokens.tolist():
+        if vocab.eos_id in row:
+            row = row[: row.index(vocab.eos_id)]
+        print(vocab.decode(row))
+    return 0
+
+
+def _decoder_start(folder: Path) -> int:
+    import json
+
+    for name in ("generation_config.json", "config.json"):
+        file = folder / name
+        if file.is_file():
+            value = json.loads(file.read_text(encoding="utf-8")).get("decoder_start_token_id")
+            if isinstance(value, int):
+                return value
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

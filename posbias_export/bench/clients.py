@@ -1,0 +1,251 @@
+"""benchmarks/clients.md: the serving folders `--model DIR --out-dir OUT` writes, loaded by the
+clients people already run, against transformers: our generate (ONNX Runtime), transformers.js
+in Node, onnxruntime-genai, and Optimum (in its own environment: it pins an older
+transformers) on our folder and on Optimum's own export of the same model. Per client, model and
+prompt (short, and 1024 tokens): whether the greedy tokens equal transformers' generate, and the
+largest difference of the prefill logits from transformers' (float32 both).
+
+Models: random-weight transformers models of hidden 64, 4 heads, 2 layers, vocabulary 1000,
+untied heads (a tied tiny head mostly repeats its last token), made here.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..environment import describe, environment
+from ..export.files import output_folder, write_text_atomic
+from ..hf.models import SUPPORTED, architecture
+from ..parity import load_runner
+
+COMMAND = "python -m posbias_export bench-clients"
+REPO = Path(__file__).resolve().parents[2]
+JS = REPO / "tests" / "clients"  # transformers.js, installed there for the tests
+OPTIMUM = REPO / "benchmarks" / "optimum_env.sh"
+VOCAB, HIDDEN, HEADS, LAYERS = 1000, 64, 4, 2
+PAD, BOS, EOS = 0, 1, 2
+PROMPTS = {"short": 10, "long": 1024}
+NEW_TOKENS = 16
+CLIENTS = ("posbias generate (ORT)", "transformers.js", "onnxruntime-genai", "Optimum, this folder",
+           "Optimum, its own export")
+
+
+def make_folder(kind: str, folder: Path) -> Path:
+    import transformers as tf
+
+    torch.manual_seed(0)
+    extra = {"encoder_decoder": True, "decoder_start_token_id": PAD} if kind == "t5" else {}
+    model = architecture(kind).tiny_transformers_model(tf, VOCAB, HIDDEN, HEADS, LAYERS, 2048, pad_token_id=PAD,
+                                                       bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=False,
+                                                       **extra)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    return folder
+
+
+def until_eos(tokens: list[int], start: int) -> list[int]:
+    tail = tokens[start:]
+    return tokens[: start + tail.index(EOS) + 1] if EOS in tail else tokens
+
+
+def reference(kind: str, source: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
+    """transformers' greedy tokens and prefill logits ([L, V]; T5: the decoder's first step)."""
+    import transformers as tf
+
+    cls = tf.T5ForConditionalGeneration if kind == "t5" else tf.AutoModelForCausalLM
+    model = cls.from_pretrained(str(source)).eval()
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        tokens = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                                do_sample=False, pad_token_id=PAD)[0].tolist()
+        extra = {"decoder_input_ids": torch.tensor([[PAD]])} if kind == "t5" else {}
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **extra).logits[0].double().numpy()
+    return tokens, logits
+
+
+def ours(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
+    ids = np.array([prompt], np.int64)
+    if kind == "t5":
+        import onnxruntime as ort
+
+        tokens = load_runner("ort/seq2seq.py").greedy_generate(
+            str(folder / "encoder_model.onnx"), str(folder / "decoder_model_merged.onnx"), ids, np.ones_like(ids),
+            NEW_TOKENS, PAD, eos_token=EOS)[0].tolist()
+        enc = ort.InferenceSession(str(folder / "encoder_model.onnx"), providers=["CPUExecutionProvider"])
+        dec = ort.InferenceSession(str(folder / "decoder_model_merged.onnx"), providers=["CPUExecutionProvider"])
+        states = enc.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
+        past = {i.name: np.zeros((1, HEADS, 0, HIDDEN // HEADS), np.float32) for i in dec.get_inputs()
+                if i.name.startswith("past_")}
+        logits = dec.run(None, {"input_ids": np.array([[PAD]]), "encoder_hidden_states": states,
+                                "encoder_attention_mask": np.ones_like(ids), **past})[0][0]
+        return [PAD, *tokens], logits
+    gen = load_runner("ort/generate.py")
+    decoder = gen.CachedDecoder(str(folder / "model.onnx"))
+    logits, _ = decoder.step(ids, np.ones_like(ids), decoder.empty_past(1))
+    return prompt + gen.generate(decoder, [prompt], NEW_TOKENS, eos_id=EOS, pad_id=PAD)[0], logits[0]
+
+
+def transformers_js(kind: str, folder: Path, prompt: list[int], tmp: Path) -> tuple[list[int], np.ndarray]:
+    if shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir():
+        raise RuntimeError(f"not installed (cd {JS} && npm install --ignore-scripts)")
+    mode = "seq2seq" if kind == "t5" else "causal"
+
+    def node(script, *args):
+        proc = subprocess.run(["node", str(JS / script), mode, str(folder.resolve()), *args], capture_output=True,
+                              text=True, timeout=900, cwd=JS)
+        if proc.returncode:
+            raise RuntimeError(next((l for l in proc.stderr.splitlines() if "Error" in l), "node failed").strip())
+        return proc.stdout.strip().splitlines()[-1]
+
+    tokens = json.loads(node("generate.mjs", json.dumps([prompt]), str(NEW_TOKENS)))[0]
+    dims = json.loads(node("logits.mjs", json.dumps(prompt), str(tmp / "logits.bin")))
+    return tokens, np.fromfile(tmp / "logits.bin", np.float32).reshape(dims)[0]
+
+
+def genai(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
+    if kind == "t5":
+        raise RuntimeError("not applicable: onnxruntime-genai has no T5 (encoder-decoder) model type")
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + NEW_TOKENS, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([prompt], np.int32))
+    last = np.asarray(generator.get_logits()).reshape(-1)  # the prompt's last position only: [V]
+    while not generator.is_done():
+        generator.generate_next_token()
+    return list(map(int, generator.get_sequence(0))), last[None]
+
+
+def judge(tokens: list[int], logits: np.ndarray, ref_tokens: list[int], ref_logits: np.ndarray, start: int) -> dict:
+    """logits may cover the prompt's last position only (genai): compared with that row."""
+    ref = ref_logits[-len(logits):] if logits.shape[0] < ref_logits.shape[0] else ref_logits
+    return {"tokens_equal": until_eos(tokens, start) == until_eos(ref_tokens, start),
+            "logit_error": float(np.abs(logits.astype(np.float64) - ref).max())}
+
+
+def run(kinds=SUPPORTED, optimum: bool = True, progress=None) -> list[dict]:
+    from ..hf.ship import ship
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="posbias-clients-") as tmp:
+        tmp = Path(tmp)
+        cases = []
+        for kind in kinds:
+            source = make_folder(kind, tmp / kind)
+            shipped = tmp / f"{kind}_out"
+            ship(source, shipped, check_growth=False)
+            for label, length in PROMPTS.items():
+                prompt = np.random.default_rng(length).integers(3, VOCAB, length).tolist()
+                ref_tokens, ref_logits = reference(kind, source, prompt)
+                np.save(tmp / f"{kind}_{label}.npy", ref_logits)
+                start = 1 if kind == "t5" else length
+                for client, call in (("posbias generate (ORT)", lambda: ours(kind, shipped, prompt)),
+                                     ("transformers.js", lambda: transformers_js(kind, shipped, prompt, tmp)),
+                                     ("onnxruntime-genai", lambda: genai(kind, shipped, prompt))):
+                    row = {"client": client, "model": kind, "prompt": label}
+                    try:
+                        row.update(judge(*call(), ref_tokens, ref_logits, start))
+                    except Exception as err:  # noqa: BLE001 - a client that fails or does not apply is a result
+                        row["error"] = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+                    rows.append(row)
+                cases.append({"id": f"{kind}/{label}", "kind": kind, "source": str(source), "shipped": str(shipped),
+                              "prompt": prompt, "new": NEW_TOKENS, "pad": PAD, "start": PAD,
+                              "reference_logits": str(tmp / f"{kind}_{label}.npy"), "reference_tokens": ref_tokens})
+            if progress:
+                progress(1)
+        rows += run_optimum(cases, tmp) if optimum else []
+    return rows
+
+
+def run_optimum(cases: list[dict], tmp: Path) -> list[dict]:
+    """Optimum in its side environment (benchmarks/optimum_env.sh), on our folders and on its own
+    export of the same source folders."""
+    (tmp / "cases.json").write_text(json.dumps(cases))
+    proc = subprocess.run(["bash", str(OPTIMUM), str(tmp / "cases.json")], capture_output=True, text=True, timeout=7200)
+    results = {r["case"]: r for r in (json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{"))}
+    why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200]
+    rows = []
+    for case in cases:
+        kind, label = case["id"].split("/")
+        start = 1 if kind == "t5" else len(case["prompt"])
+        result = results.get(case["id"], {})
+        for client, key in (("Optimum, this folder", "ours"), ("Optimum, its own export", "optimum")):
+            row = {"client": client, "model": kind, "prompt": label, "environment": result.get("transformers")}
+            measured = result.get(key, {"error": f"the Optimum environment failed: {why}"})
+            if "error" in measured:
+                row["error"] = measured["error"]
+            else:
+                row["tokens_equal"] = until_eos(measured["tokens"], start) == until_eos(case["reference_tokens"], start)
+                row["logit_error"] = measured["logit_error"]
+            rows.append(row)
+    return rows
+
+
+def client_versions() -> dict:
+    import transformers
+
+    versions = {"transformers": transformers.__version__}
+    try:
+        import onnxruntime_genai
+
+        versions["onnxruntime_genai"] = onnxruntime_genai.__version__
+    except ImportError:
+        versions["onnxruntime_genai"] = None
+    package = JS / "node_modules" / "@huggingface" / "transformers" / "package.json"
+    versions["transformers_js"] = json.loads(package.read_text())["version"] if package.is_file() else None
+    return versions
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    if "error" in row:
+        return row["error"].replace("|", "/")
+    return f"{'equal' if row['tokens_equal'] else 'DIFFER'}, {row['logit_error']:.1e}"
+
+
+def markdown(rows: list[dict], env: dict) -> str:
+    optimum_env = next((r["environment"] for r in rows if r.get("environment")), None)
+    lines = ["# Clients: the serving folder in the tools people run", "", f"Generated by `{COMMAND}`.", "",
+             describe(env), f"Clients: transformers {env['transformers']}, transformers.js {env['transformers_js']}, "
+             f"onnxruntime-genai {env['onnxruntime_genai']}, Optimum's environment: transformers {optimum_env}.", "",
+             "Each model's folder is written by `python -m posbias_export --model DIR --out-dir OUT` and loaded "
+             "unchanged. A cell: whether the greedy tokens (16 new, up to the end-of-sequence token) equal "
+             "transformers' generate, and the largest |logit - transformers' logit| of the prefill (every prompt "
+             f"position; onnxruntime-genai exposes the last one). Prompts: {PROMPTS['short']} and {PROMPTS['long']} "
+             "tokens. Optimum runs in its own environment (it pins transformers < 4.58).", ""]
+    kinds = list(dict.fromkeys(r["model"] for r in rows))
+    for label in PROMPTS:
+        lines += [f"## {label} prompt ({PROMPTS[label]} tokens)", "", "| client | " + " | ".join(kinds) + " |",
+                  "|---|" + "---|" * len(kinds)]
+        for client in CLIENTS:
+            cells = [_cell(next((r for r in rows if (r["client"], r["model"], r["prompt"]) == (client, k, label)), None))
+                     for k in kinds]
+            lines.append(f"| {client} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def run_and_write(kinds=SUPPORTED, out_dir="benchmarks", optimum: bool = True, progress=None) -> list[Path]:
+    out = output_folder(out_dir)
+    unknown = [k for k in kinds if k not in SUPPORTED]
+    if unknown:
+        raise ValueError(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(SUPPORTED)}")
+    rows = run(kinds, optimum, progress)
+    env = {**environment(), **client_versions()}
+    md, js = out / "clients.md", out / "clients.json"
+    write_text_atomic(md, markdown(rows, env))
+    write_text_atomic(js, json.dumps({"environment": env, "rows": rows}, indent=1))
+    return [md, js]
+

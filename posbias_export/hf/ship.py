@@ -1,0 +1,189 @@
+"""A folder the tools people serve with load as it is (`--model DIR --out-dir OUT`):
+
+    OUT/model.onnx                 causal LMs: the cached decoder (prefill with an empty cache),
+                                   Hugging Face names (Optimum's ORTModelForCausalLM)
+    OUT/onnx/model.onnx            the same file where transformers.js looks
+    OUT/encoder_model.onnx,        T5 (an encoder-decoder folder): the encoder, and one decoder
+    OUT/decoder_model_merged.onnx  that serves with an empty cache and with a full one
+    OUT/onnx/...                   (and the same two for transformers.js)
+    OUT/genai_config.json          onnxruntime-genai (causal LMs; "type": "llama" runs our IO)
+    OUT/triton/<name>/config.pbtxt, 1/model.onnx   a Triton model repository entry per file
+    OUT/config.json, generation_config.json, tokenizer files   copied from the folder (config.json
+                                   describing the cache our file holds, where it differs: Falcon)
+
+The graphs are our exports (blocked, checked), renamed: nothing about the computation changes.
+The copies of one file are hard links where the file system allows. Written into a temporary
+folder beside OUT and renamed into place at the end: a failed run leaves nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from ..export.pipeline import ExportReport
+from ..nn import DEFAULT_BLOCK
+from .export import export_model
+from .folder import FolderError
+from .models import load_model
+
+COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+          "vocab.json", "merges.txt", "vocab.txt", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json")
+DEFAULT_CONTEXT = 8192  # genai_config's context_length where the folder names none: positions are not bounded by ALiBi
+TRITON_MAX_BATCH = 8
+_TRITON_TYPES = {onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16",
+                 onnx.TensorProto.INT64: "TYPE_INT64", onnx.TensorProto.INT32: "TYPE_INT32",
+                 onnx.TensorProto.BOOL: "TYPE_BOOL"}
+
+
+@dataclass
+class ShipReport:
+    out_dir: Path
+    files: list[str] = field(default_factory=list)  # relative to out_dir
+    exports: list[ExportReport] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [f"wrote {self.out_dir}/: " + ", ".join(self.files)]
+        lines += [f"  {Path(r.path).name}: {r.arch} with {r.bias} bias, inputs {', '.join(r.inputs)}" for r in self.exports]
+        lines += sorted({f"note: {n}" for r in self.exports for n in r.notes})
+        return "\n".join(lines)
+
+
+def _link(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:  # another file system, or links not allowed: a copy
+        shutil.copy2(source, target)
+
+
+def _check_out_dir(out: Path, model_dir: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise OSError(f"refusing to write into {out}: it exists and is not an empty folder (remove it or choose another)")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise OSError(f"cannot write {out}: folder {parent} does not exist")
+    resolved, source = out.resolve(), model_dir.resolve()
+    if resolved == source or resolved.is_relative_to(source) or source.is_relative_to(resolved):
+        raise OSError(f"refusing to write {out}: it overlaps the model folder {model_dir}")
+    try:  # before the (slow) exports; the only reliable test (root ignores permission bits)
+        tempfile.TemporaryDirectory(dir=parent, prefix=f".{out.name}.probe-").cleanup()
+    except OSError as err:
+        raise OSError(f"cannot write {out}: folder {parent} is not writable ({err.strerror})") from None
+
+
+def genai_config(model, config: dict, generation: dict, filename: str = "model.onnx") -> dict:
+    """onnxruntime-genai's config for our cached decoder: its "llama" type runs any decoder
+    with input_ids, attention_mask and a per-layer cache under name templates; the cache grows
+    (no shared past/present buffer: ours is not written in place)."""
+    def token(key, default):
+        value = generation.get(key, config.get(key))
+        return default if value is None else (value[0] if isinstance(value, list) else value)
+
+    context = next((config[k] for k in ("max_seq_len", "n_positions", "max_position_embeddings", "seq_length")
+                    if isinstance(config.get(k), int)), DEFAULT_CONTEXT)
+    return {
+        "model": {
+            "bos_token_id": token("bos_token_id", 1), "eos_token_id": token("eos_token_id", 2),
+            "pad_token_id": token("pad_token_id", 0), "context_length": context, "vocab_size": model.vocab_size,
+            "type": "llama",
+            "decoder": {
+                "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+                "filename": filename, "head_size": model.head_dim, "hidden_size": model.head_dim * model.num_heads,
+                "num_attention_heads": model.num_heads, "num_key_value_heads": model.num_heads,
+                "num_hidden_layers": model.num_layers,
+                "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask",
+                           "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
+                "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
+                            "present_value_names": "present.%d.value"},
+            },
+        },
+        "search": {"do_sample": False, "num_beams": 1, "num_return_sequences": 1, "max_length": context, "min_length": 0,
+                   "past_present_share_buffer": False, "repetition_penalty": 1.0, "temperature": 1.0, "top_k": 1,
+                   "top_p": 1.0, "early_stopping": True, "length_penalty": 1.0, "no_repeat_ngram_size": 0,
+                   "diversity_penalty": 0.0},
+    }
+
+
+def triton_config(path: Path, name: str, max_batch: int = TRITON_MAX_BATCH) -> str:
+    """A Triton model configuration (onnxruntime backend) for the file at `path`: every input
+    and output with its type and dims read from the file, the batch axis (first) left to
+    Triton (max_batch_size, dynamic batching), every other symbolic axis -1."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+
+    def entries(values) -> str:
+        rows = []
+        for value in values:
+            t = value.type.tensor_type
+            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim][1:]
+            rows.append(f'  {{\n    name: "{value.name}"\n    data_type: {_TRITON_TYPES[t.elem_type]}\n'
+                        f'    dims: [ {", ".join(map(str, dims))} ]\n  }}')
+        return ",\n".join(rows)
+
+    return (f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch}\n'
+            f"input [\n{entries(graph.input)}\n]\noutput [\n{entries(graph.output)}\n]\ndynamic_batching {{ }}\n")
+
+
+def _triton_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text) or "model"
+
+
+def _has_decoder(source: Path) -> bool:
+    """An encoder-decoder folder (T5ForConditionalGeneration), not an encoder alone."""
+    try:
+        load_model(source, "decoder")
+    except FolderError:
+        return False
+    return True
+
+
+def ship(model_dir, out_dir, *, opset: int = 18, trace_len: int = 16, block: int = DEFAULT_BLOCK,
+         inline_functions: bool = False, check_growth: bool = True) -> ShipReport:
+    """Write the serving folder of the model in `model_dir` to `out_dir` (see the module
+    docstring); ValueError for a bad folder, OSError for an output that exists or overlaps."""
+    source, out = Path(model_dir), Path(out_dir)
+    _check_out_dir(out, source)
+    model = load_model(source)
+    kwargs = dict(opset=opset, trace_len=trace_len, block=block, inline_functions=inline_functions,
+                  check_growth=check_growth, names="huggingface", shipped=True)
+    config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    generation_file = source / "generation_config.json"
+    generation = json.loads(generation_file.read_text(encoding="utf-8")) if generation_file.is_file() else {}
+    report = ShipReport(out)
+    with tempfile.TemporaryDirectory(dir=out.parent if str(out.parent) else ".", prefix=f".{out.name}.") as tmp:
+        stage = Path(tmp) / "out"
+        stage.mkdir()
+        if model.arch == "lm":
+            report.exports.append(export_model(source, stage / "model.onnx", kv_cache=True, **kwargs))
+            files = {"model.onnx": _triton_name(source.name)}
+            (stage / "genai_config.json").write_text(json.dumps(genai_config(model, config, generation), indent=1))
+        elif _has_decoder(source):
+            report.exports.append(export_model(source, stage / "encoder_model.onnx", **kwargs))
+            report.exports.append(export_model(source, stage / "decoder_model_merged.onnx", part="decoder", **kwargs))
+            files = {"encoder_model.onnx": _triton_name(source.name + "_encoder"),
+                     "decoder_model_merged.onnx": _triton_name(source.name + "_decoder")}
+        else:  # an encoder alone (T5EncoderModel): feature extraction
+            report.exports.append(export_model(source, stage / "model.onnx", **kwargs))
+            files = {"model.onnx": _triton_name(source.name)}
+        for name, triton in files.items():
+            _link(stage / name, stage / "onnx" / name)
+            _link(stage / name, stage / "triton" / triton / "1" / "model.onnx")
+            (stage / "triton" / triton / "config.pbtxt").write_text(triton_config(stage / name, triton))
+        for name in COPIED:
+            if (source / name).is_file():
+                shutil.copy2(source / name, stage / name)
+        (stage / "config.json").write_text(json.dumps(model.shipped_config(config), indent=2))
+        if out.exists():
+            out.rmdir()  # checked empty above
+        os.replace(stage, out)
+    report.files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    for r in report.exports:
+        r.path = str(out / Path(r.path).name)
+    return report
+

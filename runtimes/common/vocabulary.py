@@ -1,0 +1,95 @@
+"""Text to token ids and back for the generation runners: bytes for our byte-level models, the
+folder's tokenizer.json (the `tokenizers` library: no transformers at serving time) for models
+from a Hugging Face folder, with the end-of-sequence and padding ids from its
+generation_config.json / config.json."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .tensor_io import RunnerError
+
+BYTE_VOCABULARY = 256
+
+
+class Vocabulary:
+    """Our byte-level models: a token is a byte (UTF-8 text in; bytes out, escaped when shown)."""
+
+    eos_id: int | None = None
+    pad_id: int = 0
+    is_bytes = True
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_bytes(self, data: bytes) -> list[int]:
+        return list(data)
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids).decode("utf-8", errors="backslashreplace")
+
+
+class TokenizerVocabulary(Vocabulary):
+    """A Hugging Face tokenizer.json, read with the `tokenizers` library."""
+
+    is_bytes = False
+
+    def __init__(self, path: Path):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise RunnerError("text generation with a Hugging Face tokenizer needs the tokenizers package "
+                              "(pip install tokenizers)") from None
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as err:  # the library raises a bare Exception for a bad file
+            raise RunnerError(f"cannot read tokenizer {path}: {str(err).splitlines()[0] if str(err) else err}") from None
+        self.path = path
+        settings = {}
+        for name in ("config.json", "generation_config.json"):  # generation settings win over the model config
+            file = path.parent / name
+            if file.is_file():
+                try:
+                    settings.update({k: v for k, v in json.loads(file.read_text(encoding="utf-8")).items()
+                                     if k in ("eos_token_id", "pad_token_id") and v is not None})
+                except (ValueError, UnicodeDecodeError, AttributeError):
+                    raise RunnerError(f"{file} is not a valid JSON object") from None
+        eos = settings.get("eos_token_id")
+        self.eos_id = eos[0] if isinstance(eos, list) and eos else eos
+        pad = settings.get("pad_token_id")
+        self.pad_id = pad if isinstance(pad, int) else (self.eos_id if isinstance(self.eos_id, int) else 0)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+    def encode_bytes(self, data: bytes) -> list[int]:
+        try:
+            return self.encode(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise RunnerError("a prompt file for a tokenizer must be UTF-8 text") from None
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+def vocabulary_for(model_path: str, metadata: dict[str, str], tokenizer: str | None = None) -> Vocabulary:
+    """The vocabulary a file generates with: --tokenizer if given, else the tokenizer.json beside
+    the file (a folder written with --out-dir) or in the folder it was exported from; bytes for
+    our own byte-level models. A model of another vocabulary without a tokenizer is refused."""
+    if tokenizer:
+        path = Path(tokenizer)
+        if not path.is_file():
+            raise RunnerError(f"tokenizer {tokenizer} does not exist")
+        return TokenizerVocabulary(path)
+    vocab = metadata.get("posbias.vocab_size")
+    imported = metadata.get("posbias.source") == "huggingface" or (vocab is not None and vocab != str(BYTE_VOCABULARY))
+    candidates = [Path(model_path).resolve().parent / "tokenizer.json"]
+    if metadata.get("posbias.model_dir"):
+        candidates.append(Path(metadata["posbias.model_dir"]) / "tokenizer.json")
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is not None and imported:
+        return TokenizerVocabulary(found)
+    if imported:
+        raise RunnerError(f"{model_path} comes from a Hugging Face folder with its own vocabulary: pass --tokenizer "
+                          "PATH/tokenizer.json (none lies beside the file or in its folder)")
+    return Vocabulary()

@@ -1,0 +1,246 @@
+"""The folder `--model DIR --out-dir OUT` writes, loaded unchanged by the clients people serve
+with, installed from the registries: transformers.js in Node (@huggingface/transformers, a local
+folder, remote models off), onnxruntime-genai, Triton's own ModelConfig proto (tritonclient);
+and our own runners from text, through the folder's tokenizer. Each generates the greedy tokens
+of transformers' generate, a single prompt and a padded batch. Optimum pins an older
+transformers: benchmarks/clients.py checks it in a side environment (benchmarks/clients.md)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from hf_folders import CLIENT_KINDS, EOS, PAD, save_client_model  # noqa: E402
+from posbias_export.hf.ship import ship  # noqa: E402
+from posbias_export.parity import load_runner  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+JS = ROOT / "tests" / "clients"
+PROMPTS = [[5, 60, 7, 81, 9, 100, 11, 12, 140, 33], [20, 210, 22]]  # no special token among them
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory):
+    """kind -> (source folder, the folder written for the clients)."""
+    root = tmp_path_factory.mktemp("clients")
+    made = {}
+    for kind in CLIENT_KINDS:
+        source = save_client_model(kind, root / kind)
+        ship(source, root / f"{kind}_out", check_growth=False)
+        made[kind] = (source, root / f"{kind}_out")
+    return made
+
+
+def transformers_tokens(source: Path, kind: str, prompts: list[list[int]], side: str = "left") -> list[list[int]]:
+    """transformers' greedy generate on the batch padded with PAD on `side` (causal LMs: the prompt
+    and the new tokens; T5: the decoder's tokens after its start token)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), PAD)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        cols = slice(width - len(p), width) if side == "left" else slice(0, len(p))
+        ids[row, cols], mask[row, cols] = torch.tensor(p), 1
+    cls = transformers.T5ForConditionalGeneration if kind == "t5" else transformers.AutoModelForCausalLM
+    model = cls.from_pretrained(str(source)).eval()
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=PAD)
+    return out.tolist()
+
+
+def until_eos(rows: list[list[int]], start: int) -> list[list[int]]:
+    """Each row up to its first end-of-sequence token after `start` (what a row means: after it,
+    transformers pads a finished row while transformers.js and genai may differ)."""
+    cut = []
+    for row in rows:
+        tail = row[start:]
+        cut.append(row[: start + tail.index(EOS) + 1] if EOS in tail else row)
+    return cut
+
+
+def _varied(tokens: list[list[int]]) -> None:
+    """A check worth making: the model does not just repeat one token."""
+    assert all(len(set(row[-NEW:])) > 3 for row in tokens), tokens
+
+
+@pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir(),
+                    reason="transformers.js not installed (cd tests/clients && npm install --ignore-scripts)")
+@pytest.mark.parametrize("batch", [1, 2], ids=["single", "padded-batch"])
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+def test_transformers_js_generates_transformers_tokens(shipped, kind, batch):
+    source, folder = shipped[kind]
+    prompts = PROMPTS[:batch]
+    cmd = ["node", str(JS / "generate.mjs"), "seq2seq" if kind == "t5" else "causal", str(folder.resolve()),
+           json.dumps(prompts), str(NEW)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=JS)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    expected = transformers_tokens(source, kind, prompts, side="right" if kind == "t5" else "left")
+    _varied(expected)
+    start = 1 if kind == "t5" else max(len(p) for p in prompts)  # after the decoder's start token / the prompts
+    assert until_eos(got, start) == until_eos(expected, start)
+
+
+def right_padded_greedy(source: Path, prompts: list[list[int]]) -> list[list[int]]:
+    """transformers' model, greedy, fed as onnxruntime-genai feeds a batch: padded on the right,
+    each row's first token read at its last real position, every new token appended after the
+    padding (holes in the mask from then on), a row that ended padded with PAD."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(source)).eval()
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([p + [PAD] * (width - len(p)) for p in prompts])
+    mask = (torch.arange(width)[None] < torch.tensor([[len(p)] for p in prompts])).long()
+    done = torch.zeros(len(prompts), dtype=torch.bool)
+    with torch.no_grad():
+        for step in range(NEW):
+            logits = model(input_ids=ids, attention_mask=mask).logits
+            last = logits[torch.arange(len(prompts)), [len(p) - 1 for p in prompts]] if step == 0 else logits[:, -1]
+            token = torch.where(done, PAD, last.argmax(-1))
+            done |= token == EOS
+            ids, mask = torch.cat([ids, token[:, None]], 1), torch.cat([mask, torch.ones(len(prompts), 1, dtype=torch.long)], 1)
+    return ids.tolist()
+
+
+@pytest.mark.parametrize("kind", [k for k in CLIENT_KINDS if k != "t5"])
+def test_onnxruntime_genai_generates_transformers_tokens(shipped, kind):
+    """genai runs our decoder as its generic "llama" type from genai_config.json. It pads a batch
+    on the right and decodes after the padding, which leaves holes in the mask: the file counts
+    positions as transformers does (BLOOM, Falcon: cumsum of the mask, so each row is its prompt
+    alone; MPT: the index), so genai's tokens are transformers' under the same inputs."""
+    og = pytest.importorskip("onnxruntime_genai")
+    source, folder = shipped[kind]
+    for prompts in ([PROMPTS[0]], PROMPTS):
+        width = max(len(p) for p in prompts)
+        model = og.Model(str(folder))
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=width + NEW, do_sample=False, batch_size=len(prompts))
+        generator = og.Generator(model, params)
+        generator.append_tokens(np.array([p + [PAD] * (width - len(p)) for p in prompts], np.int32))
+        while not generator.is_done():
+            generator.generate_next_token()
+        got = until_eos([list(map(int, generator.get_sequence(row))) for row in range(len(prompts))], width)
+        expected = until_eos(right_padded_greedy(source, prompts), width)
+        _varied(expected)
+        assert got == expected, prompts
+        if kind != "mpt":  # positions from the mask: the holes are invisible, each row is its prompt alone
+            for prompt, row in zip(prompts, expected):
+                alone = until_eos(transformers_tokens(source, kind, [prompt]), len(prompt))[0]
+                assert prompt + row[width:] == alone
+
+
+def _triton_model_config():
+    """tritonclient's generated ModelConfig module, loaded by path: its package __init__ would
+    import grpc, which the proto itself does not need."""
+    spec = importlib.util.find_spec("tritonclient")
+    if spec is None:
+        pytest.skip("tritonclient is not installed")
+    path = Path(spec.submodule_search_locations[0]) / "grpc" / "model_config_pb2.py"
+    module_spec = importlib.util.spec_from_file_location("triton_model_config_pb2", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+def test_triton_config_parses_and_matches_the_file(shipped, kind):
+    from google.protobuf import text_format
+
+    pb = _triton_model_config()
+    _, folder = shipped[kind]
+    entries = sorted((folder / "triton").iterdir())
+    assert len(entries) == (2 if kind == "t5" else 1)
+    types = {"tensor(float)": pb.TYPE_FP32, "tensor(int64)": pb.TYPE_INT64, "tensor(float16)": pb.TYPE_FP16}
+    for entry in entries:
+        config = text_format.Parse((entry / "config.pbtxt").read_text(), pb.ModelConfig())
+        assert config.name == entry.name and config.platform == "onnxruntime_onnx"
+        assert config.max_batch_size > 0 and config.HasField("dynamic_batching")
+        session = ort.InferenceSession(str(entry / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+        for declared, values in ((config.input, session.get_inputs()), (config.output, session.get_outputs())):
+            assert [d.name for d in declared] == [v.name for v in values]
+            for d, v in zip(declared, values):
+                assert d.data_type == types[v.type]
+                assert isinstance(v.shape[0], str)  # the batch axis, which Triton owns
+                assert list(d.dims) == [s if isinstance(s, int) else -1 for s in v.shape[1:]], v.name
+
+
+def test_the_folder_holds_what_each_client_looks_for(shipped):
+    for kind, (source, folder) in shipped.items():
+        names = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+        models = ["encoder_model.onnx", "decoder_model_merged.onnx"] if kind == "t5" else ["model.onnx"]
+        assert {*models, *(f"onnx/{m}" for m in models), "config.json", "generation_config.json", "tokenizer.json",
+                "tokenizer_config.json"} <= names
+        assert ("genai_config.json" in names) == (kind != "t5")
+        for name in models:  # names and axes as the clients expect; where it came from, but not its local path
+            session = ort.InferenceSession(str(folder / name), providers=["CPUExecutionProvider"])
+            inputs = {i.name: i.shape for i in session.get_inputs()}
+            assert inputs["input_ids"] == ["batch_size", "sequence_length"]
+            cache = [n for n in inputs if n.startswith("past_key_values.")]
+            if name != "encoder_model.onnx":
+                part = ".decoder" if kind == "t5" else ""
+                assert cache[:2] == [f"past_key_values.0{part}.key", f"past_key_values.0{part}.value"]
+                assert inputs[cache[0]][0] == "batch_size" and inputs[cache[0]][2] == "past_sequence_length"
+            meta = session.get_modelmeta().custom_metadata_map
+            assert meta["posbias.model_name"] == source.name and "posbias.model_dir" not in meta
+            assert str(source.parent) not in json.dumps(meta)
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+def test_our_generate_takes_and_prints_text(shipped, kind):
+    """`python -m posbias_export generate OUT --prompt TEXT`: the folder's tokenizer in and
+    out (no transformers needed to serve), the text transformers generates from that text."""
+    source, folder = shipped[kind]
+    texts = ["To be, or not", "the question"]
+    cmd = [sys.executable, "-m", "posbias_export", "generate", str(folder), "--max-new-tokens", str(NEW)]
+    for text in texts:
+        cmd += ["--prompt", text]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(source / "tokenizer.json"), pad_token="<pad>")
+    prompts = [tok(t).input_ids for t in texts]
+    side = "right" if kind == "t5" else "left"
+    expected = [tok.decode(row, skip_special_tokens=True) for row in transformers_tokens(source, kind, prompts, side)]
+    assert proc.stdout.splitlines() == expected
+
+
+def test_our_runners_read_the_clients_names(shipped):
+    """generate's CachedDecoder finds the cache by Hugging Face's names as by ours."""
+    gen = load_runner("ort/generate.py")
+    source, folder = shipped["bloom"]
+    decoder = gen.CachedDecoder(str(folder / "model.onnx"))
+    assert decoder.past_names[:2] == ["past_key_values.0.key", "past_key_values.0.value"]
+    tokens = gen.generate(decoder, PROMPTS, NEW, eos_id=EOS, pad_id=PAD)
+    expected = transformers_tokens(source, "bloom", PROMPTS)
+    width = max(len(p) for p in PROMPTS)
+    assert tokens == [e[width:] for e in expected]
+
+
+def test_out_dir_refusals_are_one_line_and_touch_nothing(shipped, tmp_path):
+    source, folder = shipped["bloom"]
+    before = sorted(p.name for p in folder.iterdir())
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    cases = [
+        (["--model", str(source), "--out-dir", str(taken)], "exists and is not an empty folder"),
+        (["--model", str(source), "--out-dir", str(source / "serve")], "overlaps the model folder"),
+        (["--model", str(source), "--out-dir", str(tmp_path / "new"), "--out", str(tmp_path / "m.onnx")], "give --out"),
+        (["--bias", "alibi", "--out-dir", str(tmp_path / "new")], "needs --model DIR"),
+        (["--model", str(source), "--out-dir", str(tmp_path / "new"), "--kv-cache"], "drop --kv-cache"),
+    ]
+    for argv, message in cases:
+        proc = subprocess.run([sys.executable, "-m", "posbias_export", *argv], capture_output=True, text=True,
+                              timeout=300)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], (argv, proc.stderr)
+    assert (taken / "keep.txt").read_text() == "mine" and sorted(p.name for p in taken.iterdir()) == ["keep.txt"]
+    assert not (source / "serve").exists() and not (tmp_path / "new").exists()
+    assert sorted(p.name for p in folder.iterdir()) == before
