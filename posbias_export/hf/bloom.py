@@ -77,6 +77,9 @@ class BloomTransformer(nn.Module):
 class BloomLM(CausalLM):
     model_type = "bloom"
     bias_name = "alibi"
+    sizes = {"vocab": "vocab_size", "hidden": "hidden_size", "heads": "n_head", "layers": "n_layer"}
+    embedding_key = "transformer.word_embeddings.weight"
+    layer_key = "transformer.h.{}."
 
     def __init__(self, config):
         H = config.n_head

@@ -175,6 +175,10 @@ class FalconTransformer(nn.Module):
 class FalconLM(CausalLM):
     model_type = "falcon"
     bias_name = FalconAlibiBias.name
+    sizes = {"vocab": "vocab_size", "hidden": "hidden_size", "heads": "num_attention_heads",
+             "layers": "num_hidden_layers"}
+    embedding_key = "transformer.word_embeddings.weight"
+    layer_key = "transformer.h.{}."
 
     def __init__(self, config):
         H = config.num_attention_heads

@@ -5,6 +5,7 @@ one ValueError line naming the folder."""
 from __future__ import annotations
 
 import json
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +59,32 @@ def read_config(path: Path, supported: tuple[str, ...]) -> tuple[str, dict]:
     return model_type, raw
 
 
+def index_shards(path: Path) -> list[Path] | None:
+    """The shard files a model.safetensors.index.json names, checked before any is opened: a
+    JSON object whose weight_map maps tensor names to file names inside the folder (not an
+    absolute path, no way out of it). None when the folder has no index."""
+    index = path / WEIGHT_FILES[1]
+    if not index.is_file():
+        return None
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise FolderError(f"{index} is not valid JSON: {str(err).splitlines()[0]}") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise FolderError(f"{index} has no weight_map (a JSON object of tensor name -> shard file)")
+    shards = []
+    for name in sorted({v for v in weight_map.values() if isinstance(v, str)}):
+        inside = (path / name).resolve()
+        if Path(name).is_absolute() or not inside.is_relative_to(path.resolve()):
+            raise FolderError(f"{index} names {name}, outside the folder: only shards inside {path} are read")
+        shards.append(path / name)
+    if any(not isinstance(v, str) for v in weight_map.values()):
+        raise FolderError(f"{index}: every weight_map entry must name a shard file, found "
+                          f"{next(v for v in weight_map.values() if not isinstance(v, str))!r}")
+    return shards
+
+
 def folder_files(path) -> list[Path]:
     """Every file an import of the folder may read: its own files and the shards its weight
     index names (an output must be none of them)."""
@@ -65,56 +92,88 @@ def folder_files(path) -> list[Path]:
     if not path.is_dir():
         return [path]
     files = [p for p in path.iterdir() if p.is_file()]
-    index = path / WEIGHT_FILES[1]
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map") if index.is_file() else None
-    except (ValueError, UnicodeDecodeError, OSError, AttributeError):
-        weight_map = None
-    if isinstance(weight_map, dict):
-        files += [path / str(shard) for shard in set(weight_map.values())]
+        files += index_shards(path) or []
+    except FolderError:
+        pass  # an import refuses the index itself
     return [path, *files]
 
 
-def read_state(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's weights, by transformers' parameter name."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    single, index, pickle = (path / name for name in WEIGHT_FILES)
-    try:
-        if single.is_file():
-            return load_file(single)
-        if index.is_file():
-            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-            if not isinstance(weight_map, dict):
-                raise FolderError(f"{index} has no weight_map")
-            state = {}
-            for shard in sorted(set(weight_map.values())):
-                if not (path / shard).is_file():
-                    raise FolderError(f"{index} names {shard}, which is missing from {path}")
-                state.update(load_file(path / shard))
-            return state
-        if pickle.is_file():  # weights only: no code in the pickle runs
-            return torch.load(pickle, map_location="cpu", weights_only=True)
-    except (SafetensorError, OSError, RuntimeError, ValueError, EOFError) as err:
-        if isinstance(err, FolderError):
-            raise
-        raise FolderError(f"cannot read the weights in {path}: {str(err).strip().splitlines()[0]}") from None
+def weight_files(path: Path) -> list[Path]:
+    """The files holding the weights, in the order transformers prefers them."""
+    single, _, pickled = (path / name for name in WEIGHT_FILES)
+    if single.is_file():
+        return [single]
+    shards = index_shards(path)
+    if shards is not None:
+        missing = [s for s in shards if not s.is_file()]
+        if missing:
+            raise FolderError(f"{path / WEIGHT_FILES[1]} names {missing[0].name}, which is missing from {path}")
+        return shards
+    if pickled.is_file():
+        return [pickled]
     raise FolderError(f"{path} has no weights ({', '.join(WEIGHT_FILES)})")
 
 
-def read_folder(path, architectures: dict) -> ModelFolder:
+def _readable(err: BaseException, path: Path) -> FolderError:
+    return FolderError(f"cannot read the weights in {path}: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}")
+
+
+def weight_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape, read from the files' headers (safetensors) or a memory map (a
+    weights-only pytorch_model.bin): nothing the size of the model is allocated."""
+    from safetensors import SafetensorError, safe_open
+
+    shapes = {}
+    for file in files:
+        try:
+            if file.suffix == ".bin":
+                state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+                if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+                    raise FolderError(f"{file} holds a {type(state).__name__}, not a state dict of tensors")
+                shapes.update({k: tuple(v.shape) for k, v in state.items()})
+                continue
+            with safe_open(str(file), framework="pt") as f:
+                shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+        except FolderError:
+            raise
+        except (SafetensorError, OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as err:
+            raise _readable(err, file.parent) from None
+    return shapes
+
+
+def read_state(files: list[Path]) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's weights, by transformers' parameter name (no code in a
+    pickle runs: weights only)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    state = {}
+    for file in files:
+        try:
+            state.update(torch.load(file, map_location="cpu", weights_only=True) if file.suffix == ".bin"
+                         else load_file(file))
+        except (SafetensorError, OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as err:
+            raise _readable(err, file.parent) from None
+    return state
+
+
+def read_folder(path, architectures: dict, part: str = "encoder") -> ModelFolder:
     """The folder's config and weights; `architectures` (model_type -> class, hf/layers.py) say
-    which model types are supported and may refuse a config (check_config)."""
+    which model types are supported and may refuse a config. The config's sizes are checked
+    against the weights' shapes (read from their headers) before anything is allocated."""
     path = Path(path)
     model_type, raw = read_config(path, tuple(architectures))
     transformers = transformers_module()
     config_class = transformers.AutoConfig.for_model(model_type).__class__
     try:
         config = config_class.from_dict(raw)
-    except (ValueError, TypeError, KeyError) as err:
-        raise FolderError(f"{path}/config.json does not describe a {model_type} model: {str(err).splitlines()[0]}") from None
+    except Exception as err:  # noqa: BLE001 - transformers 5 validates with huggingface_hub's own error types
+        raise FolderError(f"{path}/config.json does not describe a {model_type} model: "
+                          f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from None
     refusal = architectures[model_type].check_config(config, path)
     if refusal:
         raise FolderError(refusal)
-    return ModelFolder(path, model_type, config, read_state(path), raw)
+    files = weight_files(path)
+    architectures[model_type].check_sizes(config, weight_shapes(files), path, part)
+    return ModelFolder(path, model_type, config, read_state(files), raw)

@@ -10,6 +10,7 @@ the float64 reference are the same code.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -47,6 +48,13 @@ class ImportedModel(nn.Module):
     causal: ClassVar[bool] = True
     transformers_class: ClassVar[str] = "AutoModelForCausalLM"  # what validate --model compares with
     optimum_task: ClassVar[str] = "text-generation"
+    # The config's sizes, checked against the weights' shapes before anything is built:
+    # our name -> config attribute (vocab, hidden, heads, layers), the [vocab, hidden] weight,
+    # the per-layer key prefix whose indices are counted, whether heads must divide hidden.
+    sizes: ClassVar[dict[str, str]] = {}
+    embedding_key: ClassVar[str] = ""
+    layer_key: ClassVar[str] = ""
+    heads_divide_hidden: ClassVar[bool] = True
     tied_keys: ClassVar[tuple[str, ...]] = ()  # transformers keys that may repeat a tied tensor
     ignored_prefixes: ClassVar[tuple[str, ...]] = ()  # keys of parts this model does not contain (a T5 decoder)
 
@@ -70,6 +78,34 @@ class ImportedModel(nn.Module):
     def check_config(cls, config, where) -> str | None:
         """Why this config cannot be imported (one line), or None."""
         return None
+
+    @classmethod
+    def check_sizes(cls, config, shapes: dict[str, tuple[int, ...]], where, part: str = "encoder") -> None:
+        """Before any module is built: the config's sizes are positive integers that fit
+        together and match the weights' shapes (a config that says 10^7 layers or a 10^12-token
+        vocabulary is refused here, not after allocating for it). `part` picks a registered part."""
+        from .folder import FolderError
+
+        target = PARTS.get((cls.model_type, part), cls) if part != "encoder" else cls
+        values = {name: getattr(config, attr, None) for name, attr in target.sizes.items()}
+        for name, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise FolderError(f"{where}: config {target.sizes[name]} must be a positive integer, got {value!r}")
+        if target.heads_divide_hidden and values["hidden"] % values["heads"]:
+            raise FolderError(f"{where}: config {target.sizes['hidden']} ({values['hidden']}) is not divisible by "
+                              f"{target.sizes['heads']} ({values['heads']})")
+        embedding = shapes.get(target.embedding_key)
+        if embedding is None:
+            raise FolderError(f"{where}: weight {target.embedding_key} is missing (not a {cls.model_type} checkpoint?)")
+        if tuple(embedding) != (values["vocab"], values["hidden"]):
+            raise FolderError(f"{where}: the config says {target.sizes['vocab']} x {target.sizes['hidden']} = "
+                              f"[{values['vocab']}, {values['hidden']}], the weight {target.embedding_key} is "
+                              f"{list(embedding)}: the config does not describe these weights")
+        pattern = re.compile(re.escape(target.layer_key).replace(r"\{\}", r"(\d+)"))
+        layers = {int(m.group(1)) for key in shapes if (m := pattern.match(key))}
+        if len(layers) != values["layers"]:
+            raise FolderError(f"{where}: the config says {target.sizes['layers']} = {values['layers']}, the weights "
+                              f"hold {len(layers)} layers: the config does not describe these weights")
 
     @classmethod
     def from_folder(cls, source) -> "ImportedModel":

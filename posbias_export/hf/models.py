@@ -24,7 +24,7 @@ def load_model(folder: str | os.PathLike, part: str = "encoder") -> ImportedMode
     part="decoder": the decoder of a T5ForConditionalGeneration folder."""
     if part not in PART_NAMES:
         raise ValueError(f"part must be one of {', '.join(PART_NAMES)}, got {part!r}")
-    source = read_folder(folder, ARCHITECTURES)
+    source = read_folder(folder, ARCHITECTURES, part)
     cls = ARCHITECTURES[source.model_type] if part == "encoder" else PARTS.get((source.model_type, part))
     if cls is None:
         raise FolderError(f"{source.path} holds no T5 decoder (--part decoder needs a T5ForConditionalGeneration folder)")

@@ -37,7 +37,8 @@ class MptAttention(nn.Module):
         super().__init__()
         D, H = config.hidden_size, config.n_heads
         self.num_heads = H
-        self.softmax_scale = config.attn_config.softmax_scale or 1 / math.sqrt(D / H)
+        scale = config.attn_config.softmax_scale  # 0 is a scale (uniform attention), as in transformers
+        self.softmax_scale = 1 / math.sqrt(D / H) if scale is None else scale
         self.clip_qkv = config.attn_config.clip_qkv
         self.Wqkv = nn.Linear(D, 3 * D, bias=False)
         self.out_proj = nn.Linear(D, D, bias=False)
@@ -89,6 +90,9 @@ class MptTransformer(nn.Module):
 class MptLM(CausalLM):
     model_type = "mpt"
     bias_name = "alibi"
+    sizes = {"vocab": "vocab_size", "hidden": "d_model", "heads": "n_heads", "layers": "n_layers"}
+    embedding_key = "transformer.wte.weight"
+    layer_key = "transformer.blocks.{}."
 
     def __init__(self, config):
         H = config.n_heads

@@ -93,6 +93,11 @@ class T5Encoder(ImportedModel):
 
     model_type = "t5"
     bias_name = "t5"
+    sizes = {"vocab": "vocab_size", "hidden": "d_model", "heads": "num_heads", "layers": "num_layers",
+             "head_dim": "d_kv"}
+    embedding_key = "shared.weight"
+    layer_key = "encoder.block.{}."
+    heads_divide_hidden = False  # T5's heads are d_kv wide whatever d_model is
     arch = "encoder"
     output_name = "last_hidden_state"
     causal = False

@@ -92,6 +92,11 @@ class T5Decoder(ImportedModel, part="decoder"):
 
     model_type = "t5"
     bias_name = "t5"
+    sizes = {"vocab": "vocab_size", "hidden": "d_model", "heads": "num_heads", "layers": "num_decoder_layers",
+             "head_dim": "d_kv"}
+    embedding_key = "shared.weight"
+    layer_key = "decoder.block.{}."
+    heads_divide_hidden = False
     arch = "decoder"
     tied_keys = ("decoder.embed_tokens.weight", "encoder.embed_tokens.weight", "lm_head.weight")
     ignored_prefixes = ("encoder.",)
