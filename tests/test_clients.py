@@ -244,3 +244,14 @@ def test_out_dir_refusals_are_one_line_and_touch_nothing(shipped, tmp_path):
     assert (taken / "keep.txt").read_text() == "mine" and sorted(p.name for p in taken.iterdir()) == ["keep.txt"]
     assert not (source / "serve").exists() and not (tmp_path / "new").exists()
     assert sorted(p.name for p in folder.iterdir()) == before
+
+
+@pytest.mark.parametrize("kind", [k for k in CLIENT_KINDS if k != "t5"])
+def test_validate_judges_the_shipped_decoder(shipped, kind):
+    """validate FILE --model DIR on a cached decoder (Hugging Face names): an empty cache is a
+    prefill, which every runner accepts (only the past axis may be 0)."""
+    from posbias_export.hf.validate import run_hf_matrix
+
+    source, folder = shipped[kind]
+    matrix = run_hf_matrix(folder / "model.onnx", source, ("ort-cpu", "reference", "node"), (1, 17))
+    assert matrix.ok, [(c.runtime, c.case, c.verdict) for c in matrix.cells if not c.ok]

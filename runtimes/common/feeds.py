@@ -69,13 +69,20 @@ def check_feeds(feeds: dict[str, np.ndarray], specs: list[InputSpec]) -> None:
                 seen = symbols.setdefault(want, (spec.name, got))
                 if seen[1] != got:
                     raise RunnerError(f"inputs {seen[0]!r} and {spec.name!r} disagree on axis {want!r}: {seen[1]} vs {got}")
-        if array.size == 0:
+        if array.size == 0 and not _empty_cache(spec, array):
             raise RunnerError(f"input {spec.name!r} is empty (shape {list(array.shape)})")
         if spec.id_limit is not None:
             low, high = int(array.min()), int(array.max())
             if low < 0 or high >= spec.id_limit:
                 bad = low if low < 0 else high
                 raise RunnerError(f"input {spec.name!r}: token id {bad} is outside the vocabulary [0, {spec.id_limit})")
+
+
+def _empty_cache(spec: InputSpec, array: np.ndarray) -> bool:
+    """A cache input of a cached decoder may hold no step yet (a prefill): its past axis (named
+    past, past_sequence_length, ...) is the one of length 0."""
+    empty_axes = [axis for axis, size in enumerate(array.shape) if size == 0]
+    return bool(empty_axes) and all(isinstance(spec.dims[a], str) and "past" in spec.dims[a] for a in empty_axes)
 
 
 ONNX_TYPE_TO_NUMPY = {

@@ -29,6 +29,11 @@ function dataSets(inputs) {
 // The vocabulary size of a posbias language model (its metadata), else null: runtimes wrap
 // or ignore out-of-range ids where PyTorch refuses them.
 function tokenLimit(modelMeta) {
+  // an imported model (BLOOM, T5, ...) records its vocabulary as posbias.vocab_size
+  if (modelMeta['posbias.vocab_size'] !== undefined) {
+    const limit = Number(modelMeta['posbias.vocab_size']);
+    return Number.isInteger(limit) && limit > 0 ? limit : null;
+  }
   if ((modelMeta['posbias.arch'] || 'lm') !== 'lm' || !modelMeta['posbias.config']) return null;
   try {
     const limit = JSON.parse(modelMeta['posbias.config']).vocab_size;
@@ -59,7 +64,10 @@ function checkFeeds(tensors, metadata, idLimit) {
         symbols[want] = symbols[want] || [m.name, got];
       }
     });
-    if (t.data.length === 0) throw new RunnerError(`input '${m.name}' is empty (shape [${t.dims}])`);
+    // a cached decoder's cache may hold no step yet (a prefill): only its past axis may be 0
+    const emptyCache = t.dims.some((d) => d === 0) &&
+      t.dims.every((d, axis) => d !== 0 || (typeof m.shape[axis] === 'string' && m.shape[axis].includes('past')));
+    if (t.data.length === 0 && !emptyCache) throw new RunnerError(`input '${m.name}' is empty (shape [${t.dims}])`);
     if (m.name === 'input_ids' && idLimit !== null) {
       for (const v of t.data) {
         if (v < 0 || v >= idLimit) throw new RunnerError(`input 'input_ids': token id ${v} is outside the vocabulary [0, ${idLimit})`);
