@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from dataclasses import dataclass
 
 from .errors import ExportCheckError, UsageError
@@ -72,8 +73,13 @@ def dispatch(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from .runners import atomic
+
+    atomic().on_sigterm_raise()  # SIGTERM (timeout, systemd, a container stop) cleans up as Ctrl-C does
     try:
-        return dispatch(argv)
+        with warnings.catch_warnings():  # the one line a user reads is ours, not a library's warning
+            warnings.simplefilter("ignore")
+            return dispatch(argv)
     except UsageError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
@@ -83,9 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:  # bad values from the API (ParityInputError, CheckpointError included)
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # atomic writes and temporary folders are gone by now
+        terminated = type(stop).__name__ == "Terminated"
+        print(f"{PROG}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
 
 
 if __name__ == "__main__":

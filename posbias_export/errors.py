@@ -10,8 +10,11 @@ class ExportCheckError(RuntimeError):
 
 
 def first_line(err: BaseException, limit: int | None = None) -> str:
-    """The first non-blank line of an exception's message (libraries write pages), or its type."""
-    line = next((l.strip() for l in str(err).splitlines() if l.strip()), type(err).__name__)
+    """The first non-blank line of an exception's message (libraries write pages), or its type;
+    a first line that only announces the next ("Validation error for field 'n_head':") takes
+    the next one along."""
+    lines = [l.strip() for l in str(err).splitlines() if l.strip()] or [type(err).__name__]
+    line = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
     return line if limit is None or len(line) <= limit else line[: limit - 3] + "..."
 
 

@@ -43,15 +43,49 @@ def is_imported(meta: dict, model_dir) -> bool:
     return bool(model_dir) or meta.get("source") == "huggingface"
 
 
+def own_file_bytes(meta: dict, length: int, batch: int) -> float:
+    """Memory of one case of our own file: the float64 reference in the file's attention form,
+    or a runtime's float32 run, whichever is larger, and the logits of both."""
+    import json
+
+    from .limits import attention_bytes
+
+    cfg = json.loads(meta.get("config", "{}"))
+    heads, dim, layers, vocab = (int(cfg.get(k, d)) for k, d in (("num_heads", 4), ("dim", 128), ("num_layers", 2),
+                                                                  ("vocab_size", 256)))
+    rows = min(length, int(meta.get("attention_block", length))) if meta.get("attention") == "blocked" else length
+    reference = attention_bytes(batch, heads, rows, length, 8) + 12.0 * batch * length * dim * 8 * layers
+    runtime = attention_bytes(batch, heads, rows, length, 4, 4)
+    return max(reference, runtime) + 3.0 * batch * length * vocab * 8
+
+
+def check_sizes(models, lengths, batch: int, ignore: bool) -> None:
+    """Refuse, before anything runs, a length or batch this machine cannot hold."""
+    from .export.metadata import read_metadata
+    from .limits import check_fits
+    from .parity.reference import read_onnx
+
+    for model in models:
+        meta = read_metadata(read_onnx(model))
+        if meta.get("source") == "huggingface":
+            continue  # hf/validate.py estimates with the folder's model
+        for length in lengths or default_lengths(meta):
+            check_fits(own_file_bytes(meta, length, batch), f"validating {model} at length {length}, batch {batch}",
+                       ignore)
+
+
 def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=None, inputs=None, model_dir=None,
-             progress=None) -> Validation:
+             progress=None, ignore_size_limits: bool = False) -> Validation:
     """Every file on every runtime against its float64 reference. `inputs`: a path to an .npz
-    of the user's own tensors (instead of generated lengths)."""
+    of the user's own tensors (instead of generated lengths). Lengths and batches this machine
+    cannot hold are refused first (limits.py) unless ignore_size_limits."""
     from .export.metadata import read_metadata
     from .parity import load_model_file, run_matrix
     from .parity.reference import read_npz, read_onnx
 
     chosen, skipped = choose_runtimes(runtimes)
+    if not inputs:
+        check_sizes(models, lengths, batch, ignore_size_limits)
     feeds = read_npz(inputs) if inputs else None
     result = Validation(runtimes=chosen, skipped=skipped)
     for model in models:
@@ -60,7 +94,8 @@ def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=Non
         if is_imported(meta, model_dir):
             from .hf.validate import run_hf_matrix
 
-            result.matrices.append(run_hf_matrix(model, model_dir, chosen, model_lengths, batch, progress=progress))
+            result.matrices.append(run_hf_matrix(model, model_dir, chosen, model_lengths, batch, progress=progress,
+                                                 ignore_size_limits=ignore_size_limits))
             continue
         load_model_file(model)  # our own export: its metadata must be complete
         result.matrices.append(run_matrix(model, chosen, model_lengths, batch, checkpoint, feeds, progress=progress))

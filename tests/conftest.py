@@ -36,13 +36,16 @@ class ExportCache:
         self.root = root
         self.paths = {}
 
-    def cli(self, bias: str, arch: str = "lm", causal: bool = True, extra: tuple = ()):
+    def cli(self, bias: str, arch: str = "lm", causal: bool = True, extra: tuple = (), growth_check: bool = False):
+        """growth_check: also the second trace (test_export.py holds every family to it); the
+        other users of a file need not pay for it again."""
         key = (bias, arch, causal, extra)
         if key not in self.paths:
             path = self.root / f"{bias}_{arch}_{'causal' if causal else 'bidir'}_{len(self.paths)}.onnx"
             argv = ["--bias", bias, "--arch", arch, "--out", str(path), "--trace-len", str(TRACE_LEN),
                     "--heads", str(SMALL["num_heads"]), "--dim", str(SMALL["dim"]), "--layers", str(SMALL["num_layers"])]
             argv += [] if causal else ["--bidirectional"]
+            argv += [] if growth_check else ["--skip-growth-check"]
             assert cli_main(argv + list(extra)) == 0, f"export failed: {argv}"
             self.paths[key] = path
         return self.paths[key]

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import io
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -163,3 +164,289 @@ def test_runners_refuse_with_one_line(files, script, model, inputs, words):
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in proc.stderr, proc.stderr
     assert _snapshot(files) == before, "a refused run created or changed a file"
 
+
+
+# --- reliability, round 3: what a hostile user (or a full disk, or a kill) does ----------------
+def _run(args: list, cwd=None, fsize: int | None = None, timeout: int = 300, **kwargs) -> subprocess.CompletedProcess:
+    """A command as a deployment machine runs it; fsize: a file-size limit in the child, which
+    makes every larger write fail as a full disk does (EFBIG; Python ignores SIGXFSZ, node too
+    once it is ignored here, which the child inherits)."""
+    import resource
+    import signal
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+    return subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=limit if fsize is not None else None, **kwargs)
+
+
+def _one_line(proc: subprocess.CompletedProcess, words: str, code: int = 2) -> str:
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    return lines[0]
+
+
+def _no_temporaries(folder: Path) -> None:
+    left = [p.name for p in folder.rglob("*") if "posbias-tmp" in p.name or ".tmp" in p.name]
+    assert not left, f"temporaries left behind: {left}"
+
+
+PY = sys.executable
+CLI = [PY, "-m", "posbias_export"]
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    """A tiny BLOOM folder with sharded weights (one shard in a subfolder), its --kv-cache
+    export (imported: vocabulary 300, no tokenizer), and an MPT folder."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_folders import save_tiny_model
+    from posbias_export.hf.export import export_model
+
+    root = tmp_path_factory.mktemp("reliability_hf")
+    bloom = save_tiny_model("bloom", root / "bloom")
+    sharded = shutil.copytree(bloom, root / "sharded")
+    (sharded / "sub").mkdir()
+    (sharded / "model.safetensors").rename(sharded / "sub" / "model-1.safetensors")
+    from safetensors import safe_open
+
+    with safe_open(str(sharded / "sub" / "model-1.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {k: "sub/model-1.safetensors"
+                                                                                       for k in keys}}))
+    export_model(bloom, root / "bloom_kv.onnx", kv_cache=True, check_growth=False)
+    save_tiny_model("mpt", root / "mpt")
+    return root
+
+
+def test_outputs_never_overwrite_inputs(files, hf, tmp_path):
+    """An output naming an input is refused before anything runs, whatever reads it: a shard
+    the weight index points to (in a subfolder), a runner's inputs, generate's prompt file."""
+    shard = hf / "sharded" / "sub" / "model-1.safetensors"
+    before = shard.read_bytes()
+    _one_line(_run([*CLI, "--model", hf / "sharded", "--out", shard]), "also an input")
+    assert shard.read_bytes() == before
+    inputs = _npz(tmp_path / "in.npz", input_ids=np.zeros((1, 4), np.int64))
+    data = inputs.read_bytes()
+    for script in ("ort/run.py", "reference/run.py", "openvino/run.py"):
+        _one_line(_run([PY, RUNTIMES_DIR / script, files / "model.onnx", inputs, inputs]), "also an input")
+    folder = _pb_folder(tmp_path / "pb", np.zeros((1, 4), np.int64))
+    if (RUNTIMES_DIR / "node" / "node_modules" / "onnxruntime-node").is_dir():
+        _one_line(_run(["node", RUNTIMES_DIR / "node/run.js", files / "model.onnx", folder, folder]), "also an input")
+    assert inputs.read_bytes() == data and sorted(p.name for p in folder.iterdir()) == ["input_0.pb"]
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("to be")
+    _one_line(_run([*CLI, "generate", files / "kv.onnx", "--prompt-file", prompt, "--output", prompt]), "also an input")
+    _one_line(_run([PY, RUNTIMES_DIR / "ort/generate.py", files / "kv.onnx", "--prompt", "x", "--output",
+                    files / "kv.onnx"]), "also an input")
+    assert prompt.read_text() == "to be"
+
+
+def test_a_full_disk_changes_nothing(files, tmp_path):
+    """Every writer: on a write that fails (a file-size limit stands for a full disk), one line,
+    the file that was there is as it was, and no temporary is left."""
+    existing = {name: tmp_path / name for name in ("o.bin", "r.json", "m.onnx", "out.npz", "e.json")}
+    for path in existing.values():
+        path.write_bytes(b"precious")
+    inputs = _npz(tmp_path / "in.npz", input_ids=np.zeros((1, 4), np.int64))
+    cases = [
+        ([*CLI, "generate", files / "kv.onnx", "--prompt", "hi", "--max-new-tokens", "9", "--output", existing["o.bin"]], 8),
+        ([*CLI, "validate", files / "model.onnx", "--runtimes", "ort-cpu", "--lengths", "3", "--json", existing["r.json"]],
+         64),
+        ([*CLI, "--bias", "alibi", "--heads", "2", "--dim", "16", "--layers", "1", "--skip-growth-check",
+          "--out", existing["m.onnx"]], 4096),
+        ([PY, RUNTIMES_DIR / "ort/run.py", files / "model.onnx", inputs, existing["out.npz"]], 64),
+        ([*CLI, "evaluate", files / "model.onnx", "--corpus", files / "corpus.txt", "--lengths", "16", "--max-tokens",
+          "64", "--json", existing["e.json"]], 16),
+    ]
+    for argv, limit in cases:
+        proc = _run(argv, fsize=limit)
+        assert proc.returncode != 0, (argv, proc.stdout[-500:])
+        lines = [l for l in proc.stderr.splitlines() if l.strip()]
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, (argv, proc.stderr[-2000:])
+    assert all(path.read_bytes() == b"precious" for path in existing.values())
+    _no_temporaries(tmp_path)
+
+
+def test_sigterm_during_an_export_leaves_nothing(tmp_path):
+    """What timeout, systemd and container stops send: one line, exit 143, no model, no
+    temporary; a temporary a killed (-9) run left is swept by the next write there."""
+    import signal
+    import time
+
+    stale = tmp_path / ".m.onnx.99999999.abc.posbias-tmp"  # no process has that id: its run died
+    stale.mkdir()
+    (stale / "m.onnx").write_bytes(b"half")
+    proc = subprocess.Popen([*CLI, "--bias", "kerple_log", "--heads", "8", "--dim", "256", "--layers", "4",
+                             "--out", str(tmp_path / "m.onnx")], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(".posbias-tmp" in p.name and p != stale for p in tmp_path.iterdir()):
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 143 and err.strip().splitlines() == ["posbias-export: terminated"], err[-2000:]
+    assert not (tmp_path / "m.onnx").exists() and not stale.exists()
+    _no_temporaries(tmp_path)
+
+
+def test_imported_models_are_not_fed_bytes(hf, tmp_path):
+    """A model with its own vocabulary needs its tokenizer: generate refuses rather than feed
+    UTF-8 bytes as token ids; the node runner refuses an id outside the recorded vocabulary."""
+    _one_line(_run([*CLI, "generate", hf / "bloom_kv.onnx", "--prompt", "hello"]), "pass --tokenizer")
+    if not (RUNTIMES_DIR / "node" / "node_modules" / "onnxruntime-node").is_dir():
+        pytest.skip("onnxruntime-node is not installed")
+    root = tmp_path / "sets"
+    root.mkdir()
+    from posbias_export.hf import load_model
+
+    model = load_model(hf / "bloom")
+    feeds = {"input_ids": np.array([[-1, 3]], np.int64), "attention_mask": np.ones((1, 2), np.int64)}
+    for layer in range(model.num_layers):
+        for kind in ("key", "value"):
+            feeds[f"past_{kind}.{layer}"] = np.zeros((1, model.num_heads, 0, model.head_dim), np.float32)
+    for k, (name, array) in enumerate(feeds.items()):
+        (root / f"input_{k}.pb").write_bytes(numpy_helper.from_array(array, name).SerializeToString())
+    _one_line(_run(["node", RUNTIMES_DIR / "node/run.js", hf / "bloom_kv.onnx", root, tmp_path / "out"]),
+              "token id -1 is outside the vocabulary [0, 300)")
+
+
+def test_seq2seq_runs_as_a_script_and_refuses_bad_input(hf, tmp_path):
+    _one_line(_run([PY, RUNTIMES_DIR / "ort/seq2seq.py", hf / "bloom", "--prompt", "x"]), "encoder_model.onnx")
+    _one_line(_run([PY, RUNTIMES_DIR / "ort/seq2seq.py", tmp_path / "none", "--prompt", "x"]), "is not a folder")
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"n_head": "4"}, "expected int"), ({"n_layer": 2.5}, "n_layer"), ({"vocab_size": 10 ** 12}, "does not describe"),
+    ({"n_layer": 10 ** 7}, "the weights hold 2 layers"), ({"n_head": 5}, "not divisible"), ({"n_head": 0}, "positive"),
+    ({"n_head": -6}, "positive"), ({"hidden_size": -48}, "positive"),
+], ids=["heads-text", "layers-float", "vocab-1e12", "layers-1e7", "heads-not-dividing", "heads-0", "heads-negative",
+        "hidden-negative"])
+def test_folder_configs_are_checked_before_anything_is_built(hf, tmp_path, change, words):
+    """transformers 5's own validation errors, and sizes checked against the weights' shapes
+    read from their headers: refused in seconds, before any module is built or any memory the
+    config asks for is allocated."""
+    import time
+
+    folder = shutil.copytree(hf / "bloom", tmp_path / "bloom")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    start = time.perf_counter()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli_main(["--model", str(folder), "--out", str(tmp_path / "x.onnx")])
+    lines = [l for l in err.getvalue().splitlines() if l.strip()]
+    assert code == 2 and len(lines) == 1 and words in lines[0], err.getvalue()
+    assert time.perf_counter() - start < 60  # not a timing target: "before allocating for 10^7 layers"
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_mpt_attn_config_text_is_one_line(hf, tmp_path):
+    folder = shutil.copytree(hf / "mpt", tmp_path / "mpt")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "attn_config": "oops"}))
+    _one_line(_run([*CLI, "--model", folder, "--out", tmp_path / "x.onnx"]), "attn_config")
+
+
+@pytest.mark.parametrize("index,words", [
+    ([1, 2], "has no weight_map"), ({"weight_map": {"w": 5}}, "must name a shard file"),
+    ({"weight_map": {"w": "../outside.safetensors"}}, "outside the folder"),
+    ({"weight_map": {"w": "/etc/passwd"}}, "outside the folder"),
+], ids=["list", "integer-shard", "parent-folder", "absolute-path"])
+def test_weight_indexes_are_checked_before_opening_anything(hf, tmp_path, index, words):
+    folder = shutil.copytree(hf / "bloom", tmp_path / "bloom")
+    (folder / "model.safetensors").rename(folder / "shard.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli_main(["--model", str(folder), "--out", str(tmp_path / "x.onnx")])
+    lines = [l for l in err.getvalue().splitlines() if l.strip()]
+    assert code == 2 and len(lines) == 1 and words in lines[0], err.getvalue()
+
+
+def test_pickles_that_are_not_state_dicts_are_one_line(hf, tmp_path):
+    import os
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo code ran",))
+
+    for name, payload, words in (("list", [1, 2, 3], "holds a list"), ("evil", {"w": Evil()}, "could run code")):
+        folder = shutil.copytree(hf / "bloom", tmp_path / name)
+        (folder / "model.safetensors").unlink()
+        torch.save(payload, folder / "pytorch_model.bin")
+        proc = _run([*CLI, "--model", folder, "--out", tmp_path / "x.onnx"])
+        _one_line(proc, words)
+        assert "code ran" not in proc.stdout
+
+
+def test_runner_scripts_refuse_with_one_line(files, tmp_path):
+    """Deployment machines run the scripts: an output under a file, inputs named input_x.pb or
+    test_data_set_x, a negative seed, Ctrl-C while generating."""
+    import signal
+
+    inputs = _npz(tmp_path / "in.npz", input_ids=np.zeros((1, 4), np.int64))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    for script in ("ort/run.py", "reference/run.py", "openvino/run.py"):
+        _one_line(_run([PY, RUNTIMES_DIR / script, files / "model.onnx", inputs, blocker / "out.npz"]), "is a file")
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "input_x.pb").write_bytes(b"")
+    _one_line(_run([PY, RUNTIMES_DIR / "ort/run.py", files / "model.onnx", odd, tmp_path / "o"]), "expected a number")
+    sets = tmp_path / "sets"
+    (sets / "test_data_set_x").mkdir(parents=True)
+    _one_line(_run([PY, RUNTIMES_DIR / "ort/run.py", files / "model.onnx", sets, tmp_path / "o"]), "expected a number")
+    _one_line(_run([PY, RUNTIMES_DIR / "ort/generate.py", files / "kv.onnx", "--prompt", "x", "--seed", "-1"]),
+              "--seed must be >= 0")
+    proc = subprocess.Popen([PY, str(RUNTIMES_DIR / "ort/generate.py"), str(files / "kv.onnx"), "--prompt", "x",
+                             "--max-new-tokens", "5000", "--max-context", "10000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.read(3)  # generating
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130 and err.strip().splitlines() == ["generate: interrupted"], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "in.npz", "odd", "sets"]
+
+
+SIZE_CASES = [
+    ("validate-length-1e6", ["validate", "{d}/model.onnx", "--lengths", "1000000"], "needs about"),
+    ("validate-batch-1e9", ["validate", "{d}/model.onnx", "--lengths", "8", "--batch", "1000000000"], "needs about"),
+    ("bench-length-1e9", ["bench", "--biases", "alibi", "--lengths", "1000000000", "--out-dir", "{d}/bench"], "needs about"),
+    ("bench-decode-1e9", ["bench-decode", "--biases", "alibi", "--contexts", "1000000000", "--out-dir", "{d}/bench"],
+     "needs about"),
+    ("block-2^63", ["--bias", "alibi", "--block", str(2 ** 63), "--out", "{d}/x.onnx"], "at most 2^30"),
+    ("resize-1e9", ["--checkpoint", str(Path(__file__).parents[1] / "models" / "learned.safetensors"),
+                    "--resize-positions", "1000000000", "--out", "{d}/x.onnx"], "needs about"),
+    ("train-lr-1e30", ["train", "--bias", "alibi", "--corpus", "{d}/corpus.txt", "--steps", "3", "--batch", "2",
+                       "--train-len", "8", "--heads", "2", "--dim", "16", "--layers", "1", "--lr", "1e30",
+                       "--out", "{d}/trained"], "diverged"),
+]
+
+
+@pytest.mark.parametrize("argv,words", [pytest.param(a, w, id=i) for i, a, w in SIZE_CASES])
+def test_too_big_or_diverging_requests_are_refused(files, argv, words):
+    """Estimated up front (memory), refused with the estimate, nothing written (a results file
+    an all-failed bench would replace included); a training run that diverges saves nothing."""
+    test_cli_refuses_with_one_line(files, argv, words)
+
+
+def test_validate_judges_our_own_imported_kv_cache_file(hf):
+    """An empty cache is a prefill: every runner accepts it (only the past axis may be 0)."""
+    from posbias_export.hf.validate import run_hf_matrix
+
+    matrix = run_hf_matrix(hf / "bloom_kv.onnx", hf / "bloom", ("ort-cpu", "reference"), (1, 9), batch=2)
+    assert matrix.ok, [(c.runtime, c.case, c.verdict) for c in matrix.cells if not c.ok]
+
+
+def test_imported_validate_lengths_are_estimated(hf):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli_main(["validate", str(hf / "bloom_kv.onnx"), "--model", str(hf / "bloom"), "--lengths", "1000000",
+                         "--runtimes", "ort-cpu"])
+    lines = [l for l in err.getvalue().splitlines() if l.strip()]
+    assert code == 2 and len(lines) == 1 and "needs about" in lines[0], err.getvalue()

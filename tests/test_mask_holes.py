@@ -102,12 +102,20 @@ def test_cached_decoder_after_right_padding_gives_transformers_logits(folders, t
         assert err < 1e-4, f"{kind}: positions {first}..{stop - 1} off by {err:.2e}"
 
 
-@pytest.mark.parametrize("form", ["blocked", "plain"])
-@pytest.mark.parametrize("bias", pbe.BIASES)
+# every family blocked (each block plan path); the plain form, where every family shares one
+# masked attention, for a key-row and a table family in the default run, all with -m slow
+OWN = [(b, "blocked") for b in pbe.BIASES] + [
+    (b, "plain") if b in ("alibi", "kerple_log") else pytest.param(b, "plain", marks=pytest.mark.slow)
+    for b in pbe.BIASES]
+
+
+@pytest.mark.parametrize("bias,form", OWN)
 def test_own_attention_mask_exports_see_no_holes(exports, bias, form):
     """Positions come from cumsum(mask) - 1: every row's real tokens give, through the file,
     what the model gives for those tokens alone (float64 reference, the parity policy)."""
-    session = ort_session(exports.cli(bias, "lm", True, ("--attention-mask", "--attention", form, "--block", "16")))
+    # the blocked files are test_parity_ort.py's padded-row files (16-row blocks: the Loop runs)
+    extra = ("--attention-mask", "--block", "16") if form == "blocked" else ("--attention-mask", "--attention", "plain")
+    session = ort_session(exports.cli(bias, "lm", True, extra))
     ids = lm_inputs(3, LENGTH, seed=3)
     mask = torch.from_numpy(hole_masks())
     out = ort_run(session, ids, mask)

@@ -19,7 +19,9 @@ from pathlib import Path
 
 from ..biases import BIASES, DEFAULT_BIAS, bias_class
 from ..environment import describe, environment
+from ..export.files import write_text_atomic
 from ..plots import pyplot_for
+from ..runners import atomic
 
 LENGTHS = (512, 2048, 8192, 16384)
 CONFIGS = ("ort-blocked", "ort-plain", "openvino", "torch-eager", "torch-sdpa")
@@ -29,6 +31,7 @@ VARIANTS = ("causal", "bidirectional", "block")
 VARIANT_CONFIGS = {"causal": CONFIGS, "bidirectional": ("ort-blocked", "openvino", "torch-sdpa"),
                    "block": ("ort-blocked", "openvino", "torch-sdpa")}
 LONG = 8192
+DEFAULT_BLOCK_ROWS = 256  # the blocked form's rows per block (nn/plans.py DEFAULT_BLOCK)
 WORKER = Path(__file__).with_name("worker.py")
 # Peak bytes per score element of the plain forms, measured at L=8192 (H=8): ORT ~9 GB (4.2),
 # PyTorch eager ~4.7 GB (2.2). 4.5 with headroom decides what to skip rather than swap or crash.
@@ -325,7 +328,7 @@ def plot(cells, path: Path) -> bool:
     ax_t.legend(fontsize=7)
     fig.suptitle("Causal attention, H=8, d=64, fp32, batch 1")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic().write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
     return True
 
@@ -334,9 +337,9 @@ def write(cells, out_dir: Path, heads: int, head_dim: int, stem: str = "attentio
     out_dir.mkdir(parents=True, exist_ok=True)
     env = environment()
     paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md", out_dir / f"{stem}.png"]
-    paths[0].write_text(json.dumps({"heads": heads, "head_dim": head_dim, "environment": env,
+    write_text_atomic(paths[0], json.dumps({"heads": heads, "head_dim": head_dim, "environment": env,
                                     "targets": targets(cells), "cells": [c.as_dict() for c in cells]}, indent=1))
-    paths[1].write_text(markdown(cells, env, heads, head_dim))
+    write_text_atomic(paths[1], markdown(cells, env, heads, head_dim))
     return paths if plot(cells, paths[2]) else paths[:2]
 
 
@@ -363,19 +366,37 @@ def write_profile(biases, length: int, heads: int, head_dim: int, out_dir: Path,
             model = export_attention(bias, "blocked", heads, head_dim, Path(tmp))
             sections.append(profile_markdown(profile(model, inputs), f"{bias}, blocked form"))
     path = out_dir / f"{stem}_profile.md"
-    path.write_text("\n".join(sections))
+    write_text_atomic(path, "\n".join(sections))
     return path
+
+
+def check_lengths(lengths, heads: int, head_dim: int, ignore: bool = False) -> None:
+    """Before anything runs: the longest length's q, k, v and one block's scores (the blocked
+    form; the plain forms are skipped per cell when they cannot fit) fit this machine."""
+    from ..limits import attention_bytes, check_fits, check_index
+
+    longest = max(lengths)
+    check_index(longest, "a bench length")
+    need = 4.0 * heads * longest * head_dim * 4 + attention_bytes(1, heads, DEFAULT_BLOCK_ROWS, longest)
+    check_fits(need, f"bench at length {longest}", ignore)
 
 
 def run_and_write(biases=BIASES, lengths=LENGTHS, configs=CONFIGS, variants=VARIANTS, repeats: int = 3, heads: int = 8,
                   head_dim: int = 64, timeout: float = 900.0, profile_length: int = 8192, out_dir="benchmarks",
-                  progress=None) -> list[Path]:
-    """`bench`: every cell, then attention.md/.json/.png (and the ORT profile at profile_length)."""
+                  progress=None, ignore_size_limits: bool = False) -> list[Path]:
+    """`bench`: every cell, then attention.md/.json/.png (and the ORT profile at profile_length).
+    A run in which no cell measured anything writes nothing (the results files it would replace
+    stay) and is a ValueError."""
     from ..export.files import output_folder
 
     plan(biases, lengths, configs, variants)  # unknown names: one line before anything runs
+    check_lengths([*lengths, profile_length or 1], heads, head_dim, ignore_size_limits)
     out = output_folder(out_dir)
     cells = run(biases, lengths, configs, repeats, heads, head_dim, timeout, progress=progress, variants=variants)
+    if not any(cell.ok for cell in cells):
+        reasons = sorted({cell.skipped for cell in cells if cell.skipped})
+        raise ValueError(f"no configuration ran ({reasons[0] if reasons else 'nothing measured'}); "
+                         f"the results in {out} are left as they were")
     paths = write(cells, out, heads, head_dim)
     if profile_length:
         paths.append(write_profile(biases, profile_length, heads, head_dim, out))

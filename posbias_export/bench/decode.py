@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..export.files import write_text_atomic
 from ..biases import BIASES
 from ..environment import describe, environment
 from ..export import export_onnx
@@ -87,11 +88,24 @@ def measure(bias: str, contexts=(512, 4096), steps: int = 32, cfg_kwargs: dict |
     return rows
 
 
+def check_contexts(contexts, ignore: bool = False) -> None:
+    """The longest context's KV cache (ONNX Runtime's and PyTorch's, the default model) and one
+    prefill block's scores fit this machine."""
+    from ..limits import attention_bytes, check_fits, check_index
+
+    cfg, longest = ModelConfig(), max(contexts)
+    check_index(longest, "a decode context")
+    cache = 2 * 2 * cfg.num_layers * cfg.num_heads * longest * cfg.head_dim * 4.0  # both runtimes, keys and values
+    check_fits(cache + attention_bytes(1, cfg.num_heads, min(longest, 256), longest) + 4.0 * longest * cfg.vocab_size,
+               f"bench-decode from a {longest}-token context", ignore)
+
+
 def run(biases=BIASES, contexts=(512, 4096), steps: int = 32, out_dir: str | None = "benchmarks", progress=None,
-        device: str = "cpu", target: str = "portable") -> list[dict]:
+        device: str = "cpu", target: str = "portable", ignore_size_limits: bool = False) -> list[dict]:
     unknown = [b for b in biases if b not in BIASES]
     if unknown:
         raise ValueError(f"unknown bias {unknown[0]!r}; choose one of: {', '.join(BIASES)}")
+    check_contexts(contexts, ignore_size_limits)
     if out_dir:
         from ..export.files import output_folder
 
@@ -121,7 +135,8 @@ def write_results(rows: list[dict], out_dir: Path, contexts, steps: int, device:
     machine = environment()
     if device == "cuda":
         return write_gpu_results(rows, out_dir, machine, contexts, steps)
-    (out_dir / "decode.json").write_text(json.dumps({"machine": machine, "rows": rows, "targets": targets(rows)}, indent=1))
+    write_text_atomic(out_dir / "decode.json",
+                      json.dumps({"machine": machine, "rows": rows, "targets": targets(rows)}, indent=1))
     cfg = ModelConfig()
     lines = [
         "# Decode benchmark: ONNX Runtime vs PyTorch eager, KV cache",
@@ -142,7 +157,7 @@ def write_results(rows: list[dict], out_dir: Path, contexts, steps: int, device:
                      f"{r['torch_tokens_per_s']:.0f} | {r['ort_over_torch']:.2f} |")
     lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     lines += [f"| {t['target']} | {t['measured']:.2f}x | {'yes' if t['met'] else 'NO'} |" for t in targets(rows)]
-    (out_dir / "decode.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(out_dir / "decode.md", "\n".join(lines) + "\n")
 
 
 GPU_TARGET_SPEEDUP = 1.5  # ORT CUDA tokens/s >= 1.5x PyTorch CUDA eager's
@@ -152,7 +167,8 @@ def write_gpu_results(rows: list[dict], out_dir: Path, machine: dict, contexts, 
     checks = [{"target": f"{r['bias']} context {r['context']}: ORT CUDA tokens/s >= {GPU_TARGET_SPEEDUP:g}x PyTorch CUDA eager",
                "measured": r["ort_tokens_per_s"] / r["torch_tokens_per_s"],
                "met": r["ort_tokens_per_s"] >= GPU_TARGET_SPEEDUP * r["torch_tokens_per_s"]} for r in rows]
-    (out_dir / "gpu_decode.json").write_text(json.dumps({"machine": machine, "rows": rows, "targets": checks}, indent=1))
+    write_text_atomic(out_dir / "gpu_decode.json",
+                      json.dumps({"machine": machine, "rows": rows, "targets": checks}, indent=1))
     cfg = ModelConfig()
     target = rows[0]["target"] if rows else "portable"
     lines = [
@@ -174,4 +190,4 @@ def write_gpu_results(rows: list[dict], out_dir: Path, machine: dict, contexts, 
                      f"{r['torch_tokens_per_s']:.0f} | {r['ort_tokens_per_s'] / r['torch_tokens_per_s']:.2f} |")
     lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     lines += [f"| {t['target']} | {t['measured']:.2f}x | {'yes' if t['met'] else 'NO'} |" for t in checks]
-    (out_dir / "gpu_decode.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(out_dir / "gpu_decode.md", "\n".join(lines) + "\n")

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..export.files import write_text_atomic
+
 GPU_WORKER = Path(__file__).with_name("gpu_worker.py")
 LENGTHS = (1024, 4096, 16384, 32768)
 DTYPES = ("float16", "float32")
@@ -256,7 +258,7 @@ def write(result: dict, out_dir: Path, machine: dict | None = None) -> list[Path
     machine = machine or environment()
     checks = targets(result)
     json_path, md_path = out_dir / "gpu_attention.json", out_dir / "gpu_attention.md"
-    json_path.write_text(json.dumps({"machine": machine, **result, "targets": checks}, indent=1))
+    write_text_atomic(json_path, json.dumps({"machine": machine, **result, "targets": checks}, indent=1))
     rows, lengths = result["rows"], result["lengths"]
     configs = [c for c in ("ort-cuda", "ort-cuda-ort", "ort-portable", "ort-plain", *TORCH_CONFIGS)
                if any(r["config"] == c for r in rows)]
@@ -284,7 +286,7 @@ def write(result: dict, out_dir: Path, machine: dict | None = None) -> list[Path
     for c in checks:
         measured = "not measured" if c["measured"] is None else f"{c['measured']:.2f}{c['unit']}"
         lines.append(f"| {c['target']} | {measured} | {c['limit']:g}{c['unit']} | {'yes' if c['met'] else 'NO'} |")
-    md_path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(md_path, "\n".join(lines) + "\n")
     return [md_path, json_path]
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..environment import describe, environment
+from ..export.files import write_text_atomic
 from ..hf.models import SUPPORTED as KINDS
 from .attention import memory_budget
 
@@ -205,8 +206,8 @@ def write(cells: list[ModelCell], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {**environment(), "exporters": exporter_versions()}
     md, js = out_dir / "models.md", out_dir / "models.json"
-    md.write_text(markdown(cells, env))
-    js.write_text(json.dumps({"environment": env, "cells": [asdict(c) for c in cells]}, indent=1))
+    write_text_atomic(md, markdown(cells, env))
+    write_text_atomic(js, json.dumps({"environment": env, "cells": [asdict(c) for c in cells]}, indent=1))
     return [md, js]
 
 

@@ -27,6 +27,8 @@ def build_bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-length", type=int, default=8192,
                    help="also profile ORT (blocked form) at this length; 0: no profile")
     p.add_argument("--out-dir", default="benchmarks", help="where the results files go (default benchmarks)")
+    p.add_argument("--ignore-size-limits", action="store_true", help="run lengths whose memory estimate exceeds this "
+                   "machine's (refused by default)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: our GPU-shaped and portable exports on ONNX Runtime CUDA vs PyTorch eager, fused SDPA "
                    "and FlexAttention on the GPU, float16 and float32; writes gpu_attention.md/.json")
@@ -46,7 +48,8 @@ def run_bench(args) -> int:
         with tqdm(total=attention.count(args.biases, lengths, args.configs, args.variants), desc="bench",
                   unit="config", disable=None, file=sys.stderr) as bar:
             paths = attention.run_and_write(args.biases, lengths, args.configs, args.variants, args.repeats, args.heads,
-                                            args.head_dim, args.timeout, args.profile_length, args.out_dir, bar.update)
+                                            args.head_dim, args.timeout, args.profile_length, args.out_dir, bar.update,
+                                            args.ignore_size_limits)
         print(paths[1].read_text())
     print("wrote " + ", ".join(str(x) for x in paths))
     return 0
@@ -66,6 +69,8 @@ def build_bench_decode_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: ONNX Runtime CUDA (cache kept on "
                    "the GPU) vs PyTorch eager on the GPU; writes gpu_decode.md/.json")
     p.add_argument("--target", choices=tuple(TARGETS), default="portable", help="export target of the decoder file")
+    p.add_argument("--ignore-size-limits", action="store_true", help="decode from contexts whose memory estimate "
+                   "exceeds this machine's (refused by default)")
     return p
 
 
@@ -76,7 +81,7 @@ def run_bench_decode(args) -> int:
 
     with tqdm(total=len(args.biases), desc="bench-decode", unit="bias", disable=None, file=sys.stderr) as bar:
         rows = run(args.biases, args.contexts, args.steps, args.out_dir, progress=bar.update, device=args.device,
-                   target=args.target)
+                   target=args.target, ignore_size_limits=args.ignore_size_limits)
     for r in rows:
         print(f"{r['bias']:>13} context {r['context']:>5}: ORT {r['ort_ms_median']:.2f} ms/token, "
               f"PyTorch {r['torch_ms_median']:.2f} ms/token, ratio {r['ort_over_torch']:.2f}")

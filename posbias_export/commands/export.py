@@ -77,6 +77,9 @@ def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
                    "whole [heads, L, L] bias and scores at once (default for opset 23)")
     p.add_argument("--block", type=positive_int, default=None,
                    help="blocked form: query rows per block (default 256; GPU targets 4096, fewer for long keys)")
+    p.add_argument("--skip-growth-check", action="store_true",
+                   help="skip the second trace (at 2 x trace-len + 1) that catches initializers sized by the trace "
+                   "length: about half the export time; every other check still runs")
     p.add_argument("--inline-functions", action="store_true",
                    help="expand the posbias.* functions into a flat graph of standard ops")
     p.add_argument("--attention-mask", action="store_true",
@@ -86,6 +89,8 @@ def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
                    help="learned positions: resize the table to N rows before export (else longer inputs are refused)")
     p.add_argument("--resize-method", choices=RESIZE_METHODS, default="interpolate",
                    help="how --resize-positions fills the new rows")
+    p.add_argument("--ignore-size-limits", action="store_true",
+                   help="resize to a table whose memory estimate exceeds this machine's (refused by default)")
     p.add_argument("--checkpoint", help="safetensors or weights-only torch file; its saved config is used")
     p.add_argument("--model", metavar="DIR", help="a local Hugging Face folder (config.json + safetensors) of a BLOOM, "
                    "MPT, Falcon (alibi) or T5 model: exported with input_ids, attention_mask -> logits (T5: the encoder, "
@@ -124,11 +129,11 @@ def run_export(args) -> int:
     check_outputs([args.out], [args.checkpoint])  # fail fast, before loading or tracing anything
     model = model_for(given_config(args), args.checkpoint, args.arch, args.seed)
     if args.resize_positions:
-        model.resize_positions(args.resize_positions, args.resize_method)
+        model.resize_positions(args.resize_positions, args.resize_method, ignore_size_limits=args.ignore_size_limits)
     report = export_onnx(model, args.out, opset=args.opset, dtype=args.dtype, trace_len=args.trace_len,
                          attention_mask=args.attention_mask, kv_cache=args.kv_cache, target=args.target,
                          inline_functions=args.inline_functions, attention=args.attention, block=args.block,
-                         metadata=source_metadata(args.checkpoint, args.seed))
+                         metadata=source_metadata(args.checkpoint, args.seed), check_growth=not args.skip_growth_check)
     print(report.summary())
     return _validate_after_export(args) if args.validate else 0
 
@@ -150,11 +155,11 @@ def run_export_folder(args) -> int:
         if refused:
             raise UsageError(f"--out-dir decides what each client needs; drop {', '.join(refused)}")
         print(ship(args.model, args.out_dir, opset=args.opset or 18, trace_len=args.trace_len,
-                   inline_functions=args.inline_functions, **block).summary())
+                   inline_functions=args.inline_functions, check_growth=not args.skip_growth_check, **block).summary())
         return 0
     report = export_model(args.model, args.out, opset=args.opset or 18, trace_len=args.trace_len, kv_cache=args.kv_cache,
                           inline_functions=args.inline_functions, attention=args.attention, part=args.part or "encoder",
-                          **block)
+                          check_growth=not args.skip_growth_check, **block)
     print(report.summary())
     if args.validate and args.part == "decoder":
         print("the T5 decoder file is checked by the test suite (greedy tokens against transformers.generate); "

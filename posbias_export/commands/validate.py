@@ -33,6 +33,8 @@ def build_validate_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", help="your own inputs (.npz) instead of generated lengths")
     p.add_argument("--model", metavar="DIR", help="a local Hugging Face folder (BLOOM, MPT, Falcon alibi, T5): judge "
                    "the files (any exporter's) against this model, left-padded batches, real tokens compared")
+    p.add_argument("--ignore-size-limits", action="store_true",
+                   help="run lengths and batches whose memory estimate exceeds this machine's (refused by default)")
     p.add_argument("--json", help="write the full report as JSON")
     p.add_argument("--markdown", help="write the matrix as markdown")
     return p
@@ -48,11 +50,11 @@ def run_validate(args) -> int:
         raise UsageError("--model judges generated left-padded inputs against the folder's model; drop "
                        + ("--checkpoint" if args.checkpoint else "--inputs"))
     return report_validation(args.models, args.runtimes, args.lengths, args.batch, args.checkpoint, args.inputs,
-                              args.json, args.markdown, args.model)
+                             args.json, args.markdown, args.model, args.ignore_size_limits)
 
 
 def report_validation(models, runtimes, lengths, batch, checkpoint=None, inputs=None, json_path=None, markdown=None,
-                       model_dir=None) -> int:
+                      model_dir=None, ignore_size_limits: bool = False) -> int:
     from tqdm import tqdm
 
     from ..parity import format_matrix
@@ -62,7 +64,8 @@ def report_validation(models, runtimes, lengths, batch, checkpoint=None, inputs=
     for name, reason in skipped.items():
         print(f"skipping {name}: {reason}", file=sys.stderr)
     with tqdm(total=len(models) * len(chosen), desc="validate", unit="runtime", disable=None, file=sys.stderr) as bar:
-        result = validate(models, chosen, lengths, batch, checkpoint, inputs, model_dir, progress=bar.update)
+        result = validate(models, chosen, lengths, batch, checkpoint, inputs, model_dir, progress=bar.update,
+                          ignore_size_limits=ignore_size_limits)
     for matrix in result.matrices:
         print(format_matrix(matrix))
     write_reports(result, json_path, markdown, lengths, batch)

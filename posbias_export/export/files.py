@@ -11,6 +11,8 @@ from pathlib import Path
 
 import onnx
 
+from ..runners import atomic
+
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf's hard limit is 2 GB
 
 
@@ -35,35 +37,19 @@ def ensure_writable(path: str | os.PathLike) -> Path:
 def check_outputs(outputs, inputs=()) -> None:
     """Before any work: every output path can be written and none of them is one of the inputs
     (writing a model over the checkpoint it came from would lose the checkpoint)."""
-    sources = [Path(p).resolve() for p in inputs if p]
+    outputs = [out for out in outputs if out]
     for out in outputs:
-        if not out:
-            continue
         ensure_writable(out)
-        target = Path(out).resolve()
-        for source in sources:
-            if target == source or (target.exists() and source.exists() and os.path.samefile(target, source)):
-                raise OSError(f"refusing to write {out}: it is also an input ({source.name}); choose another output path")
+    clash = atomic().clashing_input(outputs, inputs)
+    if clash:
+        raise OSError(f"refusing to write {clash[0]}: it is also an input ({Path(clash[1]).name}); "
+                      "choose another output path")
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
-    """Write `data` to `path` whole or not at all: a temporary file beside it, flushed to disk,
-    then renamed over it; on any failure the temporary file is removed and an existing file at
-    `path` is left as it was."""
-    path = Path(path)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, default_file_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write `data` to `path` whole or not at all (runtimes/common/atomic.py: a temporary beside
+    it, flushed, renamed; removed on any failure, Ctrl-C or SIGTERM)."""
+    return atomic().write_bytes(path, data)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
@@ -81,9 +67,7 @@ def output_folder(path: str | os.PathLike) -> Path:
 
 def default_file_mode() -> int:
     """What open() would give a new file: 0666 minus the umask (temporary files get 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+    return atomic().default_file_mode()
 
 
 @dataclass(frozen=True)
@@ -103,7 +87,7 @@ def save_checked(proto: onnx.ModelProto, path: Path, check: Callable[[str], None
     # the tensors decide; proto.ByteSize() itself fails past 2 GB
     external = sum(t.ByteSize() for t in proto.graph.initializer) > EXTERNAL_DATA_THRESHOLD
     data_name = path.name + ".data"
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+    with atomic().temporary_folder(path) as tmp:  # named after this process: a killed run's is swept later
         tmp_model, tmp_data = Path(tmp) / path.name, Path(tmp) / data_name
         if external:
             onnx.save_model(proto, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
@@ -116,6 +100,9 @@ def save_checked(proto: onnx.ModelProto, path: Path, check: Callable[[str], None
             os.chmod(f, default_file_mode())
         saved = SavedModel(tmp_model.stat().st_size, path.parent / data_name if external else None,
                            tmp_data.stat().st_size if external else 0)
+        for f in written:
+            with open(f, "rb") as handle:
+                os.fsync(handle.fileno())
         for f in written:
             os.replace(f, path.parent / f.name)
     return saved

@@ -35,7 +35,7 @@ from .gpu_graph import gpu_function_proto
 from .metadata import FORMAT_VERSION, write_metadata
 from .naming import POSBIAS, rename
 from .signature import ExportSpec, ModelSpec, Signature
-from .targets import OPSETS, attention_settings, target, target_opset
+from .targets import attention_settings, target, target_opset
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 

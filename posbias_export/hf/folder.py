@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import first_line
+
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
@@ -116,7 +118,10 @@ def weight_files(path: Path) -> list[Path]:
 
 
 def _readable(err: BaseException, path: Path) -> FolderError:
-    return FolderError(f"cannot read the weights in {path}: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}")
+    if isinstance(err, pickle.UnpicklingError):  # torch's weights-only load refused an object: code would run
+        return FolderError(f"cannot read the weights in {path}: the pickle holds objects other than tensors "
+                           "(loading them could run code); only plain state dicts are read")
+    return FolderError(f"cannot read the weights in {path}: {first_line(err, 200)}")
 
 
 def weight_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
@@ -169,8 +174,7 @@ def read_folder(path, architectures: dict, part: str = "encoder") -> ModelFolder
     try:
         config = config_class.from_dict(raw)
     except Exception as err:  # noqa: BLE001 - transformers 5 validates with huggingface_hub's own error types
-        raise FolderError(f"{path}/config.json does not describe a {model_type} model: "
-                          f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from None
+        raise FolderError(f"{path}/config.json does not describe a {model_type} model: {first_line(err, 200)}") from None
     refusal = architectures[model_type].check_config(config, path)
     if refusal:
         raise FolderError(refusal)

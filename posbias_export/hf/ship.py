@@ -29,6 +29,7 @@ import onnx
 
 from ..export.pipeline import ExportReport
 from ..nn import DEFAULT_BLOCK
+from ..runners import atomic
 from .export import export_model
 from .folder import FolderError
 from .models import load_model
@@ -156,7 +157,7 @@ def ship(model_dir, out_dir, *, opset: int = 18, trace_len: int = 16, block: int
     generation_file = source / "generation_config.json"
     generation = json.loads(generation_file.read_text(encoding="utf-8")) if generation_file.is_file() else {}
     report = ShipReport(out)
-    with tempfile.TemporaryDirectory(dir=out.parent if str(out.parent) else ".", prefix=f".{out.name}.") as tmp:
+    with atomic().temporary_folder(out) as tmp:  # named after this process: a killed run's is swept later
         stage = Path(tmp) / "out"
         stage.mkdir()
         if model.arch == "lm":

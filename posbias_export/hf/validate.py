@@ -19,6 +19,7 @@ import onnx
 import torch
 
 from ..export.metadata import read_metadata
+from ..limits import attention_bytes, check_fits
 from ..nn import AttentionSettings
 from ..parity.matrix import NOT_RUN, Cell, Matrix, runtime_outputs
 from ..parity.reference import ParityInputError, read_onnx
@@ -106,7 +107,7 @@ def transformers_model(model_dir: Path, model_type: str):
 @torch.no_grad()
 def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
                   runtimes: tuple[str, ...] = DEFAULT_RUNTIMES, lengths: tuple[int, ...] = (1, 17, 1024),
-                  batch: int = 3, timeout: float = 1800.0, progress=None) -> Matrix:
+                  batch: int = 3, timeout: float = 1800.0, progress=None, ignore_size_limits: bool = False) -> Matrix:
     unknown = [r for r in runtimes if r not in RUNTIMES]
     if unknown:
         raise ParityInputError(f"unknown runtime(s) {unknown}; choose from {', '.join(RUNTIMES)}")
@@ -121,6 +122,9 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
                                "(the decoder is checked against transformers.generate by the test suite)")
     ours = load_model(model_dir)
     check_weights(meta, ours.source_dir, model_path)
+    for n in lengths:  # transformers' eager attention holds [B, H, L, L] scores; our float64 run blocks of them
+        need = attention_bytes(batch, ours.num_heads, n, n, 4, 3) + 3.0 * batch * n * ours.vocab_size * 8
+        check_fits(need, f"validating {model_path} at length {n}, batch {batch}", ignore_size_limits)
     theirs = transformers_model(Path(model_dir), ours.model_type)
     output = proto.graph.output[0].name
     matrix = Matrix(str(model_path), ours.bias_name, f"{ours.model_type} {ours.arch} ({output})")

@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..biases import AttentionBias, create_bias, mask_value, query_key_positions
+from ..limits import check_index
 from .plans import DEFAULT_BLOCK, block_plan
 from .blocked import blocked_attention, keep_mask
 from .config import ModelConfig
@@ -54,6 +55,7 @@ class AttentionSettings:
             raise ValueError(f"attention impl must be one of {', '.join(ATTENTION_IMPLS)}, got {self.impl!r}")
         if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
             raise ValueError(f"block must be a positive integer, got {self.block!r}")
+        check_index(self.block, "block")  # the exported graph's index math is int32-safe up to 2^30
 
 
 EAGER = AttentionSettings()  # what a plain model(x) call uses

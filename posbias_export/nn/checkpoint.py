@@ -12,6 +12,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..errors import first_line
+from ..runners import atomic
 from .config import ARCHS, ModelConfig
 from .model import build_model
 
@@ -29,12 +30,7 @@ def save_checkpoint(model: torch.nn.Module, path: str | os.PathLike, extra: dict
     meta = {CONFIG_KEY: json.dumps(model.cfg.to_dict(), sort_keys=True), ARCH_KEY: getattr(model, "arch", "lm")}
     meta.update({k: str(v) for k, v in (extra or {}).items()})
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        save_file(state, str(tmp), metadata=meta)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic().write_with(path, lambda tmp: save_file(state, str(tmp), metadata=meta))
 
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict | None, str | None]:

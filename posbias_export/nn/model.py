@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..limits import check_fits, check_index
 from .attention import EAGER, AttentionCore, AttentionSettings, BiasedAttention
 from .config import ARCHS, ModelConfig
 from .positions import resize_learned_table, sinusoidal_embedding
@@ -94,10 +95,13 @@ class DecoderLM(nn.Module):
             return self.pos_embed(pos)  # beyond the table: IndexError here, a Gather error in ONNX
         return sinusoidal_embedding(pos, self.cfg.dim)
 
-    def resize_positions(self, new_len: int, method: str = "interpolate") -> "DecoderLM":
+    def resize_positions(self, new_len: int, method: str = "interpolate", ignore_size_limits: bool = False) -> "DecoderLM":
         """Give a learned-position model a table of `new_len` rows (interpolated or copied)."""
         if self.pos_embed is None:
             raise ValueError("only a model with learned positions has a table to resize")
+        check_index(new_len, "the position table's rows")
+        check_fits(3.0 * new_len * self.cfg.dim * 4, f"a position table of {new_len} rows",  # old, new, interpolation
+                   ignore_size_limits)
         table = resize_learned_table(self.pos_embed.weight.data, new_len, method)
         self.pos_embed = nn.Embedding.from_pretrained(table, freeze=False)
         # a new config for this model: the old one may be shared (the caller's, another model's)

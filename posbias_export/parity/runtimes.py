@@ -10,13 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-def _runtimes_dir() -> Path:
-    package = Path(__file__).resolve().parents[1]
-    installed = package / "runtimes"  # a wheel ships the runners inside the package
-    return installed if installed.is_dir() else package.parent / "runtimes"  # a source checkout
-
-
-RUNTIMES_DIR = _runtimes_dir()
+from ..runners import RUNTIMES_DIR, runtimes_common
 
 
 @dataclass(frozen=True)
@@ -41,16 +35,6 @@ RUNTIMES = {
     )
 }
 DEFAULT_RUNTIMES = ("ort-cpu", "openvino", "node", "reference")
-
-
-def runtimes_common(name: str) -> ModuleType:
-    """A module of runtimes/common (the runners' own helpers: input checks, tensor files,
-    runner loading), imported the way the runners import it."""
-    sys.path.insert(0, str(RUNTIMES_DIR))
-    try:
-        return importlib.import_module(f"common.{name}")
-    finally:
-        sys.path.remove(str(RUNTIMES_DIR))
 
 
 def load_runner(relative: str) -> ModuleType:

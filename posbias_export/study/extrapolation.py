@@ -6,6 +6,8 @@ import json
 import tempfile
 from pathlib import Path
 
+from ..export.files import write_text_atomic
+from ..runners import atomic
 from ..biases import BIASES
 from ..export import checkpoint_metadata, export_onnx
 from ..nn import load_checkpoint
@@ -45,7 +47,7 @@ def run(models_dir: str | Path, corpus: str | Path, lengths, max_tokens: int, ou
             if progress:
                 progress(1)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "extrapolation.json").write_text(json.dumps({"lengths": list(lengths), "max_tokens": max_tokens,
+    write_text_atomic(out_dir / "extrapolation.json", json.dumps({"lengths": list(lengths), "max_tokens": max_tokens,
                                                             "models": results}, indent=1))
     write_markdown(results, lengths, max_tokens, out_dir / "extrapolation.md", models_dir, corpus)
     plot(results, out_dir / "extrapolation.png")
@@ -71,7 +73,7 @@ def write_markdown(results: dict, lengths, max_tokens: int, path: Path, models_d
         diffs = [r["rel_diff"] for r in entry["rows"] if r["rel_diff"] is not None]
         lines.append(f"| {entry['label']} | " + " | ".join(cells) + f" | {ratio} | {max(diffs):.1e} |")
     lines += ["", "n/a: beyond the learned position table (the runner refuses it with a clear error).", ""]
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
 
 
 def plot(results: dict, path: Path) -> None:
@@ -93,5 +95,5 @@ def plot(results: dict, path: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic().write_with(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from ..biases import BIASES, NO_BIAS, bias_class
 from ..export.files import check_outputs, write_text_atomic
-from ..nn import ModelConfig, build_model, save_checkpoint
+from ..nn import ModelConfig, build_model, non_finite_tensor, save_checkpoint
 from .corpus import HELDOUT_FRACTION, read_corpus, split
 
 # Position schemes that are not bias families: no bias, plus a position encoding. With the
@@ -45,8 +45,8 @@ def scheme_of(cfg: ModelConfig) -> str:
 
 def train(cfg: ModelConfig, corpus: str | Path, train_len: int = 64, steps: int = 2000, batch: int = 32,
           lr: float = 3e-3, seed: int = 0, progress: bool = True) -> tuple[torch.nn.Module, dict]:
-    if train_len < 2 or steps < 1 or batch < 1 or not lr > 0:
-        raise ValueError("train_len >= 2, steps >= 1, batch >= 1 and lr > 0 are required")
+    if train_len < 2 or steps < 1 or batch < 1 or not (lr > 0 and math.isfinite(lr)):
+        raise ValueError("train_len >= 2, steps >= 1, batch >= 1 and a finite lr > 0 are required")
     data, digest = read_corpus(corpus)
     train_data = torch.from_numpy(split(data)[0].astype(np.int64))
     if len(train_data) <= train_len + 1:
@@ -74,9 +74,15 @@ def train(cfg: ModelConfig, corpus: str | Path, train_len: int = 64, steps: int 
         opt.step()
         sched.step()
         losses.append(loss.item())
+        if not math.isfinite(losses[-1]):  # diverged (lr far too large): nothing worth saving
+            raise ValueError(f"training diverged at step {step + 1} (loss {losses[-1]}): lower --lr (got {lr:g}); "
+                             "no checkpoint written")
         if step % 50 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
     model.eval()
+    bad = non_finite_tensor(model)
+    if bad:
+        raise ValueError(f"training left NaN or infinity in {bad}: lower --lr (got {lr:g}); no checkpoint written")
     card = {
         "config": cfg.to_dict(), "corpus": Path(corpus).name, "corpus_sha256": digest, "corpus_bytes": int(len(data)),
         "heldout": f"last {HELDOUT_FRACTION:.0%} of the corpus", "train_len": train_len, "steps": steps,

@@ -47,30 +47,51 @@ def onnx_metadata(model_path: str) -> dict[str, str]:
         return {}  # the runtime's own load reports a broken file
 
 
+def output_targets(out_root: Path, sets) -> list[Path]:
+    """Where each data set's outputs go: the .npz (one per set when there are several), or the
+    folder (a test_data_set_N folder per set)."""
+    if out_root.suffix == ".npz":
+        return [out_root if len(sets) == 1 else out_root.with_name(f"{out_root.stem}_{name}.npz") for name, _ in sets]
+    return [out_root / name if len(sets) > 1 or location.name.startswith("test_data_set_") else out_root
+            for name, location in sets]
+
+
 def run_all(args, load, specs_of, run, name: str, metadata_of=None) -> int:
     """load(model_path) -> handle; specs_of(handle) -> [InputSpec]; run(handle, feeds) -> {name: array};
-    metadata_of(handle) -> the file's metadata_props (default: read with onnx)."""
+    metadata_of(handle) -> the file's metadata_props (default: read with onnx). Every input is
+    read and checked, and every set run, before any output is written: a refused or failed run
+    creates nothing."""
+    from .atomic import clashing_input, on_sigterm_raise
     from .feeds import check_feeds, with_token_limit
 
+    on_sigterm_raise()
     try:
-        handle = load(str(check_model_file(args.model)))
+        model = check_model_file(args.model)
+        sets = data_sets(args.inputs)
+        targets = output_targets(Path(args.outputs), sets)
+        clash = clashing_input(targets, [model, Path(args.inputs), *(location for _, location in sets)])
+        if clash:
+            raise RunnerError(f"refusing to write {clash[0]}: it is also an input ({clash[1].name})")
+        handle = load(str(model))
         metadata = metadata_of(handle) if metadata_of else onnx_metadata(args.model)
         specs = with_token_limit(specs_of(handle), metadata)
-        sets = data_sets(args.inputs)
-        out_root = Path(args.outputs)
-        for set_name, location in sets:
-            feeds = read_tensors(location, "input", [s.name for s in specs])
-            check_feeds(feeds, specs)
+        feeds = [read_tensors(location, "input", [s.name for s in specs]) for _, location in sets]
+        for fed in feeds:
+            check_feeds(fed, specs)
+        results = []
+        for (set_name, _), fed in zip(sets, feeds):
             start = time.perf_counter()
-            outputs = run(handle, feeds)
-            elapsed = time.perf_counter() - start
-            if out_root.suffix == ".npz":
-                target = out_root if len(sets) == 1 else out_root.with_name(f"{out_root.stem}_{set_name}.npz")
-            else:
-                target = out_root / set_name if len(sets) > 1 or location.name.startswith("test_data_set_") else out_root
+            results.append(run(handle, fed))
+            print(f"{name}: {set_name} ran in {(time.perf_counter() - start) * 1e3:.1f} ms")
+        for target, outputs in zip(targets, results):
             write_tensors(target, outputs)
-            print(f"{name}: {set_name} ran in {elapsed * 1e3:.1f} ms")
         return 0
     except RunnerError as err:
         print(f"{name}: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # an output that cannot be written: a file in the way, read-only, a full disk
+        print(f"{name}: error: {err if not err.filename else f'{err.filename}: {err.strerror}'}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (atomic.Terminated): temporaries are gone
+        print(f"{name}: {'terminated' if type(stop).__name__ == 'Terminated' else 'interrupted'}", file=sys.stderr)
+        return 143 if type(stop).__name__ == "Terminated" else 130

@@ -3,22 +3,16 @@ optionally grouped in test_data_set_N/ folders)."""
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from .atomic import write_bytes, write_with
 
 
 class RunnerError(Exception):
     """A problem with the request (model, inputs, runtime): one line for the user."""
 
-
-
-def default_file_mode() -> int:
-    """What open() would give a new file: 0666 minus the umask."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
 
 def _onnx():
     try:
@@ -38,7 +32,7 @@ def data_sets(path: str | os.PathLike) -> list[tuple[str, Path]]:
         if path.suffix != ".npz":
             raise RunnerError(f"inputs {path}: expected a .npz file or a folder of input_N.pb files")
         return [(path.stem, path)]
-    sets = sorted((p for p in path.glob("test_data_set_*") if p.is_dir()), key=lambda p: int(p.name.rsplit("_", 1)[1]))
+    sets = [p for p in _numbered(path, "test_data_set_*") if p.is_dir()]
     if sets:
         return [(p.name, p) for p in sets]
     if list(path.glob("input_*.pb")):
@@ -55,7 +49,7 @@ def read_tensors(location: Path, prefix: str = "input", names: list[str] | None 
         except Exception as err:
             raise RunnerError(f"cannot read {location}: {err}") from None
     onnx, numpy_helper = _onnx()
-    files = sorted(location.glob(f"{prefix}_*.pb"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+    files = _numbered(location, f"{prefix}_*.pb")
     out = {}
     for index, file in enumerate(files):
         proto = onnx.TensorProto()
@@ -70,19 +64,38 @@ def read_tensors(location: Path, prefix: str = "input", names: list[str] | None 
 
 
 def write_tensors(location: Path, arrays: dict[str, np.ndarray], prefix: str = "output") -> None:
-    """Write arrays as .npz (location ends in .npz) or {prefix}_N.pb files; atomic per file."""
+    """Write arrays as .npz (location ends in .npz) or {prefix}_N.pb files, each file atomic
+    (atomic.py: whole or not at all, temporary removed on failure)."""
     location = Path(location)
     if location.suffix == ".npz":
-        location.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=location.parent, suffix=".npz", delete=False) as tmp:
-            np.savez(tmp, **arrays)
-        os.chmod(tmp.name, default_file_mode())  # NamedTemporaryFile makes 0600; a results file is shared like any other
-        os.replace(tmp.name, location)
+        if not location.parent.is_dir():
+            _make_folder(location.parent)
+        def save(tmp: Path) -> None:
+            with open(tmp, "wb") as f:  # a file object: given a name, savez would append .npz to it
+                np.savez(f, **arrays)
+        write_with(location, save)
         return
     onnx, numpy_helper = _onnx()
-    location.mkdir(parents=True, exist_ok=True)
+    _make_folder(location)
     for index, (name, array) in enumerate(arrays.items()):
-        target = location / f"{prefix}_{index}.pb"
-        tmp = target.with_suffix(".pb.tmp")
-        tmp.write_bytes(numpy_helper.from_array(np.ascontiguousarray(array), name).SerializeToString())
-        os.replace(tmp, target)
+        data = numpy_helper.from_array(np.ascontiguousarray(array), name).SerializeToString()
+        write_bytes(location / f"{prefix}_{index}.pb", data)
+
+
+def _make_folder(folder: Path) -> None:
+    for part in [folder, *folder.parents]:
+        if part.exists() and not part.is_dir():
+            raise RunnerError(f"cannot write into {folder}: {part} is a file")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OSError(f"cannot make the output folder {folder}: {err.strerror}") from None
+
+
+def _numbered(path: Path, pattern: str) -> list[Path]:
+    """Files or folders named <stem>_<N>, by N; a name whose N is not a number is one line."""
+    found = list(path.glob(pattern))
+    bad = [p.name for p in found if not p.name.split(".")[0].rsplit("_", 1)[-1].isdigit()]
+    if bad:
+        raise RunnerError(f"{path / bad[0]}: expected a number after the last '_' (e.g. {pattern.replace('*', '0')})")
+    return sorted(found, key=lambda p: int(p.name.split(".")[0].rsplit("_", 1)[1]))

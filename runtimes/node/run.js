@@ -89,9 +89,10 @@ async function main(argv) {
     throw new RunnerError('onnxruntime-node is not installed (npm install --ignore-scripts in runtimes/node)');
   }
   if (!fs.existsSync(modelPath) || !fs.statSync(modelPath).isFile()) throw new RunnerError(`model ${modelPath} does not exist`);
+  ort.env.logLevel = 'fatal';  // errors reach the user as our one line, not as the runtime's native log
   let session;
   try {
-    session = await ort.InferenceSession.create(modelPath, { executionProviders: ['cpu'], logSeverityLevel: 3 });
+    session = await ort.InferenceSession.create(modelPath, { executionProviders: ['cpu'], logSeverityLevel: 4 });
   } catch (err) {
     throw new RunnerError(`cannot load model ${modelPath}: ${String(err.message || err).split('\n')[0]}`);
   }
@@ -101,7 +102,14 @@ async function main(argv) {
   } catch (err) {
     idLimit = null; // the session above loaded it; a metadata we cannot parse checks nothing
   }
-  for (const [name, dir, grouped] of dataSets(inputs)) {
+  const sets = dataSets(inputs);
+  const inputPaths = [modelPath, inputs, ...sets.map(([, dir]) => dir)];
+  for (const target of sets.map(([name, , grouped]) => (grouped ? path.join(outputs, name) : outputs))) {
+    const clash = inputPaths.find((p) => sameFile(p, target));
+    if (clash) throw new RunnerError(`refusing to write ${target}: it is also an input (${path.basename(clash)})`);
+  }
+  const results = [];  // every set runs before any output is written: a failed run creates nothing
+  for (const [name, dir, grouped] of sets) {
     const tensors = numbered(dir, 'input').map((f, i) => {
       try {
         const t = decodeTensor(fs.readFileSync(path.join(dir, f)));
@@ -122,17 +130,70 @@ async function main(argv) {
       throw new RunnerError(`onnxruntime-node failed: ${String(err.message || err).split('\n')[0]}`);
     }
     const ms = Number(process.hrtime.bigint() - start) / 1e6;
-    const outDir = grouped ? path.join(outputs, name) : outputs;
-    fs.mkdirSync(outDir, { recursive: true });
-    session.outputNames.forEach((outName, i) => {
-      const t = result[outName];
-      const target = path.join(outDir, `output_${i}.pb`);
-      fs.writeFileSync(`${target}.tmp`, encodeTensor(outName, t.type, t.dims.map(Number), t.data));
-      fs.renameSync(`${target}.tmp`, target);
-    });
+    results.push([grouped ? path.join(outputs, name) : outputs, result]);
     console.log(`node: ${name} ran in ${ms.toFixed(1)} ms`);
   }
+  for (const [outDir, result] of results) {
+    makeFolder(outDir);
+    session.outputNames.forEach((outName, i) => {
+      const t = result[outName];
+      writeAtomic(path.join(outDir, `output_${i}.pb`), encodeTensor(outName, t.type, t.dims.map(Number), t.data));
+    });
+  }
   return 0;
+}
+
+function sameFile(a, b) {
+  if (path.resolve(a) === path.resolve(b)) return true;
+  try {
+    const [x, y] = [fs.statSync(a), fs.statSync(b)];
+    return x.ino === y.ino && x.dev === y.dev;
+  } catch (err) {
+    return false;
+  }
+}
+
+function makeFolder(dir) {
+  for (let part = path.resolve(dir); ; part = path.dirname(part)) {
+    if (fs.existsSync(part) && !fs.statSync(part).isDirectory()) throw new RunnerError(`cannot write into ${dir}: ${part} is a file`);
+    if (path.dirname(part) === part) break;
+  }
+  try {
+    fs.mkdirSync(dir, { recursive: true });
+  } catch (err) {
+    throw new RunnerError(`cannot make the output folder ${dir}: ${err.code || err.message}`);
+  }
+}
+
+// As runtimes/common/atomic.py: a temporary beside the target named after this process,
+// flushed, renamed; removed on any failure (and on SIGTERM / Ctrl-C, see below).
+const temporaries = new Set();
+function writeAtomic(target, bytes) {
+  const tmp = path.join(path.dirname(target), `.${path.basename(target)}.${process.pid}.${Date.now()}.posbias-tmp`);
+  temporaries.add(tmp);
+  try {
+    const fd = fs.openSync(tmp, 'w');
+    try {
+      fs.writeSync(fd, bytes);
+      fs.fsyncSync(fd);
+    } finally {
+      fs.closeSync(fd);
+    }
+    fs.renameSync(tmp, target);
+  } catch (err) {
+    fs.rmSync(tmp, { force: true });
+    throw new RunnerError(`cannot write ${target}: ${err.code || err.message}`);
+  } finally {
+    temporaries.delete(tmp);
+  }
+}
+
+for (const [signal, code, word] of [['SIGTERM', 143, 'terminated'], ['SIGINT', 130, 'interrupted']]) {
+  process.on(signal, () => {
+    for (const tmp of temporaries) fs.rmSync(tmp, { force: true });
+    process.stderr.write(`node: ${word}\n`);
+    process.exit(code);
+  });
 }
 
 main(process.argv.slice(2)).then((code) => process.exit(code), (err) => {

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from common.atomic import Terminated, clashing_input, on_sigterm_raise, write_bytes  # noqa: E402
 from common.cache import cache_layout  # noqa: E402
 from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
 from common.loading import load_runner  # noqa: E402
@@ -203,15 +204,17 @@ def _positive(text: str) -> int:
     return value
 
 
-def _check_output(path: str, model: str) -> None:
-    """Before generating: the output can be written and is not the model."""
+def _check_output(path: str, inputs: list[str]) -> None:
+    """Before generating: the output can be written and is none of the inputs (the model, a
+    prompt file)."""
     target = Path(path)
     if not target.parent.is_dir():
         raise RunnerError(f"cannot write {path}: directory {target.parent} does not exist")
     if target.is_dir():
         raise RunnerError(f"cannot write {path}: it is a directory")
-    if target.resolve() == Path(model).resolve():
-        raise RunnerError(f"refusing to write {path}: it is the model")
+    clash = clashing_input([target], inputs)
+    if clash:
+        raise RunnerError(f"refusing to write {path}: it is also an input ({clash[1].name})")
 
 
 def main(argv=None) -> int:
@@ -231,10 +234,13 @@ def main(argv=None) -> int:
                    help=f"refuse requests whose prompt + new tokens exceed this (default {DEFAULT_MAX_CONTEXT})")
     p.add_argument("--output", help="write what the first prompt generated here (raw bytes; text for a tokenizer)")
     args = p.parse_args(argv)
+    on_sigterm_raise()
     try:
         check_temperature(args.temperature)
+        if args.seed < 0:
+            raise RunnerError(f"--seed must be >= 0, got {args.seed}")
         if args.output:
-            _check_output(args.output, args.model)
+            _check_output(args.output, [args.model, *(args.prompt_file or []), *([args.tokenizer] if args.tokenizer else [])])
         decoder = CachedDecoder(args.model, args.provider, tf32=args.tf32)
         vocab = vocabulary_for(args.model, decoder.session.get_modelmeta().custom_metadata_map, args.tokenizer)
         prompts = [vocab.encode(t) if not vocab.is_bytes else t.encode("utf-8") for t in args.prompt or []]
@@ -248,15 +254,22 @@ def main(argv=None) -> int:
         steps = generate_steps(decoder, prompts, args.max_new_tokens, args.temperature, args.seed, args.max_context,
                                vocab.eos_id, vocab.pad_id)
         outputs = _stream(prompts[0], steps, vocab) if len(prompts) == 1 else generate_rows(steps, len(prompts))
+        if len(prompts) > 1:
+            for prompt, out in zip(prompts, outputs):
+                print(vocab.decode(list(prompt) + _until_eos(out, vocab)))
+        if args.output:
+            first = _until_eos(outputs[0], vocab)
+            write_bytes(args.output, bytes(first) if vocab.is_bytes else vocab.decode(first))
     except RunnerError as err:
         print(f"generate: error: {err}", file=sys.stderr)
         return 2
-    if len(prompts) > 1:
-        for prompt, out in zip(prompts, outputs):
-            print(vocab.decode(list(prompt) + _until_eos(out, vocab)))
-    if args.output:
-        first = _until_eos(outputs[0], vocab)
-        Path(args.output).write_bytes(bytes(first) if vocab.is_bytes else vocab.decode(first).encode("utf-8"))
+    except OSError as err:  # the output: a full disk, a read-only folder
+        print(f"generate: error: {err if not err.filename else f'{err.filename}: {err.strerror}'}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM: nothing half-written stays
+        terminated = isinstance(stop, Terminated)
+        print(f"\ngenerate: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
     return 0
 
 

@@ -49,8 +49,11 @@ def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf3
                 f"CUDA requested, but this onnxruntime build has no CUDAExecutionProvider "
                 f"(available: {', '.join(available)}); install onnxruntime-gpu"
             )
+    # errors reach the user as our one line: ONNX Runtime's own log (red ERROR lines before it
+    # raises, warnings at load) stays quiet
+    ort.set_default_logger_severity(4)
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4
     if threads:
         opts.intra_op_num_threads = threads
     if tf32 and provider != "cuda":

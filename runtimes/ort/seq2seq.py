@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from common.atomic import Terminated, on_sigterm_raise  # noqa: E402
 from common.cache import cache_layout  # noqa: E402
 from common.loading import load_runner  # noqa: E402
 from common.runner_cli import OneLineParser  # noqa: E402
@@ -36,6 +37,14 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
     """input_ids, attention_mask [B, Le] int64 -> generated tokens [B, max_new_tokens] (greedy;
     `eos_token` is forbidden for the first `min_new_tokens` steps, as transformers does)."""
     encoder, decoder = create_session(encoder_path, provider), create_session(decoder_path, provider)
+    vocab = encoder.get_modelmeta().custom_metadata_map.get("posbias.vocab_size")
+    ids = np.asarray(input_ids)
+    if ids.dtype != np.int64 or ids.ndim != 2 or np.asarray(attention_mask).shape != ids.shape:
+        raise RunnerError(f"input_ids and attention_mask must be int64 [B, L] of one shape, got {ids.dtype} "
+                          f"{list(ids.shape)} and {list(np.asarray(attention_mask).shape)}")
+    if vocab and ids.size and (ids.min() < 0 or ids.max() >= int(vocab)):
+        bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+        raise RunnerError(f"token id {bad} is outside the vocabulary [0, {vocab})")
     names = {i.name: i for i in decoder.get_inputs()}
     try:
         layout = cache_layout(names, [o.name for o in decoder.get_outputs()])
@@ -88,6 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", help="tokenizer.json (default: the folder's)")
     p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
     args = p.parse_args(argv)
+    on_sigterm_raise()
     try:
         if args.max_new_tokens < 1:
             raise RunnerError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -110,6 +120,10 @@ def main(argv=None) -> int:
     except RunnerError as err:
         print(f"seq2seq: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as stop:
+        terminated = isinstance(stop, Terminated)
+        print(f"seq2seq: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
     for row in tokens.tolist():
         if vocab.eos_id in row:
             row = row[: row.index(vocab.eos_id)]
