@@ -47,7 +47,7 @@ def part_torch(out: Path) -> None:
             checks[bias] = float("nan")
             print("flex check", bias, err, flush=True)
         # after every bias: a call cut short by its time limit still returns what it measured
-        (out / "gpu_torch.json").write_text(json.dumps({"rows": rows, "flex_vs_eager_float32_1024": checks}))
+        (out / "gpu_torch.json").write_text(json.dumps({"rows": rows, "flex_vs_float64_1024": checks}))
 
 
 GPU_MACHINE = ("Machine: one NVIDIA H100 80GB HBM3 (driver 580.159), 16 CPU cores; onnxruntime-gpu 1.31.1 (CUDA "
@@ -101,7 +101,7 @@ def part_write(folders: list[Path]) -> None:
     the validate reports (par/*.json, later folders' reports listed as re-runs)."""
     ort = next(json.loads((f / "gpu_ort.json").read_text()) for f in folders if (f / "gpu_ort.json").exists())
     torch_part = next(json.loads((f / "gpu_torch.json").read_text()) for f in folders if (f / "gpu_torch.json").exists())
-    result = {"rows": ort + torch_part["rows"], "flex_vs_eager_float32_1024": torch_part["flex_vs_eager_float32_1024"],
+    result = {"rows": ort + torch_part["rows"], "flex_vs_float64_1024": torch_part["flex_vs_float64_1024"],
               "heads": HEADS, "head_dim": HEAD_DIM, "lengths": list(g.LENGTHS)}
     md, _ = g.write(result, Path("benchmarks"), {"description": GPU_MACHINE})
     md.write_text(md.read_text() + FINDINGS)

@@ -140,9 +140,23 @@ def test_ort_cuda_matches_pytorch(exports, bias):
 
 def test_cuda_sessions_keep_tf32_off_unless_asked():
     ort_run = load_runner("ort/run.py")
-    assert ort_run.provider_list("cuda") == [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
-    assert ort_run.provider_list("cuda", tf32=True)[0] == ("CUDAExecutionProvider", {"use_tf32": "1"})
+    (name, options), cpu = ort_run.provider_list("cuda")
+    assert (name, cpu, options["use_tf32"]) == ("CUDAExecutionProvider", "CPUExecutionProvider", "0")
+    assert options["use_ep_level_unified_stream"] == "1"  # one stream (the order-dependent CUDA error's suspect)
+    assert ort_run.provider_list("cuda", tf32=True)[0][1]["use_tf32"] == "1"
     assert ort_run.provider_list("cpu") == ["CPUExecutionProvider"]
+
+
+def test_sessions_serve_changing_shapes_without_memory_patterns(exports):
+    """Memory patterns are keyed by input dims (a Loop body's key is the same at every length):
+    off in every runner session, and in the GPU bench worker, which takes the runner's options."""
+    import onnxruntime as ort
+
+    ort_run = load_runner("ort/run.py")
+    opts = ort_run.session_options(ort, threads=1)
+    assert opts.enable_mem_pattern is False and opts.intra_op_num_threads == 1
+    session = ort_run.create_session(str(exports.cli("none")), "cpu")
+    assert session.get_session_options().enable_mem_pattern is False
 
 
 def test_tf32_policy_admits_tf32_rounding_and_float32_does_not():

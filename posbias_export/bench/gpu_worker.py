@@ -34,18 +34,27 @@ def process_gpu_bytes() -> int | None:
     return 0
 
 
+def load_runner(relative: str):
+    """A runner script of runtimes/ as a module (posbias_export must be importable: installed, or
+    PYTHONPATH set to the checkout as on the GPU machine)."""
+    from posbias_export.runners import runtimes_common
+
+    return runtimes_common("loading").load_runner(relative)
+
+
 def cuda_session(model: str, tf32: bool = False):
     import onnxruntime as ort
 
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
     ort.set_default_logger_severity(3)  # a failing length is reported in its JSON row, once
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    runner = load_runner("ort/run.py")  # the runners' session and provider options: what is timed is what is served
+    opts = runner.session_options(ort)
+    (name, cuda), cpu = runner.provider_list("cuda", tf32)
     # kSameAsRequested: the arena grows by what is asked, not to the next power of two, so the
     # memory column is what the graph needs (the default doubling reached 22 GB at 16384)
-    cuda = {"use_tf32": "1" if tf32 else "0", "arena_extend_strategy": "kSameAsRequested"}
-    session = ort.InferenceSession(model, opts, providers=[("CUDAExecutionProvider", cuda), "CPUExecutionProvider"])
+    cuda = {**cuda, "arena_extend_strategy": "kSameAsRequested"}
+    session = ort.InferenceSession(model, opts, providers=[(name, cuda), cpu])
     active = session.get_providers()[0]
     if active != "CUDAExecutionProvider":
         raise RuntimeError(f"CUDA provider did not load (session runs on {active})")

@@ -78,6 +78,7 @@ class AlibiBias(AttentionBias):
     relative = True
     key_row_function = AlibiKeyRow
     key_row_mirrors = True  # -m|i - j|: m(j - p0) before the query, -m(j - p0) after it (up to row constants)
+    slope_features = True  # causal: -m(i - j) = (m j) - (m i), one dot product of features
 
     def __init__(self, num_heads: int, causal: bool = True, params=None, seed: int = 0):
         super().__init__(num_heads, causal, params, seed)

@@ -141,6 +141,9 @@ class AttentionBias(nn.Module):
     # The bias only masks (no bias, or a local window): a FlexAttention baseline needs no
     # score_mod, its block mask does the work.
     mask_only: ClassVar[bool] = False
+    # The causal bias is -s_h (i - j), s_h the family's first function tensor [H] (ALiBi): the
+    # GPU targets carry it as features of the queries and keys inside one fused causal kernel.
+    slope_features: ClassVar[bool] = False
 
     def __init_subclass__(cls, family: bool = True, **kwargs):
         """family=False: a bias one imported model needs (Falcon's rounded ALiBi), with its own

@@ -84,13 +84,19 @@ def graph(nodes, name: str, out: str, out_type: int) -> onnx.GraphProto:
 
 def blocked_function(name: str, params: list[str], head: list[onnx.NodeProto], fits_rows: str,
                      direct: onnx.GraphProto, blocks: onnx.GraphProto, opset: int,
-                     extra_imports=()) -> onnx.FunctionProto:
+                     extra_imports=(), whole: onnx.GraphProto | None = None) -> onnx.FunctionProto:
     """posbias.<name>(q, k, v, q_pos, k_pos, keep, *params) -> out: `head` nodes, then an If
-    on FitsOneBlock(q, fits_rows) between the `direct` branch and the `blocks` one."""
-    nodes = [
-        *head,
+    on FitsOneBlock(q, fits_rows) between the `direct` branch and the `blocks` one; with a
+    `whole` branch, an If on WholeSequence(q, k, keep) first (GPU-shaped bodies)."""
+    parts = [
         call("FitsOneBlock", ["q", fits_rows], ["fits"]),
-        helper.make_node("If", ["fits"], ["out"], then_branch=direct, else_branch=blocks),
+        helper.make_node("If", ["fits"], ["out_parts" if whole else "out"], then_branch=direct, else_branch=blocks),
     ]
+    if whole is not None:
+        out_type = whole.output[0].type.tensor_type.elem_type
+        parts = [call("WholeSequence", ["q", "k", "keep"], ["whole_sequence"]),
+                 helper.make_node("If", ["whole_sequence"], ["out"], then_branch=whole,
+                                  else_branch=graph(parts, "parts", "out_parts", out_type))]
+    nodes = [*head, *parts]
     imports = [helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, VERSION), *extra_imports]
     return helper.make_function(DOMAIN, name, ["q", "k", "v", "q_pos", "k_pos", "keep", *params], ["out"], nodes, imports)

@@ -17,6 +17,12 @@ fused = "onnx": the standard ONNX Attention op (opset 23) with the bias as attn_
 runtime that implements opset 23. fused = "ort": ONNX Runtime's com.microsoft.MultiHeadAttention
 with the bias as attention_bias: ONNX Runtime only (CPU and CUDA), its memory-efficient kernel.
 Either way the op's scale is 1: queries are scaled by 1/sqrt(d) once, up front.
+
+Before all that, a family with a whole-sequence path (BlockPlan.whole: ALiBi, none) serves an
+input with as many queries as keys and no padding key with ONE fused causal call and no bias
+tensor at all (_whole): the form ONNX Runtime's flash kernels take. Decode steps (fewer queries
+than keys: the ops do not agree on where a causal mask then sits) and padded batches take the
+blocks above.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ import torch
 from onnx import TensorProto, helper
 
 from ..biases import MASK_PENALTY, AttentionBias
-from ..nn.plans import BlockPlan
+from ..nn.plans import FEATURE_WIDTH, BlockPlan
 from .block_scaffold import (ELEM_TYPES, UNBOUNDED, blocked_function, budgeted_rows, call, graph, loop, padding_loops,
                              scalar_node)
 
@@ -76,6 +82,14 @@ class _GpuBody:
             return nodes + [helper.make_node("Attention", [q, k, v, mask4], [out], scale=1.0)]
         return nodes + _multi_head_attention(q, k, v, mask4, out, self.bias.num_heads)
 
+    def attend_causal(self, q, k, v, out):
+        """The fused op with its own mask and no bias tensor (the kernels' fastest form), as many
+        queries as keys: q [B, H, L, d'] (scaled), k/v [B, H, L, d'] -> [B, H, L, d']."""
+        causal = int(self.bias.causal)
+        if self.fused == "onnx":
+            return [helper.make_node("Attention", [q, k, v], [out], scale=1.0, is_causal=causal)]
+        return _multi_head_attention(q, k, v, "", out, self.bias.num_heads, unidirectional=causal)
+
 
 def _as_4d(x, out):  # [H|1, Bq, W] or [B|1, H|1, Bq, W] -> [B|1, H|1, Bq, W]
     return [helper.make_node("Shape", [x], [out + "_shape"], start=-3),
@@ -85,8 +99,9 @@ def _as_4d(x, out):  # [H|1, Bq, W] or [B|1, H|1, Bq, W] -> [B|1, H|1, Bq, W]
             helper.make_node("Reshape", [x, out + "_4d"], [out])]
 
 
-def _multi_head_attention(q, k, v, mask4, out, heads: int) -> list[onnx.NodeProto]:
-    """com.microsoft.MultiHeadAttention takes [B, S, H*d] (BSNH flattened) and returns the same."""
+def _multi_head_attention(q, k, v, mask4, out, heads: int, unidirectional: int = 0) -> list[onnx.NodeProto]:
+    """com.microsoft.MultiHeadAttention takes [B, S, H*d] (BSNH flattened) and returns the same.
+    mask4: its attention_bias, or "" for none."""
     def to_bsd(x):
         return [helper.make_node("Transpose", [x], [x + "_bsnh"], perm=[0, 2, 1, 3]),
                 helper.make_node("Reshape", [x + "_bsnh", "bsd_shape"], [x + "_bsd"])]
@@ -95,7 +110,8 @@ def _multi_head_attention(q, k, v, mask4, out, heads: int) -> list[onnx.NodeProt
                                                                                  [3], [0, 0, -1])),
         *to_bsd(q), *to_bsd(k), *to_bsd(v),
         helper.make_node("MultiHeadAttention", [q + "_bsd", k + "_bsd", v + "_bsd", "", "", mask4],
-                         [out + "_bsd"], domain=ORT_DOMAIN, num_heads=heads, scale=1.0),
+                         [out + "_bsd"], domain=ORT_DOMAIN, num_heads=heads, scale=1.0,
+                         **({"unidirectional": unidirectional} if unidirectional else {})),
         helper.make_node("Shape", [q], [out + "_shape"]),
         helper.make_node("Constant", [], [out + "_perm_shape"], value=helper.make_tensor(
             out + "_perm_shape", TensorProto.INT64, [4], [0, 2, 1, 3])),
@@ -136,6 +152,32 @@ def _direct(body: _GpuBody) -> onnx.GraphProto:
         *body.in_model_dtype("mask_all_f32", "mask_all"),
         *body.attend("q_scaled", k, v, "mask_all", "out_direct"),
     ], "one_block", "out_direct", body.out_type)
+
+
+def _whole(body: _GpuBody) -> onnx.GraphProto:
+    """Every query in ONE fused causal call without a bias tensor (BlockPlan.whole): `plain` hands
+    over q, k, v as they are; `features` prepends ALiBi's features (SlopeFeatures; float16 models
+    get each feature as a high and low float16 part), pads the values as wide, and drops the
+    padding from the output."""
+    nodes = [call("DirectQueries", ["q", "k"], ["q_whole", "whole_q_idx", "whole_k_idx"])]
+    if body.plan.whole == "plain":
+        return graph(nodes + body.attend_causal("q_whole", "k", "v", "out_whole"), "whole", "out_whole", body.out_type)
+    slopes = body.params[0]  # the family declares its slopes the first function tensor (slope_features)
+    parts = {side: (f"{side}_a", f"{side}_b") for side in ("q", "k")}
+    for side in ("q", "k"):
+        nodes.append(call("SlopeParts", [f"{side}_pos", slopes], list(parts[side])))
+        if body.dtype == torch.float16:
+            nodes.append(call("HalfParts", list(parts[side]), [f"{side}_hi", f"{side}_lo"]))
+            parts[side] = (f"{side}_hi", f"{side}_lo")
+    return graph(nodes + [
+        call("SlopeFeatures", [*parts["q"], *parts["k"]], ["q_feat", "k_feat"]),
+        scalar_node("feature_width", FEATURE_WIDTH),
+        call("PrependFeatures", ["q_whole", "q_feat", "feature_width"], ["q_wide"]),
+        call("PrependFeatures", ["k", "k_feat", "feature_width"], ["k_wide"]),
+        call("PadValues", ["v", "feature_width"], ["v_wide"]),
+        *body.attend_causal("q_wide", "k_wide", "v_wide", "out_wide"),
+        call("DropPadding", ["out_wide", "v"], ["out_whole"]),
+    ], "whole", "out_whole", body.out_type)
 
 
 def _block(body: _GpuBody, mask_nodes) -> list[onnx.NodeProto]:
@@ -198,4 +240,6 @@ def gpu_function_proto(bias: AttentionBias, plan: BlockPlan, block: int, dtype: 
         *budgeted_rows(plan.row_budget),
     ]
     extra = [helper.make_opsetid(ORT_DOMAIN, 1)] if fused == "ort" else []
-    return blocked_function(plan.name, body.params, head, "loop_block", _direct(body), _blocks(body), opset, extra)
+    whole = _whole(body) if plan.whole else None
+    return blocked_function(plan.name, body.params, head, "loop_block", _direct(body), _blocks(body), opset, extra,
+                            whole)

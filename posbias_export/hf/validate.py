@@ -107,7 +107,8 @@ def transformers_model(model_dir: Path, model_type: str):
 @torch.no_grad()
 def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
                   runtimes: tuple[str, ...] = DEFAULT_RUNTIMES, lengths: tuple[int, ...] = (1, 17, 1024),
-                  batch: int = 3, timeout: float = 1800.0, progress=None, ignore_size_limits: bool = False) -> Matrix:
+                  batch: int = 3, timeout: float = 1800.0, progress=None, ignore_size_limits: bool = False,
+                  order: bool = True) -> Matrix:
     unknown = [r for r in runtimes if r not in RUNTIMES]
     if unknown:
         raise ParityInputError(f"unknown runtime(s) {unknown}; choose from {', '.join(RUNTIMES)}")
@@ -152,10 +153,11 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
             parity = compare(hf, ref64, same, transformers_tolerance(ours, lengths[index]))
             matrix.cells.append(Cell(TRANSFORMERS_ROW, case, "float32", "pass" if parity.passed else "FAIL",
                                      parity.as_dict()))
-    for name, _, problem, outputs in runtime_outputs(runtimes, model_path, [f for _, f in cases], timeout):
+    for run in runtime_outputs(runtimes, model_path, [f for _, f in cases], timeout, order):
+        name, outputs = run.name, run.outputs
         for index, (case, _) in enumerate(cases):
-            if problem:
-                matrix.cells.append(Cell(name, case, "float32", problem))
+            if run.problem:
+                matrix.cells.append(Cell(name, case, "float32", run.problem))
                 continue
             ref64, same, keep, _ = refs[index]
             if outputs[index].shape[:2] != keep.shape:
@@ -164,6 +166,7 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
                 continue
             parity = compare(outputs[index][keep], ref64, same, FLOAT32)
             matrix.cells.append(Cell(name, case, "float32", "pass" if parity.passed else "FAIL", parity.as_dict()))
+        matrix.cells += run.order_cells("float32")
         if progress:
             progress(1)
     return matrix

@@ -12,6 +12,11 @@ Paths a block's bias can take:
              and the key row rides inside the MatMul ([q, 1] [k^T; row]); any positions
   two_sided  bidirectional ALiBi: no table, the row rides in the MatMul on both sides of the
              diagonal (see BlockAttendTwoSided); any positions
+
+GPU-shaped bodies first try one fused call over the whole sequence (`whole`), no bias tensor
+and no Loop, when the input allows it (as many queries as keys, no padding key):
+  features   causal ALiBi: the bias rides in four extra query/key features (gpu_script.py)
+  plain      no bias, no window: the fused op's own causal (or no) mask
 """
 from __future__ import annotations
 
@@ -35,6 +40,11 @@ GPU_ROW_BUDGET = 1 << 26
 GPU_DEFAULT_BLOCK = 4096
 FUNCTION_PREFIX = "BlockedAttention"
 PATHS = ("positions", "table", "folded", "two_sided")
+WHOLE_PATHS = ("features", "plain")
+# Columns the features take ahead of q and k (zeros after them): 16 keeps them in their own
+# k-chunk of a GPU tensor-core product (16 wide in float16) and the head size a multiple of 8,
+# as flash kernels want (64 -> 80).
+FEATURE_WIDTH = 16
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,7 @@ class BlockPlan:
     table_heads: heads of the distance table (1: a mask-only table or a head-independent family).
     row_budget: table entries per table head that cap the rows of a block (None: no cap).
     lookback / lookahead: keys before / after its own position a query can see (None: all).
+    whole: the fused whole-sequence call of a GPU-shaped body (WHOLE_PATHS), else None.
     """
 
     name: str
@@ -59,6 +70,7 @@ class BlockPlan:
     row_budget: int | None
     lookback: int | None
     lookahead: int | None
+    whole: str | None = None
 
     @property
     def by_distance(self) -> bool:
@@ -125,4 +137,13 @@ def block_plan(bias: AttentionBias, fused: bool = False, dtype: torch.dtype = to
         # bidirectional one (keys on both sides, twice as wide) twice the entries
         budget = TABLE_ROW_BUDGET * (1 if bias.causal else 2) * bias.num_heads // heads
     return BlockPlan(function_name(bias, path != "positions"), fused, path, key_row, heads, budget,
-                     bias.lookback, bias.lookahead)
+                     bias.lookback, bias.lookahead, _whole_path(bias) if fused else None)
+
+
+def _whole_path(bias: AttentionBias) -> str | None:
+    """The GPU-shaped body's fused whole-sequence call, if the family has one."""
+    if bias.slope_features and bias.causal:
+        return "features"
+    if bias.mask_only and bias.lookback is None:
+        return "plain"
+    return None

@@ -69,30 +69,89 @@ def check_user_inputs(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> N
         raise ParityInputError(str(err)) from None
 
 
-def runtime_outputs(runtimes, model_path: Path, cases: list[dict[str, np.ndarray]], timeout: float):
-    """Run each runtime's runner once over every case (as ONNX test data sets); yields
-    (name, runtime, problem, outputs): problem is "unavailable: ..." / "error: ..." or None, and
-    outputs the first output of each case."""
+@dataclass
+class RuntimeRun:
+    """One runtime's outputs over every case: `outputs` from a fresh session per case (what is
+    judged against the reference), `shared` from ONE session that ran the cases in ascending and
+    then descending size (what a server does), `order` the case indices in that order."""
+
+    name: str
+    runtime: object
+    problem: str | None = None  # "unavailable: ..." / "error: ...": nothing ran
+    outputs: list[np.ndarray] | None = None
+    shared: list[np.ndarray] | None = None
+    shared_problem: str | None = None
+    order: list[int] = field(default_factory=list)
+
+    def order_cells(self, dtype: str) -> list[Cell]:
+        """The order protocol: the shared session's outputs must equal the fresh sessions' bit
+        for bit, in each direction; a FAIL names the direction and the cases that differ."""
+        if self.problem or not self.order:
+            return []
+        n = len(self.order) // 2
+        cells = []
+        for label, part in (("ascending", range(n)), ("descending", range(n, 2 * n))):
+            case = f"one session, sizes {label}"
+            if self.shared_problem:
+                cells.append(Cell(self.name, case, dtype, self.shared_problem))
+                continue
+            differ = {}
+            for k in part:
+                fresh, shared = self.outputs[self.order[k]], self.shared[k]
+                if fresh.shape != shared.shape or fresh.tobytes() != shared.tobytes():
+                    diff = np.abs(fresh.astype(np.float64) - shared.astype(np.float64)).max() \
+                        if fresh.shape == shared.shape else float("inf")
+                    differ[f"case {self.order[k]}"] = float(diff)
+            detail = {"bit_identical": not differ, "max_abs_diff": differ}
+            cells.append(Cell(self.name, case, dtype, "pass" if not differ else
+                              f"FAIL: {label} in one session differs from fresh sessions ({', '.join(differ)})", detail))
+        return cells
+
+
+def _write_sets(data_dir: Path, cases: list[dict[str, np.ndarray]]) -> None:
+    for index, feeds in enumerate(cases):
+        set_dir = data_dir / f"test_data_set_{index}"
+        set_dir.mkdir(parents=True)
+        for k, (name, array) in enumerate(feeds.items()):
+            (set_dir / f"input_{k}.pb").write_bytes(numpy_helper.from_array(array, name).SerializeToString())
+
+
+def _read_outputs(out_dir: Path, count: int) -> list[np.ndarray]:
+    return [numpy_helper.to_array(onnx.load_tensor(str(out_dir / f"test_data_set_{i}" / "output_0.pb")))
+            for i in range(count)]
+
+
+def runtime_outputs(runtimes, model_path: Path, cases: list[dict[str, np.ndarray]], timeout: float,
+                    order: bool = True):
+    """Run each runtime's runner over every case (as ONNX test data sets), a fresh session per
+    case; with `order`, also one shared session over the cases in ascending then descending
+    size. Yields a RuntimeRun per runtime (outputs: the first output of each case)."""
+    sizes = [sum(a.size for a in feeds.values()) for feeds in cases]
+    ascending = sorted(range(len(cases)), key=lambda i: sizes[i])
+    sequence = ascending + ascending[::-1] if order else []
     with tempfile.TemporaryDirectory(prefix="posbias-parity-") as tmp:
-        data_dir = Path(tmp) / "data"
-        for index, feeds in enumerate(cases):
-            set_dir = data_dir / f"test_data_set_{index}"
-            set_dir.mkdir(parents=True)
-            for k, (name, array) in enumerate(feeds.items()):
-                (set_dir / f"input_{k}.pb").write_bytes(numpy_helper.from_array(array, name).SerializeToString())
+        _write_sets(Path(tmp) / "data", cases)
+        if order:
+            _write_sets(Path(tmp) / "data_order", [cases[i] for i in sequence])
         for name in runtimes:
             runtime = RUNTIMES[name]
             reason = unavailable_reason(runtime)
             if reason:
-                yield name, runtime, f"unavailable: {reason}", None
+                yield RuntimeRun(name, runtime, f"unavailable: {reason}")
                 continue
-            error = run_runner(runtime, model_path, data_dir, Path(tmp) / name, timeout)
+            error = run_runner(runtime, model_path, Path(tmp) / "data", Path(tmp) / name, timeout, fresh=True)
             if error:
-                yield name, runtime, f"error: {error}", None
+                yield RuntimeRun(name, runtime, f"error: {error}")
                 continue
-            outputs = [numpy_helper.to_array(onnx.load_tensor(str(Path(tmp) / name / f"test_data_set_{i}" / "output_0.pb")))
-                       for i in range(len(cases))]
-            yield name, runtime, None, outputs
+            run = RuntimeRun(name, runtime, outputs=_read_outputs(Path(tmp) / name, len(cases)), order=sequence)
+            if order:
+                shared_dir = Path(tmp) / f"{name}_order"
+                error = run_runner(runtime, model_path, Path(tmp) / "data_order", shared_dir, timeout)
+                if error:
+                    run.shared_problem = f"error: {error}"
+                else:
+                    run.shared = _read_outputs(shared_dir, len(sequence))
+            yield run
 
 
 def run_matrix(
@@ -104,9 +163,11 @@ def run_matrix(
     inputs: dict[str, np.ndarray] | None = None,
     timeout: float = 1800.0,
     progress=None,
+    order: bool = True,
 ) -> Matrix:
     """Measure every runtime on every case against float64 PyTorch. `inputs` (a user's own
-    tensors) replaces the generated lengths. `progress(n)` is called as work completes."""
+    tensors) replaces the generated lengths. `order`: the order protocol (RuntimeRun.order_cells)
+    as well. `progress(n)` is called as work completes."""
     unknown = [r for r in runtimes if r not in RUNTIMES]
     if unknown:
         raise ParityInputError(f"unknown runtime(s) {unknown}; choose from {', '.join(RUNTIMES)}")
@@ -128,10 +189,11 @@ def run_matrix(
         ref64 = torch_outputs(model, args, torch.float64, settings)
         same = torch_outputs(model, args, torch.float16 if dtype == "float16" else torch.float32, settings)
         refs.append((ref64, same, args))
-    for name, runtime, problem, outputs in runtime_outputs(runtimes, model_path, [f for _, f in cases], timeout):
+    for run in runtime_outputs(runtimes, model_path, [f for _, f in cases], timeout, order):
+        name, runtime, outputs = run.name, run.runtime, run.outputs
         for index, (case, _) in enumerate(cases):
-            if problem:
-                matrix.cells.append(Cell(name, case, dtype, problem))
+            if run.problem:
+                matrix.cells.append(Cell(name, case, dtype, run.problem))
                 continue
             ref64, same, args = refs[index]
             tol = FLOAT16 if dtype == "float16" else FLOAT32
@@ -141,6 +203,7 @@ def run_matrix(
                 same, tol = torch_outputs(model, args, torch.float16, settings), TF32
             parity = compare(outputs[index], ref64, same, tol)
             matrix.cells.append(Cell(name, case, dtype, "pass" if parity.passed else "FAIL", parity.as_dict()))
+        matrix.cells += run.order_cells(dtype)
         if progress:
             progress(1)
     return matrix

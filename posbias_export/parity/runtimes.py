@@ -56,11 +56,13 @@ def unavailable_reason(runtime: Runtime) -> str | None:
     return None
 
 
-def run_runner(runtime: Runtime, model_path: Path, data_dir: Path, out_dir: Path, timeout: float) -> str | None:
-    """Run one runner process; None on success, else its one-line error."""
+def run_runner(runtime: Runtime, model_path: Path, data_dir: Path, out_dir: Path, timeout: float,
+               fresh: bool = False) -> str | None:
+    """Run one runner process (fresh: a new session per data set); None on success, else its
+    one-line error."""
     interpreter = sys.executable if runtime.interpreter == "python" else "node"
     cmd = [interpreter, str(RUNTIMES_DIR / runtime.command[0]), str(model_path), str(data_dir), str(out_dir),
-           *runtime.command[1:]]
+           *runtime.command[1:], *(["--fresh-sessions"] if fresh else [])]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

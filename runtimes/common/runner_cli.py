@@ -21,6 +21,9 @@ def parse(description: str, add_options=None, argv=None) -> argparse.Namespace:
     p.add_argument("model", help="model.onnx")
     p.add_argument("inputs", help=".npz, a folder of input_N.pb, or a folder of test_data_set_N/ folders")
     p.add_argument("outputs", help=".npz or a folder (mirrors the inputs' test_data_set_N layout)")
+    p.add_argument("--fresh-sessions", action="store_true",
+                   help="a new session for every data set (default: one session runs them all in order, as a "
+                        "server does; validate compares the two bit for bit)")
     if add_options:
         add_options(p)
     return p.parse_args(argv)
@@ -73,13 +76,16 @@ def run_all(args, load, specs_of, run, name: str, metadata_of=None) -> int:
         if clash:
             raise RunnerError(f"refusing to write {clash[0]}: it is also an input ({clash[1].name})")
         handle = load(str(model))
+        fresh = getattr(args, "fresh_sessions", False)
         metadata = metadata_of(handle) if metadata_of else onnx_metadata(args.model)
         specs = with_token_limit(specs_of(handle), metadata)
         feeds = [read_tensors(location, "input", [s.name for s in specs]) for _, location in sets]
         for fed in feeds:
             check_feeds(fed, specs)
         results = []
-        for (set_name, _), fed in zip(sets, feeds):
+        for index, ((set_name, _), fed) in enumerate(zip(sets, feeds)):
+            if fresh and index:
+                handle = load(str(model))
             start = time.perf_counter()
             results.append(run(handle, fed))
             print(f"{name}: {set_name} ran in {(time.perf_counter() - start) * 1e3:.1f} ms")

@@ -77,8 +77,11 @@ function checkFeeds(tensors, metadata, idLimit) {
 }
 
 async function main(argv) {
+  // --fresh-sessions: a new session for every data set (default: one session runs them all)
+  const fresh = argv.includes('--fresh-sessions');
+  argv = argv.filter((a) => a !== '--fresh-sessions');
   if (argv.length !== 3 || argv.includes('--help')) {
-    console.log('usage: node run.js model.onnx inputs/ outputs/');
+    console.log('usage: node run.js model.onnx inputs/ outputs/ [--fresh-sessions]');
     return argv.includes('--help') ? 0 : 2;
   }
   const [modelPath, inputs, outputs] = argv;
@@ -90,12 +93,14 @@ async function main(argv) {
   }
   if (!fs.existsSync(modelPath) || !fs.statSync(modelPath).isFile()) throw new RunnerError(`model ${modelPath} does not exist`);
   ort.env.logLevel = 'fatal';  // errors reach the user as our one line, not as the runtime's native log
-  let session;
-  try {
-    session = await ort.InferenceSession.create(modelPath, { executionProviders: ['cpu'], logSeverityLevel: 4 });
-  } catch (err) {
-    throw new RunnerError(`cannot load model ${modelPath}: ${String(err.message || err).split('\n')[0]}`);
-  }
+  const open = async () => {
+    try {
+      return await ort.InferenceSession.create(modelPath, { executionProviders: ['cpu'], logSeverityLevel: 4 });
+    } catch (err) {
+      throw new RunnerError(`cannot load model ${modelPath}: ${String(err.message || err).split('\n')[0]}`);
+    }
+  };
+  let session = await open();
   let idLimit = null;
   try {
     idLimit = tokenLimit(readModelMetadata(fs.readFileSync(modelPath)));
@@ -109,7 +114,8 @@ async function main(argv) {
     if (clash) throw new RunnerError(`refusing to write ${target}: it is also an input (${path.basename(clash)})`);
   }
   const results = [];  // every set runs before any output is written: a failed run creates nothing
-  for (const [name, dir, grouped] of sets) {
+  for (const [index, [name, dir, grouped]] of sets.entries()) {
+    if (fresh && index) session = await open();
     const tensors = numbered(dir, 'input').map((f, i) => {
       try {
         const t = decodeTensor(fs.readFileSync(path.join(dir, f)));

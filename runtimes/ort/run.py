@@ -24,10 +24,28 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
 def provider_list(provider: str, tf32: bool = False) -> list:
     """What InferenceSession gets. CUDA runs float32 matmuls in TF32 by default (10-bit mantissa:
-    errors ~1e-3 where float32 gives ~1e-6); we run it exactly unless TF32 is asked for."""
+    errors ~1e-3 where float32 gives ~1e-6); we run it exactly unless TF32 is asked for. One
+    stream for the whole provider (use_ep_level_unified_stream): a Loop body's copies and kernels
+    then cannot overlap across streams, the suspect of the order-dependent CUDA error in
+    benchmarks/gpu_parity.md (to be decided on a GPU)."""
     if provider == "cpu":
         return [PROVIDERS["cpu"]]
-    return [(PROVIDERS["cuda"], {"use_tf32": "1" if tf32 else "0"}), PROVIDERS["cpu"]]
+    return [(PROVIDERS["cuda"], {"use_tf32": "1" if tf32 else "0", "use_ep_level_unified_stream": "1"}),
+            PROVIDERS["cpu"]]
+
+
+def session_options(ort, threads: int = 0):
+    """SessionOptions for a server that sees a new length at every call: no memory patterns
+    (ONNX Runtime keys them by the XOR of the input dims, and a Loop body's inputs key the same
+    at every length; they only pay off for repeated shapes; benchmarks/session_options.md
+    measures that turning them off costs nothing on CPU), and a quiet log (errors reach the
+    user as our one line, not as red ERROR lines before the runtime raises)."""
+    opts = ort.SessionOptions()
+    opts.enable_mem_pattern = False
+    opts.log_severity_level = 4
+    if threads:
+        opts.intra_op_num_threads = threads
+    return opts
 
 
 def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf32: bool = False):
@@ -49,13 +67,8 @@ def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf3
                 f"CUDA requested, but this onnxruntime build has no CUDAExecutionProvider "
                 f"(available: {', '.join(available)}); install onnxruntime-gpu"
             )
-    # errors reach the user as our one line: ONNX Runtime's own log (red ERROR lines before it
-    # raises, warnings at load) stays quiet
-    ort.set_default_logger_severity(4)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4
-    if threads:
-        opts.intra_op_num_threads = threads
+    ort.set_default_logger_severity(4)  # load-time warnings too (see session_options)
+    opts = session_options(ort, threads)
     if tf32 and provider != "cuda":
         raise RunnerError("--tf32 applies to the cuda provider only")
     try:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
@@ -22,12 +23,13 @@ from common.tensor_io import RunnerError  # noqa: E402
 def load(model_path: str):
     try:
         import onnx
-        from onnx.reference import ReferenceEvaluator
     except ImportError:
         raise RunnerError("the onnx package is not installed") from None
     try:
+        from contrib_ops import ContribEvaluator  # beside this script: ONNX Runtime's ops our GPU files call
+
         model = onnx.load(model_path)
-        return model, ReferenceEvaluator(model)
+        return model, ContribEvaluator(model)
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise RunnerError(f"cannot load model {model_path}: {first}") from None
