@@ -59,3 +59,44 @@ def exports(tmp_path_factory):
 def cli_model(bias: str, arch: str = "lm", causal: bool = True):
     """The PyTorch model ExportCache.cli builds for these flags (seed 0)."""
     return pbe.build_model(pbe.ModelConfig(bias=bias, causal=causal, **SMALL), seed=0, arch=arch)
+
+
+# --- the default run's grid ------------------------------------------------------------------
+# Tests parametrized over every family run the whole grid under `-m slow` (with the other slow
+# tests); the default run (CI, ~15 minutes on 2 cores) keeps the families that take distinct
+# paths through the exporters: alibi (key row, folded, features), kerple_log (distance table),
+# sandwich (per-distance sinusoids), t5 (learned buckets), window (look-back). kerple_power shares
+# kerple_log's paths and none is the baseline every family is built on; their cells in these
+# grids, and the repeated variants below, move to the slow run.
+EXTENDED_FAMILIES = {"kerple_power", "none"}
+GRID_TESTS = {
+    "test_cli_export_passes_checks", "test_runtimes_run_both_forms", "test_gpu_target_matches_plain_float64",
+    "test_own_attention_mask_exports_see_no_holes", "test_file_independent_of_trace_length",
+    "test_ort_blocked_at_4096_bench_shape", "test_default_export_has_functions_inline_export_has_none",
+    "test_padded_rows", "test_ort_cpu_opset23_attention_op", "test_plain_export_shares_fixed_bias_nodes",
+    "test_runtime_matches_pytorch", "test_greedy_tokens_equal_pytorch", "test_ort_cpu_lm_causal",
+    "test_ort_cpu_block", "test_ort_cpu_lm_bidirectional", "test_bidirectional_blocked_export_matches_plain_float64",
+    "test_exported_loop_matches_reference_across_block_boundaries",
+}
+EXTENDED_IDS = {  # test -> ids (or the parts of them) whose cells run under -m slow only
+    "test_greedy_tokens_equal_pytorch": {"kerple_log-prompt1", "sandwich-prompt1"},  # each prompt-1 case exports
+    "test_gpu_target_matches_plain_float64": {"cuda-bidirectional"},  # cuda-ort keeps the bidirectional cells
+    "test_imported_file_and_transformers_agree_under_holes": {"mpt-plain", "falcon-plain", "t5-plain"},
+    "test_position_schemes_export_and_match": {"sinusoidal", "rope-linear"},
+}
+
+
+def _extended(item) -> bool:
+    spec = getattr(item, "callspec", None)
+    if spec is None:
+        return False
+    name = item.originalname
+    if name in GRID_TESTS and spec.params.get("bias") in EXTENDED_FAMILIES:
+        return True
+    return any(part == spec.id or f"-{part}" in f"-{spec.id}" for part in EXTENDED_IDS.get(name, ()))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _extended(item):
+            item.add_marker(pytest.mark.slow)

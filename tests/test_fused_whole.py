@@ -63,7 +63,9 @@ def test_float32_high_part_products_are_exact():
 def test_plan_chooses_the_whole_path_per_family():
     whole = {name: block_plan(pbe.create_bias(name, 4), fused=True).whole for name in pbe.BIASES}
     assert whole.pop("alibi") == "features" and whole.pop("none") == "plain"
-    assert set(whole.values()) == {None}  # a window, a table, a learned bias: the blocked path
+    assert set(whole.values()) == {None}  # float32: a window, a table, a learned bias take the blocked path
+    assert block_plan(pbe.create_bias("window", 4), fused=True, dtype=torch.float16).whole == "window"
+    assert block_plan(pbe.create_bias("window", 4, causal=False), fused=True, dtype=torch.float16).whole is None
     assert block_plan(pbe.create_bias("alibi", 4, causal=False), fused=True).whole is None  # -m|i-j| is not rank 2
     assert block_plan(pbe.create_bias("alibi", 4), fused=False).whole is None  # portable: no fused op
 
@@ -82,7 +84,7 @@ def alibi_core():
 
 def _export(core, path, dtype, whole=True, monkeypatch=None):
     if not whole:
-        monkeypatch.setattr(plans, "_whole_path", lambda bias: None)
+        monkeypatch.setattr(plans, "_whole_path", lambda bias, dtype: None)
     pbe.export_onnx(core, path, dtype=dtype, check_growth=False, target="cuda-ort")
     return path
 
@@ -182,3 +184,42 @@ def test_padded_batches_stay_on_the_blocked_path(tmp_path, bias):
     broken = _swap_function(path, WholeSequence, tmp_path / "broken.onnx")
     assert verdict(broken, unpadded).passed  # the sabotage changes nothing where there is no padding
     assert not verdict(broken, padded).passed
+
+
+def _set_window(path, out, delta):
+    """The file with GroupQueryAttention's local_window_size moved by `delta` (sabotage)."""
+    model = onnx.load(path)
+
+    def walk(graph_nodes):
+        for node in graph_nodes:
+            if node.op_type == "GroupQueryAttention":
+                next(a for a in node.attribute if a.name == "local_window_size").i += delta
+                return True
+            if any(walk(a.g.node) for a in node.attribute if a.type == onnx.AttributeProto.GRAPH):
+                return True
+        return False
+
+    assert any(walk(f.node) for f in model.functions), "no GroupQueryAttention in the file"
+    onnx.save(model, out)
+    return out
+
+
+def test_float16_window_uses_the_local_window_op(tmp_path):
+    """--target cuda-ort, float16, window 16: GroupQueryAttention's local window over the whole
+    sequence matches float64 at 1, 17 and 300 tokens; one key more or less fails."""
+    core = pbe.build_model(pbe.ModelConfig(bias="window", num_heads=4, dim=128, bias_params={"window": 16}),
+                           arch="attention")
+    path = tmp_path / "w.onnx"
+    pbe.export_onnx(core, path, dtype="float16", check_growth=False, target="cuda-ort")
+    plain = AttentionSettings(form="plain")
+
+    def passes(file, length):
+        g = torch.Generator().manual_seed(length)
+        q, k, v = (torch.randn(2, 4, length, 32, generator=g).half() for _ in range(3))
+        got = ort_session(file).run(None, {"query": q.numpy(), "key": k.numpy(), "value": v.numpy()})[0]
+        ref = torch_outputs(core, (q, k, v), torch.float64, plain)
+        return compare(got, ref, torch_outputs(core, (q, k, v), torch.float16, plain), FLOAT16).passed
+
+    assert all(passes(path, n) for n in (1, 17, 300))
+    assert not passes(_set_window(path, tmp_path / "wider.onnx", +1), 300)
+    assert not passes(_set_window(path, tmp_path / "narrower.onnx", -1), 300)

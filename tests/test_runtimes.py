@@ -51,7 +51,7 @@ def test_runtime_matches_pytorch(matrices, bias, runtime, length):
 
 def test_openvino_bf16_is_measured_separately(exports):
     """bf16 is OpenVINO's silent CPU default; measured, and judged against PyTorch bf16."""
-    matrix = run_matrix(exports.cli("alibi"), ("openvino", "openvino-bf16"), (64,), batch=1)
+    matrix = run_matrix(exports.cli("alibi"), ("openvino", "openvino-bf16"), (64,), batch=1, order=False)
     bf16_cell = matrix.cells[1]
     if "ignored the precision hint" in bf16_cell.verdict:  # a CPU without bf16 (e.g. AVX2-only): nothing to judge
         pytest.skip(f"no bf16 on this CPU: {bf16_cell.verdict}")
@@ -193,7 +193,10 @@ def test_validate_command_prints_matrix_and_exits_0(exports, tmp_path):
     import json
 
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["ok"] and len(report["models"][0]["cells"]) == 4 * 3
+    cells = report["models"][0]["cells"]
+    order = [c for c in cells if c["case"].startswith("one session")]  # the order protocol: 2 per runtime
+    assert report["ok"] and len(cells) - len(order) == 4 * 3 and len(order) == 4 * 2
+    assert all(c["parity"]["bit_identical"] for c in order)
 
 
 def test_validate_corrupt_model(tmp_path, exports):
@@ -244,6 +247,7 @@ def test_validate_unknown_runtime_is_usage_error(exports):
 def test_validate_judges_kv_cache_exports(exports, bias):
     """A --kv-cache file is judged on a step after a random cache (CACHE_LEN positions): the
     runtimes' logits against the float64 PyTorch cache path, on every runtime."""
-    matrix = run_matrix(exports.cli(bias, extra=("--kv-cache",)), ("ort-cpu", "reference"), (1, 17), batch=2)
+    matrix = run_matrix(exports.cli(bias, extra=("--kv-cache",)), ("ort-cpu", "reference"), (1, 17), batch=2,
+                        order=False)
     assert matrix.ok and len(matrix.cells) == 4, [(c.runtime, c.case, c.verdict) for c in matrix.cells]
     assert all(c.parity["max_abs"] > 0 for c in matrix.cells)  # a real comparison, not an empty one

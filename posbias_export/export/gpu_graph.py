@@ -99,9 +99,9 @@ def _as_4d(x, out):  # [H|1, Bq, W] or [B|1, H|1, Bq, W] -> [B|1, H|1, Bq, W]
             helper.make_node("Reshape", [x, out + "_4d"], [out])]
 
 
-def _multi_head_attention(q, k, v, mask4, out, heads: int, unidirectional: int = 0) -> list[onnx.NodeProto]:
-    """com.microsoft.MultiHeadAttention takes [B, S, H*d] (BSNH flattened) and returns the same.
-    mask4: its attention_bias, or "" for none."""
+def _in_bsd(q, k, v, out, fused_node) -> list[onnx.NodeProto]:
+    """ONNX Runtime's contrib attention ops take [B, S, H*d] (BSNH flattened) and return the
+    same: q, k, v [B, H, L, d] in, fused_node(q_bsd, k_bsd, v_bsd, out_bsd) -> nodes, out [B, H, S, d]."""
     def to_bsd(x):
         return [helper.make_node("Transpose", [x], [x + "_bsnh"], perm=[0, 2, 1, 3]),
                 helper.make_node("Reshape", [x + "_bsnh", "bsd_shape"], [x + "_bsd"])]
@@ -109,9 +109,7 @@ def _multi_head_attention(q, k, v, mask4, out, heads: int, unidirectional: int =
         helper.make_node("Constant", [], ["bsd_shape"], value=helper.make_tensor("bsd_shape", TensorProto.INT64,
                                                                                  [3], [0, 0, -1])),
         *to_bsd(q), *to_bsd(k), *to_bsd(v),
-        helper.make_node("MultiHeadAttention", [q + "_bsd", k + "_bsd", v + "_bsd", "", "", mask4],
-                         [out + "_bsd"], domain=ORT_DOMAIN, num_heads=heads, scale=1.0,
-                         **({"unidirectional": unidirectional} if unidirectional else {})),
+        *fused_node(q + "_bsd", k + "_bsd", v + "_bsd", out + "_bsd"),
         helper.make_node("Shape", [q], [out + "_shape"]),
         helper.make_node("Constant", [], [out + "_perm_shape"], value=helper.make_tensor(
             out + "_perm_shape", TensorProto.INT64, [4], [0, 2, 1, 3])),
@@ -119,6 +117,36 @@ def _multi_head_attention(q, k, v, mask4, out, heads: int, unidirectional: int =
         helper.make_node("Reshape", [out + "_bsd", out + "_bsnh_shape"], [out + "_bsnh"]),
         helper.make_node("Transpose", [out + "_bsnh"], [out], perm=[0, 2, 1, 3]),
     ]
+
+
+def _multi_head_attention(q, k, v, mask4, out, heads: int, unidirectional: int = 0) -> list[onnx.NodeProto]:
+    """com.microsoft.MultiHeadAttention; mask4: its attention_bias, or "" for none."""
+    return _in_bsd(q, k, v, out, lambda q3, k3, v3, out3: [helper.make_node(
+        "MultiHeadAttention", [q3, k3, v3, "", "", mask4], [out3], domain=ORT_DOMAIN, num_heads=heads, scale=1.0,
+        **({"unidirectional": unidirectional} if unidirectional else {}))])
+
+
+def _local_window_attention(q, k, v, out, heads: int, window: int) -> list[onnx.NodeProto]:
+    """com.microsoft.GroupQueryAttention over the whole sequence (no cache) with its local window:
+    each query sees itself and the window - 1 keys before it (checked against the window family
+    on ONNX Runtime CPU). seqlens_k is L - 1 for every row (no padding), total length L."""
+    def gqa(q3, k3, v3, out3):
+        return [
+            helper.make_node("Shape", [k3], [out + "_k_shape"]),
+            helper.make_node("Slice", [out + "_k_shape", "gqa_zero", "gqa_one"], [out + "_batch"]),
+            helper.make_node("Slice", [out + "_k_shape", "gqa_one", "gqa_two"], [out + "_len"]),
+            helper.make_node("Sub", [out + "_len", "gqa_one"], [out + "_last"]),
+            helper.make_node("Expand", [out + "_last", out + "_batch"], [out + "_last_b"]),
+            helper.make_node("Cast", [out + "_last_b"], [out + "_seqlens"], to=TensorProto.INT32),  # [B]
+            helper.make_node("Squeeze", [out + "_len"], [out + "_len_0d"]),
+            helper.make_node("Cast", [out + "_len_0d"], [out + "_total"], to=TensorProto.INT32),  # []
+            helper.make_node("GroupQueryAttention", [q3, k3, v3, "", "", out + "_seqlens", out + "_total"],
+                             [out3, out + "_present_k", out + "_present_v"], domain=ORT_DOMAIN, num_heads=heads,
+                             kv_num_heads=heads, local_window_size=window, scale=1.0),
+        ]
+    consts = [helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], [value]))
+              for name, value in (("gqa_zero", 0), ("gqa_one", 1), ("gqa_two", 2))]
+    return consts + _in_bsd(q, k, v, out, gqa)
 
 
 def _typed_table(body: _GpuBody, rows, out):
@@ -156,10 +184,13 @@ def _direct(body: _GpuBody) -> onnx.GraphProto:
 
 def _whole(body: _GpuBody) -> onnx.GraphProto:
     """Every query in ONE fused causal call without a bias tensor (BlockPlan.whole): `plain` hands
-    over q, k, v as they are; `features` prepends ALiBi's features (SlopeFeatures; float16 models
+    over q, k, v as they are; `window` too, to GroupQueryAttention's local window; `features` prepends ALiBi's features (SlopeFeatures; float16 models
     get each feature as a high and low float16 part), pads the values as wide, and drops the
     padding from the output."""
     nodes = [call("DirectQueries", ["q", "k"], ["q_whole", "whole_q_idx", "whole_k_idx"])]
+    if body.plan.whole == "window":
+        return graph(nodes + _local_window_attention("q_whole", "k", "v", "out_whole", body.bias.num_heads,
+                                                      body.plan.lookback + 1), "whole", "out_whole", body.out_type)
     if body.plan.whole == "plain":
         return graph(nodes + body.attend_causal("q_whole", "k", "v", "out_whole"), "whole", "out_whole", body.out_type)
     slopes = body.params[0]  # the family declares its slopes the first function tensor (slope_features)
@@ -240,6 +271,7 @@ def gpu_function_proto(bias: AttentionBias, plan: BlockPlan, block: int, dtype: 
         *budgeted_rows(plan.row_budget),
     ]
     extra = [helper.make_opsetid(ORT_DOMAIN, 1)] if fused == "ort" else []
-    whole = _whole(body) if plan.whole else None
+    # ONNX Attention (opset 23) has no local window: a window stays on the blocks there
+    whole = _whole(body) if plan.whole and (plan.whole != "window" or fused == "ort") else None
     return blocked_function(plan.name, body.params, head, "loop_block", _direct(body), _blocks(body), opset, extra,
                             whole)

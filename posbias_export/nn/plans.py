@@ -17,6 +17,8 @@ GPU-shaped bodies first try one fused call over the whole sequence (`whole`), no
 and no Loop, when the input allows it (as many queries as keys, no padding key):
   features   causal ALiBi: the bias rides in four extra query/key features (gpu_script.py)
   plain      no bias, no window: the fused op's own causal (or no) mask
+  window     a causal local window in float16: GroupQueryAttention's local_window_size (ONNX
+             Runtime's op; it has float16 CUDA kernels only, and ONNX Attention-23 no window)
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ GPU_ROW_BUDGET = 1 << 26
 GPU_DEFAULT_BLOCK = 4096
 FUNCTION_PREFIX = "BlockedAttention"
 PATHS = ("positions", "table", "folded", "two_sided")
-WHOLE_PATHS = ("features", "plain")
+WHOLE_PATHS = ("features", "plain", "window")
 # Columns the features take ahead of q and k (zeros after them): 16 keeps them in their own
 # k-chunk of a GPU tensor-core product (16 wide in float16) and the head size a multiple of 8,
 # as flash kernels want (64 -> 80).
@@ -137,13 +139,15 @@ def block_plan(bias: AttentionBias, fused: bool = False, dtype: torch.dtype = to
         # bidirectional one (keys on both sides, twice as wide) twice the entries
         budget = TABLE_ROW_BUDGET * (1 if bias.causal else 2) * bias.num_heads // heads
     return BlockPlan(function_name(bias, path != "positions"), fused, path, key_row, heads, budget,
-                     bias.lookback, bias.lookahead, _whole_path(bias) if fused else None)
+                     bias.lookback, bias.lookahead, _whole_path(bias, dtype) if fused else None)
 
 
-def _whole_path(bias: AttentionBias) -> str | None:
+def _whole_path(bias: AttentionBias, dtype: torch.dtype) -> str | None:
     """The GPU-shaped body's fused whole-sequence call, if the family has one."""
     if bias.slope_features and bias.causal:
         return "features"
     if bias.mask_only and bias.lookback is None:
         return "plain"
+    if bias.mask_only and bias.causal and dtype == torch.float16:
+        return "window"
     return None

@@ -44,7 +44,40 @@ class MultiHeadAttention(OpRun):
         return (out.astype(query.dtype),)
 
 
-CONTRIB_OPS = [MultiHeadAttention]
+class GroupQueryAttention(OpRun):
+    """com.microsoft.GroupQueryAttention, the subset our files use: no cache, every row's
+    seqlens_k = total_sequence_length - 1 (no padding), query [B, S, H*d], key and value
+    [B, S, Hkv*d]; causal, with `local_window_size` (each query sees itself and the
+    local_window_size - 1 keys before it; -1: no window) and `scale`."""
+
+    op_domain = "com.microsoft"
+
+    def _run(self, query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
+             total_sequence_length=None, *rest, num_heads=None, kv_num_heads=None, local_window_size=None,
+             scale=None, **unused):
+        B, S, D = query.shape
+        if past_key is not None or any(r is not None for r in rest) or key is None:
+            raise NotImplementedError("GroupQueryAttention: only query, key, value without a cache are supported here")
+        if int(total_sequence_length) != S or np.any(np.asarray(seqlens_k) != S - 1):
+            raise NotImplementedError("GroupQueryAttention: only unpadded inputs (seqlens_k = S - 1) are supported here")
+        heads, kv_heads = int(num_heads), int(kv_num_heads)
+        d = D // heads
+        q = query.reshape(B, S, heads, d).transpose(0, 2, 1, 3).astype(np.float32)  # [B, H, S, d]
+        k, v = (np.repeat(x.reshape(B, S, kv_heads, d).transpose(0, 2, 1, 3).astype(np.float32), heads // kv_heads, 1)
+                for x in (key, value))  # [B, H, S, d]
+        scores = np.float32(1.0 / np.sqrt(d) if scale in (None, 0.0) else scale) * (q @ k.transpose(0, 1, 3, 2))
+        i = np.arange(S)
+        allowed = i[None, :] <= i[:, None]
+        if local_window_size is not None and local_window_size > 0:
+            allowed &= i[:, None] - i[None, :] < local_window_size
+        scores = np.where(allowed, scores, -np.inf)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        out = (probs @ v).transpose(0, 2, 1, 3).reshape(B, S, D).astype(query.dtype)
+        return out, key, value  # present_key / present_value: the inputs (no cache was given)
+
+
+CONTRIB_OPS = [MultiHeadAttention, GroupQueryAttention]
 
 
 class ContribEvaluator(ReferenceEvaluator):
