@@ -223,3 +223,20 @@ def test_float16_window_uses_the_local_window_op(tmp_path):
     assert all(passes(path, n) for n in (1, 17, 300))
     assert not passes(_set_window(path, tmp_path / "wider.onnx", +1), 300)
     assert not passes(_set_window(path, tmp_path / "narrower.onnx", -1), 300)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("target", ["cuda", "cuda-ort"])
+def test_no_bias_is_one_plain_fused_call(tmp_path, target, causal):
+    """none: the fused op's own causal mask (or none) over the whole sequence, on both GPU targets."""
+    core = pbe.build_model(pbe.ModelConfig(bias="none", causal=causal, num_heads=4, dim=128), arch="attention")
+    path = tmp_path / "none.onnx"
+    pbe.export_onnx(core, path, check_growth=False, target=target)
+    session, plain = ort_session(path), AttentionSettings(form="plain")
+    for length in (1, 17, 300):
+        g = torch.Generator().manual_seed(length)
+        q, k, v = (torch.randn(2, 4, length, 32, generator=g) for _ in range(3))
+        got = session.run(None, {"query": q.numpy(), "key": k.numpy(), "value": v.numpy()})[0]
+        parity = compare(got, torch_outputs(core, (q, k, v), torch.float64, plain),
+                         torch_outputs(core, (q, k, v), torch.float32, plain), FLOAT32)
+        assert parity.passed, f"L={length}: {parity}"
