@@ -65,10 +65,11 @@ def cli_model(bias: str, arch: str = "lm", causal: bool = True):
 # Tests parametrized over every family run the whole grid under `-m slow` (with the other slow
 # tests); the default run (CI, ~15 minutes on 2 cores) keeps the families that take distinct
 # paths through the exporters: alibi (key row, folded, features), kerple_log (distance table),
-# sandwich (per-distance sinusoids), t5 (learned buckets), window (look-back). kerple_power shares
-# kerple_log's paths and none is the baseline every family is built on; their cells in these
-# grids, and the repeated variants below, move to the slow run.
-EXTENDED_FAMILIES = {"kerple_power", "none"}
+# t5 (learned buckets), window (look-back). kerple_power and sandwich share kerple_log's table
+# path (their formulas are checked against the papers in test_biases.py) and none is the baseline
+# every family is built on; their cells in these grids, and the repeated variants below, move to
+# the slow run.
+EXTENDED_FAMILIES = {"kerple_power", "sandwich", "none"}
 GRID_TESTS = {
     "test_cli_export_passes_checks", "test_runtimes_run_both_forms", "test_gpu_target_matches_plain_float64",
     "test_own_attention_mask_exports_see_no_holes", "test_file_independent_of_trace_length",
@@ -83,6 +84,8 @@ EXTENDED_IDS = {  # test -> ids (or the parts of them) whose cells run under -m 
     "test_gpu_target_matches_plain_float64": {"cuda-bidirectional"},  # cuda-ort keeps the bidirectional cells
     "test_imported_file_and_transformers_agree_under_holes": {"mpt-plain", "falcon-plain", "t5-plain"},
     "test_position_schemes_export_and_match": {"sinusoidal", "rope-linear"},
+    # the CLI's one-line errors as a real process: two here, all of them in-process in test_bad_inputs.py
+    "test_errors_are_one_line_exit_2_and_leave_no_file": {"args2", "args3", "args4", "args5"},
 }
 
 
@@ -91,7 +94,7 @@ def _extended(item) -> bool:
     if spec is None:
         return False
     name = item.originalname
-    if name in GRID_TESTS and spec.params.get("bias") in EXTENDED_FAMILIES:
+    if name in GRID_TESTS and any(isinstance(v, str) and v in EXTENDED_FAMILIES for v in spec.params.values()):
         return True
     return any(part == spec.id or f"-{part}" in f"-{spec.id}" for part in EXTENDED_IDS.get(name, ()))
 
