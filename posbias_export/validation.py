@@ -75,10 +75,11 @@ def check_sizes(models, lengths, batch: int, ignore: bool) -> None:
 
 
 def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=None, inputs=None, model_dir=None,
-             progress=None, ignore_size_limits: bool = False) -> Validation:
-    """Every file on every runtime against its float64 reference. `inputs`: a path to an .npz
-    of the user's own tensors (instead of generated lengths). Lengths and batches this machine
-    cannot hold are refused first (limits.py) unless ignore_size_limits."""
+             progress=None, ignore_size_limits: bool = False, order: bool = True) -> Validation:
+    """Every file on every runtime against its float64 reference, and the order protocol unless
+    order=False. `inputs`: a path to an .npz of the user's own tensors (instead of generated
+    lengths). Lengths and batches this machine cannot hold are refused first (limits.py) unless
+    ignore_size_limits."""
     from .export.metadata import read_metadata
     from .parity import load_model_file, run_matrix
     from .parity.reference import read_npz, read_onnx
@@ -95,10 +96,11 @@ def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=Non
             from .hf.validate import run_hf_matrix
 
             result.matrices.append(run_hf_matrix(model, model_dir, chosen, model_lengths, batch, progress=progress,
-                                                 ignore_size_limits=ignore_size_limits))
+                                                 ignore_size_limits=ignore_size_limits, order=order))
             continue
         load_model_file(model)  # our own export: its metadata must be complete
-        result.matrices.append(run_matrix(model, chosen, model_lengths, batch, checkpoint, feeds, progress=progress))
+        result.matrices.append(run_matrix(model, chosen, model_lengths, batch, checkpoint, feeds, progress=progress,
+                                          order=order))
     return result
 
 

@@ -109,7 +109,8 @@ def exported(project) -> dict:
     for (name, form, inline, extra), path in paths.items():
         commands.append(["--bias", name, "--attention", form, "--out", str(path), "--heads", "4", "--dim", "64",
                          "--layers", "1", *extra] + (["--inline-functions"] if inline else []))
-        commands.append(["validate", str(path), "--runtimes", "ort-cpu,reference", "--lengths", "1,40"])
+        commands.append(["validate", str(path), "--runtimes", "ort-cpu,reference", "--lengths", "1,40",
+                         "--skip-order-check"])
     driver = ("import sys; from posbias_export.cli import main\n"
               f"for argv in {commands!r}:\n"
               "    code = main(argv)\n"

@@ -53,3 +53,19 @@ def test_runtimes_pass_the_order_protocol(tmp_path, target):
     order_rows = [c for c in matrix.cells if c.case.startswith("one session")]
     assert len(order_rows) == 6, [c.verdict for c in matrix.cells]
     assert matrix.ok, [(c.runtime, c.case, c.verdict) for c in matrix.cells if not c.ok]
+
+
+def test_skip_order_check_drops_the_rows(tmp_path):
+    import json
+
+    from posbias_export.cli import main as cli_main
+
+    path = tmp_path / "lm.onnx"
+    model = pbe.build_model(pbe.ModelConfig(bias="alibi", num_heads=4, dim=64, num_layers=1, vocab_size=64))
+    pbe.export_onnx(model, path, check_growth=False)
+    for flag, rows in (([], 2), (["--skip-order-check"], 0)):
+        report = tmp_path / f"r{rows}.json"
+        argv = ["validate", str(path), "--runtimes", "ort-cpu", "--lengths", "1,5", "--json", str(report), *flag]
+        assert cli_main(argv) == 0
+        cells = json.loads(report.read_text())["models"][0]["cells"]
+        assert sum(c["case"].startswith("one session") for c in cells) == rows
