@@ -86,14 +86,22 @@ EXTENDED_IDS = {  # test -> ids (or the parts of them) whose cells run under -m 
     "test_position_schemes_export_and_match": {"sinusoidal", "rope-linear"},
     # the CLI's one-line errors as a real process: two here, all of them in-process in test_bad_inputs.py
     "test_errors_are_one_line_exit_2_and_leave_no_file": {"args2", "args3", "args4", "args5"},
+    # the inlined form on every runtime: alibi here, every family under -m slow
+    "test_runtimes_run_both_forms": {"kerple_log-inlined", "t5-inlined", "window-inlined"},
 }
+# Smoke runs of the benchmark commands whose results files are committed (bench-decode,
+# bench-models, extrapolation): each spends its time in subprocesses timing things; `bench` itself
+# stays in the default run.
+SLOW_TESTS = {"test_bench_decode_smoke", "test_bench_models_measures_each_exporter", "test_extrapolation_command_smoke"}
 
 
 def _extended(item) -> bool:
+    name = item.originalname
+    if name in SLOW_TESTS:
+        return True
     spec = getattr(item, "callspec", None)
     if spec is None:
         return False
-    name = item.originalname
     if name in GRID_TESTS and any(isinstance(v, str) and v in EXTENDED_FAMILIES for v in spec.params.values()):
         return True
     return any(part == spec.id or f"-{part}" in f"-{spec.id}" for part in EXTENDED_IDS.get(name, ()))
