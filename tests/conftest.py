@@ -63,7 +63,7 @@ def cli_model(bias: str, arch: str = "lm", causal: bool = True):
 
 # --- the default run's grid ------------------------------------------------------------------
 # Tests parametrized over every family run the whole grid under `-m slow` (with the other slow
-# tests); the default run (CI, ~15 minutes on 2 cores) keeps the families that take distinct
+# tests); the default run (CI, ~8 minutes on 2 cores with two workers) keeps the families that take distinct
 # paths through the exporters: alibi (key row, folded, features), kerple_log (distance table),
 # t5 (learned buckets), window (look-back). kerple_power and sandwich share kerple_log's table
 # path (their formulas are checked against the papers in test_biases.py) and none is the baseline

@@ -1,7 +1,7 @@
 """The GPU-shaped export targets (--target cuda / cuda-ort), checked where CI runs (ONNX Runtime
 CPU and the ONNX reference evaluator): same math as the PLAIN float64 form (an independent
 computation) across block boundaries, the graph shape the GPU needs (one fused attention op per
-block, the distance table expanded from a vector by one Gather, no tensor near 2^31 elements),
+block, its bias gathered from a per-distance vector, no tensor near 2^31 elements),
 and the options. The CUDA measurements are in benchmarks/gpu_*.md (bench --device cuda)."""
 from __future__ import annotations
 
@@ -74,15 +74,15 @@ def _ops(model):
 
 @pytest.mark.parametrize("target", ["cuda", "cuda-ort"])
 def test_gpu_target_graph_shape(tmp_path, target):
-    """Each block ends in the fused op with the bias as its mask; the table is the family's
-    function on a vector, expanded by one Gather; the portable per-block MatMul/Softmax is gone;
+    """Each block ends in the fused op with the bias as its mask; each block gathers its bias from
+    the family's function on a vector (test_slim_table.py); the portable per-block MatMul/Softmax is gone;
     the metadata says which target it is (the reference reads it)."""
     _, path = _export(tmp_path, "kerple_log", target)
     model = onnx.load(path)
     body = next(f for f in model.functions if f.name.startswith("BlockedAttention") and f.name.endswith("ByDistance"))
     ops = _ops(onnx.helper.make_model(onnx.helper.make_graph(list(body.node), "b", [], []), functions=model.functions))
     assert FUSED_OP[target] in ops
-    assert ("posbias", "ExpandDistanceVector") in ops and ("posbias", "DistanceVectorPositions") in ops
+    assert ("posbias", "GatherBlockBias") in ops and ("posbias", "SlimVectorPositions") in ops
     assert ("posbias", "BlockAttend") not in ops and ("posbias", "BlockAttendMasked") not in ops
     assert read_metadata(model)["target"] == target
     if target == "cuda-ort":

@@ -43,11 +43,14 @@ def budgeted_rows(budget: int) -> list[onnx.NodeProto]:
     ]
 
 
-def loop_body(block_nodes: list[onnx.NodeProto], out_type: int) -> onnx.GraphProto:
-    """One query block: BlockQueries, then `block_nodes` (keys, bias, attention -> attended_b)."""
+def loop_body(block_nodes: list[onnx.NodeProto], out_type: int, own_queries: bool = False) -> onnx.GraphProto:
+    """One query block: BlockQueries (unless the block nodes slice their own: own_queries), then
+    `block_nodes` (keys, bias, attention -> attended_b)."""
+    queries = [] if own_queries else [
+        call("BlockQueries", ["it", "q_pad", "q_pos_pad", "block", "offset"], ["q_b", "q_pos_b", "q_idx"])]
     return helper.make_graph(
         [
-            call("BlockQueries", ["it", "q_pad", "q_pos_pad", "block", "offset"], ["q_b", "q_pos_b", "q_idx"]),
+            *queries,
             *block_nodes,
             # a leading 1-axis: see BlockAssemble for why
             helper.make_node("Constant", [], ["axis0"], value=helper.make_tensor("axis0", TensorProto.INT64, [1], [0])),
@@ -62,17 +65,17 @@ def loop_body(block_nodes: list[onnx.NodeProto], out_type: int) -> onnx.GraphPro
     )
 
 
-def loop(block_nodes: list[onnx.NodeProto], out: str, out_type: int) -> onnx.NodeProto:
+def loop(block_nodes: list[onnx.NodeProto], out: str, out_type: int, own_queries: bool = False) -> onnx.NodeProto:
     """The Loop over n_blocks query blocks; scan output `out` [n, 1, B, H, Bq, d] (or [n, B, ...])."""
-    return helper.make_node("Loop", ["n_blocks", "go"], [out], body=loop_body(block_nodes, out_type))
+    return helper.make_node("Loop", ["n_blocks", "go"], [out], body=loop_body(block_nodes, out_type, own_queries))
 
 
-def padding_loops(block_nodes, out_type: int) -> onnx.NodeProto:
+def padding_loops(block_nodes, out_type: int, own_queries: bool = False) -> onnx.NodeProto:
     """Two Loops, chosen once per call by has_padding: block_nodes(padded) builds each body (an
     If inside the body would copy each block's bias in ONNX Runtime). Output: blocks."""
     def branch(padded: bool) -> onnx.GraphProto:
         name = "blocks_padded" if padded else "blocks_unpadded"
-        return helper.make_graph([loop(block_nodes(padded), name, out_type)], name, [],
+        return helper.make_graph([loop(block_nodes(padded), name, out_type, own_queries)], name, [],
                                  [helper.make_tensor_value_info(name, out_type, None)])
     return helper.make_node("If", ["has_padding"], ["blocks"], then_branch=branch(True), else_branch=branch(False))
 

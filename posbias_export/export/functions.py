@@ -16,6 +16,7 @@ from ..biases import BIASES, bias_class
 from ..biases.onnx_domain import DOMAIN, STANDARD_DOMAINS, VERSION, RelativeDistance
 from .blocked_script import BLOCK_FUNCTIONS
 from .gpu_script import GPU_FUNCTIONS
+from .gpu_table_script import SLIM_TABLE_FUNCTIONS
 
 __all__ = ["all_nodes", "attach", "function_protos", "inline", "library"]
 
@@ -25,7 +26,7 @@ def _library() -> tuple[onnx.FunctionProto, ...]:
     protos = [RelativeDistance.to_function_proto()]
     for name in BIASES:
         protos += bias_class(name).function_protos()
-    protos += [fn.to_function_proto() for fn in BLOCK_FUNCTIONS + GPU_FUNCTIONS]
+    protos += [fn.to_function_proto() for fn in BLOCK_FUNCTIONS + GPU_FUNCTIONS + SLIM_TABLE_FUNCTIONS]
     names = [p.name for p in protos]
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:

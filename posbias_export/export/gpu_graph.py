@@ -9,8 +9,9 @@ CUDA provider (measured there: benchmarks/gpu_attention.md):
         under GPU_ROW_BUDGET entries per head: no tensor near ONNX Runtime's 2^31-element
         index limit, bias memory linear in L):
         relative family, positions = indices: the family's function on a per-head vector of
-        distances (causal mask folded in, cast to the model dtype there), expanded to the
-        distance table by one Gather; a block's mask is one Slice of it -> the fused attention op
+        distances (causal mask folded in, cast to the model dtype there), once; each block,
+        over keys aligned to multiples of 8, gathers its own mask from the vector with an int32
+        index (gpu_table_script.py) -> the fused attention op
         otherwise (positions from a padding mask): the family's bias per block + masks -> fused op
 
 fused = "onnx": the standard ONNX Attention op (opset 23) with the bias as attn_mask: any
@@ -149,18 +150,45 @@ def _local_window_attention(q, k, v, out, heads: int, window: int) -> list[onnx.
     return consts + _in_bsd(q, k, v, out, gqa)
 
 
-def _typed_table(body: _GpuBody, rows, out):
-    """The masked distance table [H|1, rows, M] in the model dtype: the family's function on
-    the table's generating vector (T values per head), masked and cast there, then ONE Gather."""
+def _slim_vector(body: _GpuBody) -> list[onnx.NodeProto]:
+    """The per-distance vector [H|1, T] in the model dtype (gpu_table_script.py): the family's
+    function on T distances, the causal mask folded in, cast there once."""
     bias = body.bias
+    raw = "vector_unmasked" if bias.causal else "vector_f32"
     return [
-        call("DistanceVectorPositions", ["k", rows, "lookahead"], [out + "_row", out + "_cols", out + "_idx"]),
-        call(bias.function_name, [out + "_row", out + "_cols", *body.params],
-             [out + "_vec_unmasked" if bias.causal else out + "_vec"], **body.attrs),
-        *([call("MaskFutureInTable", [out + "_vec_unmasked", out + "_row", out + "_cols"], [out + "_vec"])]
-          if bias.causal else []),
-        *body.in_model_dtype(out + "_vec", out + "_vec_typed"),
-        call("ExpandDistanceVector", [out + "_vec_typed", out + "_idx"], [out]),
+        call("SlimVectorPositions", ["k", "block", "lookahead"], ["vector_row", "vector_cols"]),
+        call(bias.function_name, ["vector_row", "vector_cols", *body.params], [raw], **body.attrs),
+        *([call("MaskFutureInTable", [raw, "vector_row", "vector_cols"], ["vector_f32"])] if bias.causal else []),
+        *body.in_model_dtype("vector_f32", "vector_3d"),
+        helper.make_node("Constant", [], ["vector_axis"], value=helper.make_tensor("vector_axis", TensorProto.INT64,
+                                                                                   [1], [1])),
+        helper.make_node("Squeeze", ["vector_3d", "vector_axis"], ["vector"]),  # [H|1, 1, T] -> [H|1, T]
+    ]
+
+
+def _slim_block(body: _GpuBody, padded: bool) -> list[onnx.NodeProto]:
+    """One query block of the slim table path: its aligned keys and its bias gathered from the
+    vector (padding keys, and the alignment keys of a bidirectional family, get the mask value)."""
+    bias_out = "bias_b" if padded else "mask_b"
+    return [
+        call("SlimBlock", ["it", "bounds", "q_pad", "k8", "v8", "keep8", "block"], ["q_b", "k_b", "v_b", "keep_b", "idx_b"]),
+        call("GatherBlockBias", ["vector", "idx_b"], [bias_out]),
+        *([body.floor_node("padding_floor"), call("ReplacePadding", ["bias_b", "keep_b", "padding_floor"], ["mask_b"])]
+          if padded else []),
+        *body.attend("q_b", "k_b", "v_b", "mask_b", "attended_b"),
+    ]
+
+
+def _slim_table(body: _GpuBody) -> list[onnx.NodeProto]:
+    """The vector, the aligned keys and every block's bounds once, then the two Loops. A causal
+    family's alignment keys come after every query (masked by distance), so only real padding
+    picks the padded Loop; a bidirectional one sees them, so they count as padding."""
+    return [
+        *_slim_vector(body),
+        call("AlignKeys", ["k", "v", "keep"], ["k8", "v8", "keep8"]),
+        call("SlimBlockBounds", ["k", "block", "n_blocks", "offset", "lookback", "lookahead"], ["bounds"]),
+        call("HasPadding", ["keep" if body.bias.causal else "keep8"], ["has_padding"]),
+        padding_loops(lambda padded: _slim_block(body, padded), body.out_type, own_queries=True),
     ]
 
 
@@ -221,21 +249,9 @@ def _block(body: _GpuBody, mask_nodes) -> list[onnx.NodeProto]:
     ]
 
 
-def _table_mask(body: _GpuBody, padded: bool) -> list[onnx.NodeProto]:
-    """Unpadded inputs slice the typed table; padded ones also put the mask value on padding keys."""
-    nodes = [call("SliceByDistance", ["distance_table", "q_idx", "k_idx", "k"], ["bias_slice" if padded else "mask_b"])]
-    if padded:
-        nodes += [body.floor_node("padding_floor"),
-                  call("ReplacePadding", ["bias_slice", "keep_b", "padding_floor"], ["mask_b"])]
-    return nodes
-
-
 def _blocks(body: _GpuBody) -> onnx.GraphProto:
     if body.plan.uses_table:
-        # two Loops: an If inside the body would copy each block's mask
-        table = [*_typed_table(body, "block", "distance_table"),
-                 call("HasPadding", ["keep"], ["has_padding"]),
-                 padding_loops(lambda padded: _block(body, _table_mask(body, padded)), body.out_type)]
+        table = _slim_table(body)  # two Loops: an If inside the body would copy each block's mask
     else:
         q_idx = "q_idx" if body.bias.causal else "q_idx_none"
         table = [loop(_block(body, [

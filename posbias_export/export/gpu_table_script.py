@@ -1,0 +1,115 @@
+"""ONNX Script pieces of the GPU-shaped body's slim distance-table path (a relative family whose
+positions are the key indices: KERPLE, T5, Sandwich, window blocks, ...).
+
+The family's function runs once per call on a per-head vector of distances (T values per head).
+Each query block then gathers ITS OWN bias straight from that vector with an int32 index it
+builds itself, written once in the [H|1, Bq, W] layout the fused op reads:
+
+    no [H, Bq, M] table, no [Bq, M] int64 index (at 16384 tokens: 1.34 GB + 0.67 GB that every
+    block sliced again), and the block's memory is its own bias alone.
+
+Every block's keys start and end on a multiple of KEY_ALIGN (the keys are padded once to a
+multiple of it: fused kernels read a bias row in 8-element vectors), and the per-block bounds are
+one small int64 table computed before the Loop, so the Loop body does no index arithmetic of its
+own beyond reading its row.
+"""
+from __future__ import annotations
+
+from onnxscript import BOOL, FLOAT, INT32, INT64, script
+from onnxscript import opset18 as op
+
+from ..biases.onnx_domain import posbias
+
+KEY_ALIGN = 8  # keys per aligned group; the literal 8s below are this value (ONNX Script takes literals)
+
+
+@script(posbias, default_opset=op)
+def AlignKeys(k: FLOAT, v: FLOAT, keep: BOOL):
+    """Keys, values and the keep mask padded once to a multiple of 8 keys (zeros; the padding keys
+    are marked not kept): k8, v8 [B, H, Lk8, d], keep8 [B|1, 1, 1, Lk8].
+
+    PyTorch: pad = -Lk % 8; F.pad(k, (0, 0, 0, pad)), F.pad(v, ...), F.pad(keep, (0, pad), value=False)
+    """
+    k_len = op.Shape(k, start=2, end=3)  # [1]
+    pad = op.Sub(op.Mul(op.Div(op.Add(k_len, [7]), [8]), [8]), k_len)  # [1]
+    zero = op.Constant(value_ints=[0])
+    pads = op.Concat(zero, pad, axis=0)  # [2]
+    dropped = op.Cast(op.ConstantOfShape(op.Concat(op.Shape(keep, end=-1), pad, axis=0)), to=9)  # [B|1, 1, 1, pad] False
+    return op.Pad(k, pads, None, [2]), op.Pad(v, pads, None, [2]), op.Concat(keep, dropped, axis=-1)
+
+
+@script(posbias, default_opset=op)
+def SlimVectorPositions(k: FLOAT, block: INT64, lookahead: INT64):
+    """The positions of the per-distance vector every block gathers from: vector[t] =
+    g(Bq - 1 + Lk - t), t = 0..T-1, as the family's function of row [Bq - 1] and cols [T] with
+    cols[t] = t - Lk. T = Bq - 1 + Lk + min(Lk, Bq + lookahead) + 8 covers every (query, key)
+    pair of every block, the aligned keys past a block's end included.
+
+    PyTorch: [Bq - 1], arange(Bq - 1 + Lk + min(Lk, Bq + lookahead) + 8) - Lk
+    """
+    k_len = op.Squeeze(op.Shape(k, start=2, end=3))  # scalar Lk
+    one = op.Constant(value_int=1)
+    last = op.Sub(block, one)  # scalar Bq - 1
+    width = op.Add(op.Add(k_len, op.Min(k_len, op.Add(block, lookahead))), op.Constant(value_int=8))  # scalar
+    cols = op.Sub(op.Range(op.Constant(value_int=0), op.Add(last, width), one), k_len)  # [T]
+    return op.Reshape(last, [1]), cols
+
+
+@script(posbias, default_opset=op)
+def SlimBlockBounds(k: FLOAT, block: INT64, n_blocks: INT64, offset: INT64, lookback: INT64,
+                    lookahead: INT64) -> INT64:
+    """Every block's bounds, once, before the Loop -> [n, 4]: the block's first padded query row
+    q0, its aligned keys [lo, end) (lo rounded down, end up, to a multiple of 8; the extra keys
+    are masked by distance or marked padding), and `shift`, the vector index of (row Bq - 1, key lo).
+
+    PyTorch: first = offset + arange(n) * Bq; lo = max(first - lookback, 0) // 8 * 8;
+             end = ceil8(min(first + Bq + lookahead, Lk)); shift = lo - first + Lk
+    """
+    k_len = op.Squeeze(op.Shape(k, start=2, end=3))  # scalar Lk
+    eight = op.Constant(value_int=8)
+    q0 = op.Mul(op.Range(op.Constant(value_int=0), n_blocks, op.Constant(value_int=1)), block)  # [n]
+    first = op.Add(q0, offset)  # [n] key index of each block's first query
+    end = op.Min(op.Add(op.Add(first, block), lookahead), k_len)  # [n]
+    lo = op.Max(op.Sub(first, lookback), op.Constant(value_int=0))  # [n]
+    lo8 = op.Mul(op.Div(lo, eight), eight)  # [n]
+    end8 = op.Mul(op.Div(op.Add(end, op.Constant(value_int=7)), eight), eight)  # [n]
+    shift = op.Add(op.Sub(lo8, first), k_len)  # [n]
+    return op.Concat(op.Unsqueeze(q0, [1]), op.Unsqueeze(lo8, [1]), op.Unsqueeze(end8, [1]), op.Unsqueeze(shift, [1]),
+                     axis=1)  # [n, 4]
+
+
+@script(posbias, default_opset=op)
+def SlimBlock(it: INT64, bounds: INT64, q_pad: FLOAT, k8: FLOAT, v8: FLOAT, keep8: BOOL, block: INT64):
+    """Query block `it` and its aligned keys, from row `it` of SlimBlockBounds: q_b [B, H, Bq, d],
+    k_b, v_b [B, H, W, d], keep_b [B|1, 1, 1, W], and idx [Bq, W] int32, the vector index of each
+    (query, key) pair: idx[r, c] = Bq - 1 - r + shift + c.
+
+    PyTorch: q0, lo, end, shift = bounds[it]; q_pad[:, :, q0:q0 + Bq], k8[:, :, lo:end], ...,
+             ((Bq - 1 - arange(Bq))[:, None] + shift + arange(end - lo)).int()
+    """
+    row = op.Gather(bounds, it)  # [4]
+    q0 = op.Slice(row, [0], [1])  # [1]
+    lo = op.Slice(row, [1], [2])
+    end = op.Slice(row, [2], [3])
+    shift = op.Cast(op.Squeeze(op.Slice(row, [3], [4])), to=6)  # scalar int32
+    q_b = op.Slice(q_pad, q0, op.Add(q0, op.Reshape(block, [1])), [2])  # [B, H, Bq, d]
+    width = op.Cast(op.Squeeze(op.Sub(end, lo)), to=6)  # scalar int32 W
+    last = op.Cast(op.Sub(block, op.Constant(value_int=1)), to=6)  # scalar int32 Bq - 1
+    one = op.Cast(op.Constant(value_int=1), to=6)
+    rows = op.Range(last, op.Cast(op.Constant(value_int=-1), to=6), op.Neg(one))  # [Bq] int32: Bq-1 .. 0
+    cols = op.Range(shift, op.Add(shift, width), one)  # [W] int32
+    idx = op.Add(op.Unsqueeze(rows, [1]), cols)  # [Bq, W] int32
+    return (q_b, op.Slice(k8, lo, end, [2]), op.Slice(v8, lo, end, [2]), op.Slice(keep8, lo, end, [-1]), idx)
+
+
+@script(posbias, default_opset=op)
+def GatherBlockBias(vector: FLOAT, idx: INT32) -> FLOAT:
+    """One block's bias straight from the typed vector: vector [H|1, T], idx [Bq, W] int32 ->
+    [H|1, Bq, W], written once.
+
+    PyTorch: vector[:, idx]
+    """
+    return op.Gather(vector, idx, axis=1)
+
+
+SLIM_TABLE_FUNCTIONS = (AlignKeys, SlimVectorPositions, SlimBlockBounds, SlimBlock, GatherBlockBias)
