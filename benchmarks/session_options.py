@@ -44,7 +44,7 @@ def feeds(session, length: int) -> dict[str, np.ndarray]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/session_options.md")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=15)  # 5 rounds spread one row 0.84-1.17x run to run
     args = p.parse_args()
     runner = load_runner("ort/run.py")
     options = {"ORT defaults": ort.SessionOptions(), "runners' options": runner.session_options(ort)}
