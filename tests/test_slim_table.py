@@ -114,3 +114,22 @@ def test_unmasked_alignment_keys_fail_a_bidirectional_family(tmp_path):
     bad = _lengths_parity(core, ort_session(broken), (45, 48))
     assert good[45].passed and good[48].passed, good
     assert bad[48].passed and not bad[45].passed, bad
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("bias", ["kerple_log", "t5"])
+def test_queries_after_a_cache_take_the_blocks_with_an_offset(tmp_path, bias, causal):
+    """21 queries that are the last of 45 keys (a chunked prefill after a cache): blocks of 8
+    rows start at key 24, none aligned to 8; equal to the plain float64 form."""
+    core = pbe.build_model(pbe.ModelConfig(bias=bias, causal=causal, **SMALL), arch="attention")
+    path = tmp_path / f"{bias}.onnx"
+    pbe.export_onnx(core, path, block=8, check_growth=False, target="cuda-ort")
+    g = torch.Generator().manual_seed(0)
+    head_dim = SMALL["dim"] // SMALL["num_heads"]
+    q = torch.randn(1, SMALL["num_heads"], 21, head_dim, generator=g)
+    k, v = (torch.randn(1, SMALL["num_heads"], 45, head_dim, generator=g) for _ in range(2))
+    plain = AttentionSettings(form="plain")
+    ref64, torch32 = (torch_outputs(core, (q, k, v), dt, plain) for dt in (torch.float64, torch.float32))
+    got = ort_session(path).run(None, {"query": q.numpy(), "key": k.numpy(), "value": v.numpy()})[0]
+    parity = compare(got, ref64, torch32, FLOAT32)
+    assert parity.passed, str(parity)
