@@ -280,7 +280,9 @@ def test_sigterm_during_an_export_leaves_nothing(tmp_path):
     stale = tmp_path / ".m.onnx.99999999.abc.posbias-tmp"  # no process has that id: its run died
     stale.mkdir()
     (stale / "m.onnx").write_bytes(b"half")
-    proc = subprocess.Popen([*CLI, "--bias", "kerple_log", "--heads", "8", "--dim", "256", "--layers", "4",
+    # a model large enough that its temporary lives ~2.6 s (dim 256, 4 layers: 1.4 s), so a busy
+    # test worker still signals before the export is done
+    proc = subprocess.Popen([*CLI, "--bias", "kerple_log", "--heads", "8", "--dim", "512", "--layers", "8",
                              "--out", str(tmp_path / "m.onnx")], stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not any(".posbias-tmp" in p.name and p != stale for p in tmp_path.iterdir()):
@@ -403,8 +405,10 @@ def test_runner_scripts_refuse_with_one_line(files, tmp_path):
     _one_line(_run([PY, RUNTIMES_DIR / "ort/run.py", files / "model.onnx", sets, tmp_path / "o"]), "expected a number")
     _one_line(_run([PY, RUNTIMES_DIR / "ort/generate.py", files / "kv.onnx", "--prompt", "x", "--seed", "-1"]),
               "--seed must be >= 0")
+    # 100000 tokens take well over 30 s uninterrupted (5000 took 1 s: a busy test worker could send
+    # the signal after the child had finished)
     proc = subprocess.Popen([PY, str(RUNTIMES_DIR / "ort/generate.py"), str(files / "kv.onnx"), "--prompt", "x",
-                             "--max-new-tokens", "5000", "--max-context", "10000"], stdout=subprocess.PIPE,
+                             "--max-new-tokens", "100000", "--max-context", "200000"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     proc.stdout.read(3)  # generating
     proc.send_signal(signal.SIGINT)
