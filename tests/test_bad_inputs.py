@@ -406,10 +406,12 @@ def test_runner_scripts_refuse_with_one_line(files, tmp_path):
     _one_line(_run([PY, RUNTIMES_DIR / "ort/generate.py", files / "kv.onnx", "--prompt", "x", "--seed", "-1"]),
               "--seed must be >= 0")
     # 100000 tokens take well over 30 s uninterrupted (5000 took 1 s: a busy test worker could send
-    # the signal after the child had finished)
+    # the signal after the child had finished); SIGINT as a terminal delivers it, even when the test
+    # run itself was started in the background (which ignores SIGINT, and children inherit that)
     proc = subprocess.Popen([PY, str(RUNTIMES_DIR / "ort/generate.py"), str(files / "kv.onnx"), "--prompt", "x",
                              "--max-new-tokens", "100000", "--max-context", "200000"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     proc.stdout.read(3)  # generating
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=120)[1]
