@@ -15,7 +15,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from posbias_export.environment import describe

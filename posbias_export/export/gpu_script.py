@@ -144,7 +144,7 @@ def DropPadding(out: FLOAT, v: FLOAT) -> FLOAT:
     return op.Slice(out, op.Constant(value_ints=[0]), op.Shape(v, start=3, end=4), op.Constant(value_ints=[3]))
 
 
-# shared with the portable body (blocked_script.py): PadQueries, DirectQueries, DistanceVectorPositions,
-# ExpandDistanceVector
+# shared with the portable body (blocked_script.py): PadQueries, DirectQueries, HasPadding, MaskFutureInTable;
+# the slim table path's pieces: gpu_table_script.py
 GPU_FUNCTIONS = (GpuBlockKeys, MaskedBias, ReplacePadding, WholeSequence, SlopeParts, HalfParts, SlopeFeatures,
                  PrependFeatures, PadValues, DropPadding)
