@@ -73,11 +73,11 @@ def _body(model):
 
 def test_no_table_and_no_int64_index_in_the_gpu_body(tmp_path):
     """The slim path's only Gather over the bias takes the int32 index SlimBlock builds; nothing
-    expands a [H, Bq, M] table."""
+    expands a [H, Bq, M] table; the one-block branch aligns its keys too."""
     _, path = _export(tmp_path, "kerple_log", True)
     model = onnx.load(path)
     called = {n.op_type for n in functions.all_nodes(list(_body(model).node))}
-    assert {"SlimBlockBounds", "SlimBlock", "GatherBlockBias", "AlignKeys"} <= called
+    assert {"SlimBlockBounds", "SlimBlock", "GatherBlockBias", "AlignKeys", "AlignDirectKeys"} <= called
     assert not {"ExpandDistanceVector", "DistanceVectorPositions", "SliceByDistance"} & called
     gather = next(f for f in model.functions if f.name == "GatherBlockBias")
     assert [n.op_type for n in gather.node] == ["Gather"]

@@ -193,7 +193,7 @@ def _slim_table(body: _GpuBody) -> list[onnx.NodeProto]:
 
 
 def _direct(body: _GpuBody) -> onnx.GraphProto:
-    """One block: every key (a window: its reach), no Loop."""
+    """One block: every key (a window: its reach), aligned to a multiple of 8, no Loop."""
     reach = body.plan.lookback
     k, v, k_pos, keep = ("k_w", "v_w", "k_pos_w", "keep_w") if reach is not None else ("k", "v", "k_pos", "keep")
     q_idx = "q_idx_all" if body.bias.causal else "q_idx_none"
@@ -201,12 +201,14 @@ def _direct(body: _GpuBody) -> onnx.GraphProto:
         *([scalar_node("direct_lookback", reach),
            call("DirectWindowKeys", ["q", "k", "v", "k_pos", "keep", "direct_lookback"], [k, v, k_pos, keep])]
           if reach is not None else []),
-        call("DirectQueries", ["q", k], ["q_scaled", "q_idx_all", "k_idx_all"]),
-        body.bias_node("q_pos", k_pos, "bias_all"),
+        call("DirectQueries", ["q", k], ["q_scaled", "q_idx_all", "k_idx_unaligned"]),
+        # keys padded to a multiple of 8 (masked: not kept, after every query), as the blocks'
+        call("AlignDirectKeys", [k, v, k_pos, keep], ["k_8", "v_8", "k_pos_8", "keep_8", "k_idx_all"]),
+        body.bias_node("q_pos", "k_pos_8", "bias_all"),
         *body.no_causal_mask("q_idx_none"),
-        call("MaskedBias", ["bias_all", q_idx, "k_idx_all", keep], ["mask_all_f32"]),
+        call("MaskedBias", ["bias_all", q_idx, "k_idx_all", "keep_8"], ["mask_all_f32"]),
         *body.in_model_dtype("mask_all_f32", "mask_all"),
-        *body.attend("q_scaled", k, v, "mask_all", "out_direct"),
+        *body.attend("q_scaled", "k_8", "v_8", "mask_all", "out_direct"),
     ], "one_block", "out_direct", body.out_type)
 
 

@@ -9,7 +9,8 @@ builds itself, written once in the [H|1, Bq, W] layout the fused op reads:
     block sliced again), and the block's memory is its own bias alone.
 
 Every block's keys start and end on a multiple of KEY_ALIGN (the keys are padded once to a
-multiple of it: fused kernels read a bias row in 8-element vectors), and the per-block bounds are
+multiple of it: fused kernels read a bias row in 8-element vectors; the one-block branch of every
+GPU body pads its keys the same way, AlignDirectKeys), and the per-block bounds are
 one small int64 table computed before the Loop, so the Loop body does no index arithmetic of its
 own beyond reading its row.
 """
@@ -36,6 +37,23 @@ def AlignKeys(k: FLOAT, v: FLOAT, keep: BOOL):
     pads = op.Concat(zero, pad, axis=0)  # [2]
     dropped = op.Cast(op.ConstantOfShape(op.Concat(op.Shape(keep, end=-1), pad, axis=0)), to=9)  # [B|1, 1, 1, pad] False
     return op.Pad(k, pads, None, [2]), op.Pad(v, pads, None, [2]), op.Concat(keep, dropped, axis=-1)
+
+
+@script(posbias, default_opset=op)
+def AlignDirectKeys(k: FLOAT, v: FLOAT, k_pos: INT64, keep: BOOL):
+    """The one-block branch's keys padded to a multiple of 8 like AlignKeys, with their positions
+    (the last one repeated: a valid position for any family, its bias masked anyway) and indices:
+    k8, v8 [B, H, Lk8, d], k_pos8 [..., Lk8], keep8 [B|1, 1, 1, Lk8], k_idx8 [Lk8]. The padding keys
+    are not kept, and come after every query (their indices are >= Lk).
+
+    PyTorch: AlignKeys(k, v, keep), F.pad(k_pos, (0, pad), mode="replicate"), arange(Lk8)
+    """
+    k8, v8, keep8 = AlignKeys(k, v, keep)
+    k_len8 = op.Shape(k8, start=2, end=3)  # [1]
+    pad = op.Sub(k_len8, op.Shape(k, start=2, end=3))  # [1]
+    k_pos8 = op.Pad(k_pos, op.Concat(op.Constant(value_ints=[0]), pad, axis=0), None, [-1], mode="edge")
+    k_idx8 = op.Range(op.Constant(value_int=0), op.Squeeze(k_len8), op.Constant(value_int=1))  # [Lk8]
+    return k8, v8, k_pos8, keep8, k_idx8
 
 
 @script(posbias, default_opset=op)
@@ -112,4 +130,4 @@ def GatherBlockBias(vector: FLOAT, idx: INT32) -> FLOAT:
     return op.Gather(vector, idx, axis=1)
 
 
-SLIM_TABLE_FUNCTIONS = (AlignKeys, SlimVectorPositions, SlimBlockBounds, SlimBlock, GatherBlockBias)
+SLIM_TABLE_FUNCTIONS = (AlignKeys, AlignDirectKeys, SlimVectorPositions, SlimBlockBounds, SlimBlock, GatherBlockBias)
