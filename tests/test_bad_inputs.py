@@ -310,7 +310,7 @@ def test_imported_models_are_not_fed_bytes(hf, tmp_path):
     feeds = {"input_ids": np.array([[-1, 3]], np.int64), "attention_mask": np.ones((1, 2), np.int64)}
     for layer in range(model.num_layers):
         for kind in ("key", "value"):
-            feeds[f"past_{kind}.{layer}"] = np.zeros((1, model.num_heads, 0, model.head_dim), np.float32)
+            feeds[f"past_{kind}.{layer}"] = np.zeros((1, model.num_kv_heads, 0, model.head_dim), np.float32)
     for k, (name, array) in enumerate(feeds.items()):
         (root / f"input_{k}.pb").write_bytes(numpy_helper.from_array(array, name).SerializeToString())
     _one_line(_run(["node", RUNTIMES_DIR / "node/run.js", hf / "bloom_kv.onnx", root, tmp_path / "out"]),

@@ -91,7 +91,7 @@ def test_cached_decoder_after_right_padding_gives_transformers_logits(folders, t
     expected = out.logits.numpy()
     names = [i.name for i in session.get_inputs()]
     ours = load_model(folder)
-    past = {n: np.zeros((3, ours.num_heads, 0, ours.head_dim), np.float32) for n in names if n.startswith("past_")}
+    past = {n: np.zeros((3, ours.num_kv_heads, 0, ours.head_dim), np.float32) for n in names if n.startswith("past_")}
     start = PROMPT + PAD
     for stop in [start, *range(start + 1, LENGTH + 1)]:
         first = 0 if stop == start else stop - 1

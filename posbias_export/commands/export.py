@@ -142,7 +142,6 @@ def run_export_folder(args) -> int:
     from ..hf.export import export_model
 
     given = [n for n in _FOLDER_DECIDES if getattr(args, n)]
-    given += [n for n, default in (("dtype", "float32"), ("target", "portable")) if getattr(args, n) != default]
     if given:
         raise UsageError("--model takes the architecture and weights from the folder; drop "
                          + ", ".join("--" + name.replace("_", "-") for name in given))
@@ -154,10 +153,12 @@ def run_export_folder(args) -> int:
                                    ("--validate", args.validate)) if on]
         if refused:
             raise UsageError(f"--out-dir decides what each client needs; drop {', '.join(refused)}")
-        print(ship(args.model, args.out_dir, opset=args.opset or 18, trace_len=args.trace_len,
-                   inline_functions=args.inline_functions, check_growth=not args.skip_growth_check, **block).summary())
+        print(ship(args.model, args.out_dir, opset=args.opset, trace_len=args.trace_len, dtype=args.dtype,
+                   target=args.target, inline_functions=args.inline_functions,
+                   check_growth=not args.skip_growth_check, **block).summary())
         return 0
-    report = export_model(args.model, args.out, opset=args.opset or 18, trace_len=args.trace_len, kv_cache=args.kv_cache,
+    report = export_model(args.model, args.out, opset=args.opset, trace_len=args.trace_len, kv_cache=args.kv_cache,
+                          dtype=args.dtype, target=args.target,
                           inline_functions=args.inline_functions, attention=args.attention, part=args.part or "encoder",
                           check_growth=not args.skip_growth_check, **block)
     print(report.summary())

@@ -12,6 +12,7 @@ from pathlib import Path
 import onnx
 
 from ..runners import atomic
+from .streamed import WeightRef, pending_index, pending_tensors
 
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf's hard limit is 2 GB
 
@@ -77,24 +78,104 @@ class SavedModel:
     data_bytes: int = 0
 
 
-def save_checked(proto: onnx.ModelProto, path: Path, check: Callable[[str], None]) -> SavedModel:
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, length: int) -> bytes:
+    """The key and length of a length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(length)
+
+
+# protobuf field numbers (onnx.proto): ModelProto.graph, GraphProto.initializer, TensorProto.raw_data
+_GRAPH, _INITIALIZER, _RAW_DATA = 7, 5, 9
+
+
+def _inline_external(model_path: Path, data_path: Path, out_path: Path) -> None:
+    """Rewrite a model whose tensors lie in `data_path` as one .onnx file, streaming: the model
+    without those tensors, then a second `graph` field holding only them (protobuf merges
+    repeated occurrences of a message field, so a reader sees one graph with every
+    initializer), each tensor's bytes copied from the data file in pieces. Nothing the size of
+    the weights is held."""
+    proto = onnx.load_model(str(model_path), load_external_data=False)
+    moved = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    for t in moved:
+        proto.graph.initializer.remove(t)
+    entries = []
+    for t in moved:
+        where = {e.key: e.value for e in t.external_data}
+        header = onnx.TensorProto(name=t.name, dims=t.dims, data_type=t.data_type).SerializeToString()
+        length = int(where["length"])
+        entries.append((int(where.get("offset", 0)), length, header + _field(_RAW_DATA, length)))
+    with open(out_path, "wb") as out, open(data_path, "rb") as data:
+        out.write(proto.SerializeToString())
+        out.write(_field(_GRAPH, sum(len(_field(_INITIALIZER, len(h) + n)) + len(h) + n for _, n, h in entries)))
+        for offset, length, head in entries:
+            out.write(_field(_INITIALIZER, len(head) + length) + head)
+            data.seek(offset)
+            while length:
+                piece = data.read(min(length, 1 << 26))
+                if not piece:
+                    raise OSError(f"{data_path} ends before its tensors do")
+                out.write(piece)
+                length -= len(piece)
+
+
+def _write_external(proto: onnx.ModelProto, data, data_name: str, pending: list[onnx.TensorProto],
+                    refs: list[WeightRef]) -> None:
+    """The pending weights streamed into the external data file, each at a 4096-byte aligned
+    offset (ONNX Runtime memory-maps aligned tensors), their references pointed at it."""
+    offset = 0
+    for t in pending:
+        ref = refs[pending_index(t)]
+        offset = -(-offset // 4096) * 4096
+        data.seek(offset)
+        for chunk in ref.chunks():
+            chunk.tofile(data)
+        del t.external_data[:]
+        for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(ref.nbytes))):
+            t.external_data.add(key=key, value=value)
+        offset += ref.nbytes
+
+
+def save_checked(proto: onnx.ModelProto, path: Path, check: Callable[[str], None],
+                 refs: list[WeightRef] | None = None) -> SavedModel:
     """Write to a temporary folder beside `path`, run `check` on the written file (by path, so
     models over protobuf's 2 GB limit are checked with their external data), then rename into
     place: a failure leaves no partial file and never clobbers an existing one. Models over
-    ~2 GB keep their tensors in `<name>.data` beside the model. Note: saving as external data
-    moves the tensors out of `proto`."""
+    ~2 GB keep their tensors in `<name>.data` beside the model. Placeholder weights of a
+    streamed export (streamed.py) are read from `refs` as they are written. Note: saving
+    moves tensors out of `proto`."""
     path = Path(path)
+    pending = pending_tensors(proto)
+    if pending and refs is None:
+        raise ValueError("the model holds weights still to be written: give their references")
     # the tensors decide; proto.ByteSize() itself fails past 2 GB
-    external = sum(t.ByteSize() for t in proto.graph.initializer) > EXTERNAL_DATA_THRESHOLD
+    total = sum(t.ByteSize() for t in proto.graph.initializer) + sum(refs[pending_index(t)].nbytes for t in pending)
+    external = total > EXTERNAL_DATA_THRESHOLD
     data_name = path.name + ".data"
     with atomic().temporary_folder(path) as tmp:  # named after this process: a killed run's is swept later
         tmp_model, tmp_data = Path(tmp) / path.name, Path(tmp) / data_name
-        if external:
+        if pending:  # streamed, checked with its tensors outside (the checker then reads no weights)
+            with open(tmp_data, "wb") as data:
+                _write_external(proto, data, data_name, pending, refs)
+            onnx.save_model(proto, tmp_model)  # the small tensors stay inside the model
+        elif external:
             onnx.save_model(proto, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
                             location=data_name, size_threshold=1024)
         else:
             onnx.save_model(proto, tmp_model)
         check(str(tmp_model))
+        if pending and not external:  # small enough for one file: the checked graph, its tensors moved in
+            single = Path(tmp) / (".single-" + path.name)
+            _inline_external(tmp_model, tmp_data, single)
+            os.replace(single, tmp_model)
+            tmp_data.unlink()
         written = [tmp_data, tmp_model] if external else [tmp_model]  # data first: the model never points at nothing
         for f in written:
             os.chmod(f, default_file_mode())

@@ -12,7 +12,6 @@ exporter produced something we refuse to ship). Nothing is written until every c
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import logging
 import os
@@ -28,7 +27,7 @@ import torch
 from ..biases import FAMILIES, AttentionBias
 from ..errors import cause_line
 from ..nn import AttentionSettings, block_plan, non_finite_tensor
-from . import checks, functions
+from . import checks, functions, streamed
 from .blocked_graph import function_proto as portable_function_proto
 from .files import SavedModel, ensure_writable, save_checked
 from .gpu_graph import gpu_function_proto
@@ -110,6 +109,8 @@ class ExportState:
     model: torch.nn.Module
     start: float = field(default_factory=time.perf_counter)
     prepared: torch.nn.Module | None = None
+    fakes: dict = field(default_factory=dict)  # id(fake parameter) -> the reader of its values
+    weights: list[streamed.WeightRef] = field(default_factory=list)  # what the saved file's placeholders hold
     generated: list[onnx.FunctionProto] = field(default_factory=list)
     proto: onnx.ModelProto | None = None
     sig: Signature | None = None
@@ -120,11 +121,12 @@ class ExportState:
 
 # --- the passes, in order --------------------------------------------------------------------
 def prepare(state: ExportState) -> None:
-    """A copy in the export dtype, in eval mode; the caller's model is never touched."""
-    bad = non_finite_tensor(state.model)
+    """A copy to trace, in the export dtype and eval mode, its large weights fake tensors whose
+    values are streamed into the file by `save` (streamed.py); the caller's model is never touched."""
+    bad = non_finite_tensor(state.model)  # tensors in memory; streamed ones are checked as they are written
     if bad:
         raise ValueError(f"the model's tensor {bad!r} holds NaN or infinity; refusing to export it")
-    state.prepared = copy.deepcopy(state.model).eval().to(state.request.torch_dtype)
+    state.prepared, state.fakes = streamed.skeleton(state.model, state.request.torch_dtype)
 
 
 def generated_functions(model: torch.nn.Module, settings: AttentionSettings, dtype: torch.dtype, opset: int,
@@ -158,8 +160,10 @@ def make_functions(state: ExportState) -> None:
     state.generated = generated_functions(state.prepared, r.settings, r.torch_dtype, r.opset, r.target)
 
 
-def run_exporter(sig: Signature, opset: int) -> onnx.ModelProto:
-    """One dynamo export of a signature (module, example inputs, dynamic shapes, names)."""
+def run_exporter(sig: Signature, opset: int, fakes: dict | None = None) -> tuple[onnx.ModelProto, list]:
+    """One dynamo export of a signature (module, example inputs, dynamic shapes, names); the
+    module's fake parameters (`fakes`: id -> reader) become placeholders. Returns the proto and
+    the weight references its placeholders index."""
     # The exporter prints progress, warnings and (on failure) whole graphs of its own, through
     # stdout and torch's loggers; the report carries what matters, the error its cause.
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -168,26 +172,30 @@ def run_exporter(sig: Signature, opset: int) -> onnx.ModelProto:
         try:
             program = torch.onnx.export(
                 sig.module, sig.args, dynamo=True, dynamic_shapes=sig.dynamic_shapes, opset_version=opset,
-                input_names=sig.input_names, output_names=sig.output_names, verbose=False,
+                input_names=sig.input_names, output_names=sig.output_names, verbose=False, optimize=False,
             )
+            # onnxscript's optimizer, as the exporter runs it, kept off the fake weights
+            refs = streamed.placeholders(program.model, sig.module, fakes or {})
+        except ValueError:
+            raise
         except Exception as err:  # the exporter's errors are pages long: keep the line naming the cause
             raise checks.ExportCheckError(f"torch.onnx.export failed: {cause_line(err)}") from err
         finally:
             logging.disable(logging.NOTSET)
-    return program.model_proto
+    return program.model_proto, refs
 
 
-def traced(state: ExportState, trace_len: int) -> tuple[onnx.ModelProto, Signature]:
+def traced(state: ExportState, trace_len: int) -> tuple[onnx.ModelProto, Signature, list]:
     """One dynamo export at `trace_len` with the spec's dynamic axes, functions attached."""
     r = state.request
     sig = r.spec.signature(state.prepared, trace_len, r.torch_dtype, r.settings)
-    proto = run_exporter(sig, r.opset)
+    proto, refs = run_exporter(sig, r.opset, state.fakes)
     functions.attach(proto, r.opset, state.generated)  # the bodies of the posbias.* nodes the trace emitted
-    return proto, sig
+    return proto, sig, refs
 
 
 def trace(state: ExportState) -> None:
-    state.proto, state.sig = traced(state, state.request.trace_len)
+    state.proto, state.sig, state.weights = traced(state, state.request.trace_len)
 
 
 def inline(state: ExportState) -> None:
@@ -210,7 +218,7 @@ def check_trace_growth(state: ExportState) -> None:
     if not r.check_growth:
         return
     other_len = 2 * r.trace_len + 1
-    other, _ = traced(state, other_len)
+    other, _, _ = traced(state, other_len)
     checks.check_no_trace_length_growth(state.proto, other, r.trace_len, other_len)
     state.done.append(f"no initializer grows with trace length ({r.trace_len} vs {other_len})")
 
@@ -253,7 +261,7 @@ def add_metadata(state: ExportState) -> None:
 
 def save(state: ExportState) -> None:
     state.initializer_bytes = checks.initializer_bytes(state.proto)  # before saving: external data empties the proto
-    state.saved = save_checked(state.proto, state.request.path, checks.check_full)
+    state.saved = save_checked(state.proto, state.request.path, checks.check_full, state.weights)
     state.done.append("onnx.checker full check")
 
 

@@ -50,7 +50,7 @@ class ImportedSpec(ExportSpec):
 
     def signature(self, model, trace_len, dtype, settings, batch=2) -> Signature:
         m = self.model
-        return lm_signature(model, settings, m.vocab_size, (m.num_heads, m.head_dim, m.num_layers), trace_len, dtype,
+        return lm_signature(model, settings, m.vocab_size, (m.num_kv_heads, m.head_dim, m.num_layers), trace_len, dtype,
                             True, self.kv_cache, output=m.output_name, batch=batch)
 
     def metadata(self) -> dict[str, str]:
@@ -129,36 +129,40 @@ class T5DecoderSpec(ImportedSpec):
             names = ["input_ids", "encoder_hidden_states", "encoder_attention_mask"]
             module, leading, shapes = CachedT5DecoderNoMask(model, settings), (ids, states, enc_mask), (
                 {0: b, 1: seq}, {0: b, 1: enc_seq}, {0: b, 1: enc_seq})
-        return cached_signature(module, leading, shapes, names, {n: (0, 1) for n in names}, m.num_heads, m.head_dim,
+        return cached_signature(module, leading, shapes, names, {n: (0, 1) for n in names}, m.num_kv_heads, m.head_dim,
                                 m.num_layers, batch, past_len, dtype, gen, past_dim)
 
 
 def export_model(
     model_dir: str | os.PathLike,
     path: str | os.PathLike,
-    opset: int = 18,
+    opset: int | None = None,
     trace_len: int = 16,
     *,
+    dtype: str = "float32",
+    target: str = "portable",
     kv_cache: bool = False,
     inline_functions: bool = False,
     attention: str | None = None,
-    block: int = DEFAULT_BLOCK,
+    block: int | None = None,
     check_growth: bool = True,
     part: str = "encoder",
     names: str = "posbias",
     shipped: bool = False,
 ) -> ExportReport:
     """Export the model in a local Hugging Face folder (BLOOM, MPT, Falcon with alibi, the T5
-    encoder; part="decoder": the cached T5 decoder) to `path` in float32 and check it. Raises
+    encoder; part="decoder": the cached T5 decoder) to `path` in `dtype` (float32, float16) for
+    `target` (portable, cuda, cuda-ort: export/targets.py) and check it. The weights are
+    streamed from the folder into the file (never held whole). opset None: the target's. Raises
     ValueError for a bad folder or request, OSError for an unwritable path, ExportCheckError for
     a failed check; nothing is written then. names="huggingface": the clients' names
     (export/naming.py); shipped: the metadata keeps the folder's name, not its path."""
     check_outputs([path], folder_files(model_dir))  # never write over what the folder holds
-    model = load_model(model_dir, part)
+    model = load_model(model_dir, part, lazy=True)  # weights streamed into the file as it is written
     if names not in NAMINGS:
         raise ValueError(f"names must be one of {', '.join(NAMINGS)}, got {names!r}")
     spec = ImportedSpec.of(model, kv_cache, NAMINGS[names], shipped)
-    request = ExportRequest.create(path, spec, opset, "float32", trace_len, "portable", attention, block,
+    request = ExportRequest.create(path, spec, opset, dtype, trace_len, target, attention, block,
                                    inline_functions, check_growth)
     return run_passes(request, model)
 

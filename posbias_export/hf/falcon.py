@@ -49,11 +49,15 @@ def FalconAlibiKeyRow(q_pos_b: INT64, k_pos_b: INT64, slopes: FLOAT, sqrt_d: FLO
 
 @script(posbias, default_opset=op)
 def FalconAlibi(q_pos: INT64, k_pos: INT64, slopes: FLOAT, sqrt_d: FLOAT) -> FLOAT:
-    """Falcon's bias for every (query, key): the key row broadcast over the queries,
-    [..., Lq] x [..., Lk] x [H] x [] -> [..., H, Lq, Lk]."""
+    """Falcon's bias for every (query, key): the key row, minus each query's own value (a
+    per-row constant, which softmax ignores). The key row alone grows with the absolute
+    position (slope * 1023 / sqrt(d) ~ 180 at 1024 tokens, where float16's step is 0.125); the
+    difference is small near the diagonal, so a float16 bias (the GPU targets cast it) keeps
+    its precision where the weights are. [..., Lq] x [..., Lk] x [H] x [] -> [..., H, Lq, Lk]."""
     row = FalconAlibiKeyRow(q_pos, k_pos, slopes, sqrt_d)  # [..., H, 1, Lk]
-    shape = op.Concat(op.Shape(row, end=-2), op.Shape(q_pos, start=-1), op.Shape(k_pos, start=-1), axis=0)
-    return op.Expand(row, shape)
+    own = FalconAlibiKeyRow(k_pos, q_pos, slopes, sqrt_d)  # [..., H, 1, Lq]: each query's own key value
+    column = op.Unsqueeze(op.Squeeze(own, [-2]), [-1])  # [..., H, Lq, 1]
+    return op.Sub(row, column)  # [..., H, Lq, Lk]
 
 
 class FalconAlibiBias(AttentionBias, family=False):
@@ -73,11 +77,15 @@ class FalconAlibiBias(AttentionBias, family=False):
     def function_inputs(self):
         return [self.slopes, self.sqrt_d], {}
 
+    def _key_values(self, pos):
+        """[..., L] -> [..., H, 1, L] float32: bf16(slope * bf16(pos)) / sqrt(d), as transformers rounds."""
+        key_row = self.slopes.bfloat16().view(-1, 1, 1) * pos.unsqueeze(-2).unsqueeze(-3).bfloat16()
+        return key_row.float() / self.sqrt_d
+
     def from_positions(self, q_pos, k_pos):
-        """[..., Lq] x [..., Lk] -> [..., H, Lq, Lk] float32, rounded as transformers does (bfloat16)."""
-        key_row = (self.slopes.bfloat16().view(-1, 1, 1) * k_pos.unsqueeze(-2).unsqueeze(-3).bfloat16())  # [..., H, 1, Lk]
-        row = key_row.float() / self.sqrt_d
-        return row.expand(*row.shape[:-2], q_pos.shape[-1], k_pos.shape[-1])
+        """[..., Lq] x [..., Lk] -> [..., H, Lq, Lk] float32: each key's value minus the query's own
+        (softmax-equivalent to transformers' key row; see FalconAlibi)."""
+        return self._key_values(k_pos) - self._key_values(q_pos).transpose(-1, -2)
 
 
 class FalconAttention(nn.Module):
@@ -96,17 +104,18 @@ class FalconAttention(nn.Module):
         self.alibi = bias
 
     def split(self, fused):
-        """fused [B, L, out] -> q, k, v [B, H, L, d] (keys and values repeated over the heads they serve)."""
+        """fused [B, L, out] -> q [B, H, L, d], k, v [B, Hkv, L, d]: the layout's own key/value
+        heads (1 multi-query, num_kv_heads grouped), repeated over their query heads only inside
+        attention, so the KV cache holds Hkv heads as transformers' does."""
         B, L, _ = fused.shape
         H, d = self.num_heads, self.head_dim
         if self.new_arch:
             qkv = fused.view(B, L, self.num_kv_heads, H // self.num_kv_heads + 2, d)
             q = qkv[:, :, :, :-2].flatten(2, 3)  # [B, L, H, d]
-            k = qkv[:, :, :, -2:-1].expand(-1, -1, -1, H // self.num_kv_heads, -1).flatten(2, 3)
-            v = qkv[:, :, :, -1:].expand(-1, -1, -1, H // self.num_kv_heads, -1).flatten(2, 3)
+            k, v = qkv[:, :, :, -2], qkv[:, :, :, -1]  # [B, L, Hkv, d]
         elif self.multi_query:
             qkv = fused.view(B, L, H + 2, d)
-            q, k, v = qkv[:, :, :-2], qkv[:, :, -2:-1].expand(-1, -1, H, -1), qkv[:, :, -1:].expand(-1, -1, H, -1)
+            q, k, v = qkv[:, :, :-2], qkv[:, :, -2:-1], qkv[:, :, -1:]  # k, v [B, L, 1, d]
         else:
             qkv = fused.view(B, L, H, 3, d)
             q, k, v = qkv[..., 0, :], qkv[..., 1, :], qkv[..., 2, :]
@@ -183,7 +192,8 @@ class FalconLM(CausalLM):
     def __init__(self, config):
         H = config.num_attention_heads
         d = config.hidden_size // H
-        super().__init__(config, Shape(H, d, config.num_hidden_layers, config.vocab_size))
+        kv = config.num_kv_heads if (config.new_decoder_architecture or not config.multi_query) else 1
+        super().__init__(config, Shape(H, d, config.num_hidden_layers, config.vocab_size, kv))
         self.transformer = FalconTransformer(config, FalconAlibiBias(H, d))
         self.add_head(config)
 
@@ -195,10 +205,13 @@ class FalconLM(CausalLM):
         return None
 
     def shipped_config(self, config: dict) -> dict:
-        """Our file caches keys and values per attention head (multi-query and grouped layouts
-        included), and Optimum and transformers.js shape the first empty cache from the config:
-        it says so (one key/value head per attention head, not multi-query)."""
-        return {**config, "multi_query": False, "num_kv_heads": self.num_heads}
+        """The cache holds the layout's own key/value heads (1 multi-query, num_kv_heads grouped),
+        as the config says. One key changes: transformers.js reads `multi_query: true` as
+        gpt_bigcode's fused `key_value` cache names, so the copy says multi_query false with
+        num_kv_heads = the cache's heads, which Optimum and transformers read as the same count."""
+        if not config.get("multi_query"):
+            return config
+        return {**config, "multi_query": False, "num_kv_heads": self.num_kv_heads}
 
     @classmethod
     def tiny_transformers_model(cls, tf, vocab, hidden, heads, layers, max_len, **config):

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..errors import first_line
+from ..nn.lazy_weights import MemoryReader, TensorReader
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
@@ -25,7 +26,7 @@ class ModelFolder:
     path: Path
     model_type: str
     config: object  # the transformers PretrainedConfig subclass of model_type
-    state: dict[str, torch.Tensor]
+    state: dict[str, TensorReader]  # transformers' names -> readers (nothing loaded yet)
     raw: dict  # config.json as written
 
 
@@ -147,17 +148,52 @@ def weight_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def read_state(files: list[Path]) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's weights, by transformers' parameter name (no code in a
-    pickle runs: weights only)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                       "BOOL": torch.bool}
 
-    state = {}
+
+class SafetensorsReader:
+    """One tensor of a safetensors file, read a range of rows at a time (the file is mapped,
+    not loaded)."""
+
+    def __init__(self, handle, file: Path, key: str):
+        self.file, self.name = file, key
+        piece = handle.get_slice(key)
+        self.shape = tuple(piece.get_shape())
+        self.dtype = _SAFETENSORS_DTYPES.get(piece.get_dtype())
+        if self.dtype is None:
+            raise FolderError(f"{file}: weight {key} has dtype {piece.get_dtype()}, which cannot be read")
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        from safetensors import safe_open
+
+        # opened per read: the mapping closes with it, so pages read once do not stay in this
+        # process's resident memory (a file the size of the model would count in full)
+        with safe_open(str(self.file), framework="pt") as handle:
+            piece = handle.get_slice(self.name)
+            return piece[start:stop] if self.shape else piece[...]
+
+
+def open_state(files: list[Path]) -> dict[str, TensorReader]:
+    """A reader for every tensor of the folder's weights, by transformers' parameter name:
+    safetensors are memory-mapped, a pytorch_model.bin is loaded weights-only with mmap (no
+    code in a pickle runs). Nothing the size of the model is read here."""
+    from safetensors import SafetensorError, safe_open
+
+    state: dict[str, TensorReader] = {}
     for file in files:
         try:
-            state.update(torch.load(file, map_location="cpu", weights_only=True) if file.suffix == ".bin"
-                         else load_file(file))
+            if file.suffix == ".bin":
+                loaded = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+                if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+                    raise FolderError(f"{file} holds a {type(loaded).__name__}, not a state dict of tensors")
+                state.update({k: MemoryReader(k, v) for k, v in loaded.items()})
+                continue
+            with safe_open(str(file), framework="pt") as handle:
+                state.update({k: SafetensorsReader(handle, file, k) for k in handle.keys()})
+        except FolderError:
+            raise
         except (SafetensorError, OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as err:
             raise _readable(err, file.parent) from None
     return state
@@ -180,4 +216,4 @@ def read_folder(path, architectures: dict, part: str = "encoder") -> ModelFolder
         raise FolderError(refusal)
     files = weight_files(path)
     architectures[model_type].check_sizes(config, weight_shapes(files), path, part)
-    return ModelFolder(path, model_type, config, read_state(files), raw)
+    return ModelFolder(path, model_type, config, open_state(files), raw)

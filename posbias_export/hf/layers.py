@@ -34,6 +34,7 @@ class Shape:
     head_dim: int
     num_layers: int
     vocab_size: int
+    num_kv_heads: int | None = None  # heads of the KV cache (fewer for multi-query / grouped layouts)
 
 
 class ImportedModel(nn.Module):
@@ -73,6 +74,7 @@ class ImportedModel(nn.Module):
         self.config, self.shape = config, shape
         self.num_heads, self.head_dim, self.num_layers, self.vocab_size = (shape.num_heads, shape.head_dim,
                                                                            shape.num_layers, shape.vocab_size)
+        self.num_kv_heads = shape.num_kv_heads or shape.num_heads
 
     @classmethod
     def check_config(cls, config, where) -> str | None:
@@ -141,7 +143,7 @@ class ImportedModel(nn.Module):
         return name
 
     def empty_past(self, batch: int, dtype: torch.dtype = torch.float32) -> list:
-        shape = (batch, self.num_heads, 0, self.head_dim)
+        shape = (batch, self.num_kv_heads, 0, self.head_dim)
         return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(self.num_layers)]
 
 
@@ -179,9 +181,19 @@ def merge_heads(y: torch.Tensor) -> torch.Tensor:
     return y.transpose(1, 2).reshape(B, L, H * d)
 
 
+def repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[B, Hkv, L, d] -> [B, heads, L, d]: key/value head g serves query heads g * r .. g * r + r - 1
+    (r = heads / Hkv), the grouping of Falcon's fused QKV layouts."""
+    B, Hkv, L, d = x.shape
+    if Hkv == heads:
+        return x
+    return x[:, :, None].expand(B, Hkv, heads // Hkv, L, d).reshape(B, heads, L, d)
+
+
 def self_attention(q, k, v, attention_mask, past, bias: AttentionBias, settings: AttentionSettings = EAGER,
                    positions_from_mask: bool = False):
-    """q [B, H, Lq, d], the new k/v [B, H, Lq, d]; past (k, v) [B, H, P, d] or None;
+    """q [B, H, Lq, d], the new k/v [B, Hkv, Lq, d] (Hkv divides H: multi-query and grouped
+    layouts keep their own key/value heads in the cache); past (k, v) [B, Hkv, P, d] or None;
     attention_mask [B, P + Lq] (1 = token, 0 = padding) or None.
     Positions are 0..Lk-1, or cumsum(mask) - 1 where the original model counts them so
     (Falcon: its rounded bias is not shift-invariant). Softmax scale 1/sqrt(d): callers fold
@@ -195,8 +207,10 @@ def self_attention(q, k, v, attention_mask, past, bias: AttentionBias, settings:
         q_pos = k_pos[:, Lk - Lq:]  # [B, Lq]
     else:
         q_pos, k_pos = query_key_positions(Lq, Lk, device=q.device)  # [Lq], [Lk]
-    y = attention_heads(q, k, v, q_pos, k_pos, attention_mask, bias, bias.causal, settings)  # [B, H, Lq, d]
-    return y, (k, v)
+    heads = q.shape[1]
+    y = attention_heads(q, repeat_kv(k, heads), repeat_kv(v, heads), q_pos, k_pos, attention_mask, bias, bias.causal,
+                        settings)  # [B, H, Lq, d]
+    return y, (k, v)  # the cache keeps Hkv heads
 
 
 def scale_queries(q: torch.Tensor, softmax_scale: float) -> torch.Tensor:

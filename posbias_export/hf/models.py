@@ -7,7 +7,8 @@ import os
 from . import bloom, falcon, mpt, t5, t5_decoder  # noqa: F401  (each module registers its architecture)
 from .folder import FolderError, read_folder
 from .layers import ARCHITECTURES, PARTS, ImportedModel
-from .weights import load_weights
+from ..nn.lazy_weights import parameters_on_meta
+from .weights import attach_weights, load_weights
 
 SUPPORTED = tuple(ARCHITECTURES)  # model_type values
 PART_NAMES = ("encoder", "decoder")  # of a T5 encoder-decoder folder; "encoder" is every other folder's model
@@ -19,16 +20,22 @@ def architecture(model_type: str) -> type[ImportedModel]:
     return ARCHITECTURES[model_type]
 
 
-def load_model(folder: str | os.PathLike, part: str = "encoder") -> ImportedModel:
+def load_model(folder: str | os.PathLike, part: str = "encoder", lazy: bool = False) -> ImportedModel:
     """Our float32 model with the folder's weights, in eval mode (ValueError for a bad folder).
-    part="decoder": the decoder of a T5ForConditionalGeneration folder."""
+    part="decoder": the decoder of a T5ForConditionalGeneration folder. lazy: the parameters
+    stay on the meta device, each paired with its reader (the export streams them into the
+    file: nothing the size of the model is allocated); NaN or infinity is then found as the
+    weights are written."""
     if part not in PART_NAMES:
         raise ValueError(f"part must be one of {', '.join(PART_NAMES)}, got {part!r}")
     source = read_folder(folder, ARCHITECTURES, part)
     cls = ARCHITECTURES[source.model_type] if part == "encoder" else PARTS.get((source.model_type, part))
     if cls is None:
         raise FolderError(f"{source.path} holds no T5 decoder (--part decoder needs a T5ForConditionalGeneration folder)")
-    model = cls.from_folder(source)
-    load_weights(model, source.state, source.path)
+    with parameters_on_meta():  # no allocation, no random init: the folder fills every parameter
+        model = cls.from_folder(source)
+    attach_weights(model, source.state, source.path)
+    if not lazy:
+        load_weights(model, source.path)
     model.source_dir = source.path.resolve()
     return model.float().eval()

@@ -28,7 +28,6 @@ from pathlib import Path
 import onnx
 
 from ..export.pipeline import ExportReport
-from ..nn import DEFAULT_BLOCK
 from ..runners import atomic
 from .export import export_model
 from .folder import FolderError
@@ -79,10 +78,10 @@ def _check_out_dir(out: Path, model_dir: Path) -> None:
         raise OSError(f"cannot write {out}: folder {parent} is not writable ({err.strerror})") from None
 
 
-def genai_config(model, config: dict, generation: dict, filename: str = "model.onnx") -> dict:
+def genai_config(model, config: dict, generation: dict, filename: str = "model.onnx", gpu: bool = False) -> dict:
     """onnxruntime-genai's config for our cached decoder: its "llama" type runs any decoder
     with input_ids, attention_mask and a per-layer cache under name templates; the cache grows
-    (no shared past/present buffer: ours is not written in place)."""
+    (no shared past/present buffer: ours is not written in place). gpu: the CUDA provider."""
     def token(key, default):
         value = generation.get(key, config.get(key))
         return default if value is None else (value[0] if isinstance(value, list) else value)
@@ -95,9 +94,9 @@ def genai_config(model, config: dict, generation: dict, filename: str = "model.o
             "pad_token_id": token("pad_token_id", 0), "context_length": context, "vocab_size": model.vocab_size,
             "type": "llama",
             "decoder": {
-                "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+                "session_options": {"log_id": "onnxruntime-genai", "provider_options": [{"cuda": {}}] if gpu else []},
                 "filename": filename, "head_size": model.head_dim, "hidden_size": model.head_dim * model.num_heads,
-                "num_attention_heads": model.num_heads, "num_key_value_heads": model.num_heads,
+                "num_attention_heads": model.num_heads, "num_key_value_heads": model.num_kv_heads,
                 "num_hidden_layers": model.num_layers,
                 "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask",
                            "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
@@ -112,10 +111,11 @@ def genai_config(model, config: dict, generation: dict, filename: str = "model.o
     }
 
 
-def triton_config(path: Path, name: str, max_batch: int = TRITON_MAX_BATCH) -> str:
+def triton_config(path: Path, name: str, max_batch: int = TRITON_MAX_BATCH, gpu: bool = False) -> str:
     """A Triton model configuration (onnxruntime backend) for the file at `path`: every input
     and output with its type and dims read from the file, the batch axis (first) left to
-    Triton (max_batch_size, dynamic batching), every other symbolic axis -1."""
+    Triton (max_batch_size, dynamic batching), every other symbolic axis -1. gpu: instances
+    on the GPUs (KIND_GPU), else on the CPU."""
     graph = onnx.load(str(path), load_external_data=False).graph
 
     def entries(values) -> str:
@@ -128,7 +128,8 @@ def triton_config(path: Path, name: str, max_batch: int = TRITON_MAX_BATCH) -> s
         return ",\n".join(rows)
 
     return (f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch}\n'
-            f"input [\n{entries(graph.input)}\n]\noutput [\n{entries(graph.output)}\n]\ndynamic_batching {{ }}\n")
+            f"input [\n{entries(graph.input)}\n]\noutput [\n{entries(graph.output)}\n]\ndynamic_batching {{ }}\n"
+            f"instance_group [ {{ kind: {'KIND_GPU' if gpu else 'KIND_CPU'} }} ]\n")
 
 
 def _triton_name(text: str) -> str:
@@ -138,21 +139,25 @@ def _triton_name(text: str) -> str:
 def _has_decoder(source: Path) -> bool:
     """An encoder-decoder folder (T5ForConditionalGeneration), not an encoder alone."""
     try:
-        load_model(source, "decoder")
+        load_model(source, "decoder", lazy=True)
     except FolderError:
         return False
     return True
 
 
-def ship(model_dir, out_dir, *, opset: int = 18, trace_len: int = 16, block: int = DEFAULT_BLOCK,
-         inline_functions: bool = False, check_growth: bool = True) -> ShipReport:
+def ship(model_dir, out_dir, *, opset: int | None = None, trace_len: int = 16, block: int | None = None,
+         inline_functions: bool = False, check_growth: bool = True, dtype: str = "float32",
+         target: str = "portable") -> ShipReport:
     """Write the serving folder of the model in `model_dir` to `out_dir` (see the module
-    docstring); ValueError for a bad folder, OSError for an output that exists or overlaps."""
+    docstring); ValueError for a bad folder, OSError for an output that exists or overlaps.
+    dtype, target: as export_model's; a GPU target makes the folder GPU-ready (onnxruntime-genai
+    on the CUDA provider, Triton instances KIND_GPU)."""
     source, out = Path(model_dir), Path(out_dir)
     _check_out_dir(out, source)
-    model = load_model(source)
+    model = load_model(source, lazy=True)
     kwargs = dict(opset=opset, trace_len=trace_len, block=block, inline_functions=inline_functions,
-                  check_growth=check_growth, names="huggingface", shipped=True)
+                  check_growth=check_growth, names="huggingface", shipped=True, dtype=dtype, target=target)
+    gpu = target != "portable"
     config = json.loads((source / "config.json").read_text(encoding="utf-8"))
     generation_file = source / "generation_config.json"
     generation = json.loads(generation_file.read_text(encoding="utf-8")) if generation_file.is_file() else {}
@@ -163,7 +168,7 @@ def ship(model_dir, out_dir, *, opset: int = 18, trace_len: int = 16, block: int
         if model.arch == "lm":
             report.exports.append(export_model(source, stage / "model.onnx", kv_cache=True, **kwargs))
             files = {"model.onnx": _triton_name(source.name)}
-            (stage / "genai_config.json").write_text(json.dumps(genai_config(model, config, generation), indent=1))
+            (stage / "genai_config.json").write_text(json.dumps(genai_config(model, config, generation, gpu=gpu), indent=1))
         elif _has_decoder(source):
             report.exports.append(export_model(source, stage / "encoder_model.onnx", **kwargs))
             report.exports.append(export_model(source, stage / "decoder_model_merged.onnx", part="decoder", **kwargs))
@@ -175,7 +180,11 @@ def ship(model_dir, out_dir, *, opset: int = 18, trace_len: int = 16, block: int
         for name, triton in files.items():
             _link(stage / name, stage / "onnx" / name)
             _link(stage / name, stage / "triton" / triton / "1" / "model.onnx")
-            (stage / "triton" / triton / "config.pbtxt").write_text(triton_config(stage / name, triton))
+            data = name + ".data"  # the tensors of a model over ~2 GB: the file names it, beside itself
+            if (stage / data).is_file():
+                _link(stage / data, stage / "onnx" / data)
+                _link(stage / data, stage / "triton" / triton / "1" / data)
+            (stage / "triton" / triton / "config.pbtxt").write_text(triton_config(stage / name, triton, gpu=gpu))
         for name in COPIED:
             if (source / name).is_file():
                 shutil.copy2(source / name, stage / name)

@@ -22,9 +22,9 @@ from ..export.metadata import read_metadata
 from ..limits import attention_bytes, check_fits
 from ..nn import AttentionSettings
 from ..parity.matrix import NOT_RUN, Cell, Matrix, runtime_outputs
-from ..parity.reference import ParityInputError, read_onnx
+from ..parity.reference import ParityInputError, read_onnx, torch_outputs
 from ..parity.runtimes import DEFAULT_RUNTIMES, RUNTIMES
-from ..parity.tolerance import FLOAT32, Tolerance, compare
+from ..parity.tolerance import FLOAT16, FLOAT32, Tolerance, compare
 from .folder import transformers_module
 from .models import architecture, load_model
 
@@ -98,6 +98,12 @@ def left_padded(length: int, batch: int, vocab: int, seed: int) -> tuple[np.ndar
     return ids, mask
 
 
+def file_dtype(proto: onnx.ModelProto) -> str:
+    """float16 when the file's first output is (our float16 exports, Optimum's --dtype fp16), else float32."""
+    elem = proto.graph.output[0].type.tensor_type.elem_type
+    return "float16" if elem == onnx.TensorProto.FLOAT16 else "float32"
+
+
 def transformers_model(model_dir: Path, model_type: str):
     """transformers' own implementation of the folder's model (the class the architecture names)."""
     cls = getattr(transformers_module(), architecture(model_type).transformers_class)
@@ -128,6 +134,9 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
         check_fits(need, f"validating {model_path} at length {n}, batch {batch}", ignore_size_limits)
     theirs = transformers_model(Path(model_dir), ours.model_type)
     output = proto.graph.output[0].name
+    # a float16 file is judged against PyTorch float16's own error (parity/tolerance.py), as ours are
+    dtype = file_dtype(proto)
+    tol, torch_dtype = (FLOAT16, torch.float16) if dtype == "float16" else (FLOAT32, torch.float32)
     matrix = Matrix(str(model_path), ours.bias_name, f"{ours.model_type} {ours.arch} ({output})")
     cases, refs = [], []
     limit = ours.max_length()
@@ -137,16 +146,17 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
         args = torch.from_numpy(ids), torch.from_numpy(mask)
         # blocked: the same math as plain (tested), in memory linear in L, so float64 fits at 16k too
         ref64 = ours.double()(*args, settings=BLOCKED).numpy()[keep]
-        same = ours.float()(*args, settings=BLOCKED).numpy()[keep]
+        same = ours.float()(*args, settings=BLOCKED).numpy()[keep]  # transformers' row: float32
+        same_file = same if dtype == "float32" else torch_outputs(ours, args, torch_dtype, BLOCKED)[keep]
         if limit is not None and n > limit:
             hf = f"{NOT_RUN}transformers' {ours.model_type} stops at {limit} tokens"
         else:
             out = theirs(input_ids=args[0], attention_mask=args[1])
             hf = (out.last_hidden_state if ours.arch == "encoder" else out.logits).numpy()[keep]
         cases.append((f"L={n} B={batch}", file_inputs(proto, ids, mask)))
-        refs.append((ref64, same, keep, hf))
+        refs.append((ref64, same, keep, hf, same_file))
     for index, (case, _) in enumerate(cases):
-        ref64, same, _, hf = refs[index]
+        ref64, same, _, hf, _ = refs[index]
         if isinstance(hf, str):
             matrix.cells.append(Cell(TRANSFORMERS_ROW, case, "float32", hf))
         else:
@@ -157,16 +167,16 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
         name, outputs = run.name, run.outputs
         for index, (case, _) in enumerate(cases):
             if run.problem:
-                matrix.cells.append(Cell(name, case, "float32", run.problem))
+                matrix.cells.append(Cell(name, case, dtype, run.problem))
                 continue
-            ref64, same, keep, _ = refs[index]
+            ref64, _, keep, _, same = refs[index]
             if outputs[index].shape[:2] != keep.shape:
-                matrix.cells.append(Cell(name, case, "float32", f"error: output {output} has shape "
+                matrix.cells.append(Cell(name, case, dtype, f"error: output {output} has shape "
                                          f"{list(outputs[index].shape)}, expected [{keep.shape[0]}, {keep.shape[1]}, ...]"))
                 continue
-            parity = compare(outputs[index][keep], ref64, same, FLOAT32)
-            matrix.cells.append(Cell(name, case, "float32", "pass" if parity.passed else "FAIL", parity.as_dict()))
-        matrix.cells += run.order_cells("float32")
+            parity = compare(outputs[index][keep], ref64, same, tol)
+            matrix.cells.append(Cell(name, case, dtype, "pass" if parity.passed else "FAIL", parity.as_dict()))
+        matrix.cells += run.order_cells(dtype)
         if progress:
             progress(1)
     return matrix

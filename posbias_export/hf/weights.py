@@ -1,5 +1,6 @@
-"""Copy a transformers state dict into an imported model, one tensor per parameter: a missing
-weight, a shape the config does not imply, or a weight nothing uses is one readable line."""
+"""Pair each parameter of an imported model with the folder tensor that fills it (read later:
+streamed into an export, or materialized for eager PyTorch): a missing weight, a shape the
+config does not imply, or a weight nothing uses is one readable line, before anything is read."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,12 +8,13 @@ from pathlib import Path
 import torch
 
 from ..nn import non_finite_tensor
+from ..nn.lazy_weights import TensorReader, attach_readers, materialize
 from .folder import FolderError
 from .layers import ImportedModel
 
 
-def load_weights(model: ImportedModel, state: dict[str, torch.Tensor], where: Path) -> None:
-    used = set()
+def attach_weights(model: ImportedModel, state: dict[str, TensorReader], where: Path) -> None:
+    used, readers = set(), {}
     with torch.no_grad():
         for name, param in model.named_parameters():
             key = model.weight_key(name)
@@ -23,9 +25,9 @@ def load_weights(model: ImportedModel, state: dict[str, torch.Tensor], where: Pa
             if tuple(tensor.shape) != tuple(param.shape):
                 raise FolderError(f"{where}: weight {key} has shape {list(tensor.shape)}, the config implies "
                                   f"{list(param.shape)}")
-            if not tensor.is_floating_point():
+            if not tensor.dtype.is_floating_point:
                 raise FolderError(f"{where}: weight {key} is {tensor.dtype}, not a floating-point tensor")
-            param.copy_(tensor.to(param.dtype))
+            readers[name] = tensor
             used.add(key)
     unused = sorted(k for k in state if k not in used and k not in model.tied_keys
                     and not k.startswith(model.ignored_prefixes))
@@ -33,6 +35,12 @@ def load_weights(model: ImportedModel, state: dict[str, torch.Tensor], where: Pa
         more = f" and {len(unused) - 1} more" if len(unused) > 1 else ""
         raise FolderError(f"{where}: weight {unused[0]}{more} has no place in a {model.model_type} model with this "
                           "config (a different architecture or a config that does not match the weights?)")
+    attach_readers(model, readers)
+
+
+def load_weights(model: ImportedModel, where: Path) -> None:
+    """Read every attached weight into the model (float32), refusing NaN or infinity."""
+    materialize(model)
     bad = non_finite_tensor(model)
     if bad:
         raise FolderError(f"{where}: weight {model.weight_key(bad)} holds NaN or infinity")

@@ -142,8 +142,9 @@ def model_for(given: dict, checkpoint: str | os.PathLike | None = None, arch: st
 
 
 def non_finite_tensor(model: torch.nn.Module) -> str | None:
-    """The name of the first floating parameter or buffer holding NaN or inf, else None."""
+    """The name of the first floating parameter or buffer holding NaN or inf, else None (meta
+    tensors hold no values: their readers are checked as they are read)."""
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if t.is_floating_point() and t.device.type != "meta" and not bool(torch.isfinite(t).all()):
             return name
     return None
