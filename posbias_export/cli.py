@@ -40,6 +40,8 @@ COMMANDS = (
             "run_bench_decode"),
     Command("bench-models", "imported BLOOM/MPT/Falcon/T5: our export vs dynamo vs Optimum, time, memory, error",
             "bench", "build_bench_models_parser", "run_bench_models"),
+    Command("bench-real", "imported models at published sizes (random weights): export memory, prefill, decode",
+            "bench", "build_bench_real_parser", "run_bench_real"),
     Command("bench-clients", "the serving folder in transformers.js, onnxruntime-genai, Optimum: tokens and logits",
             "bench", "build_bench_clients_parser", "run_bench_clients"),
     Command("train", "train a byte-level decoder on a text corpus", "study", "build_train_parser", "run_train"),

@@ -91,6 +91,23 @@ def test_transformers_js_generates_transformers_tokens(shipped, kind, batch):
     assert until_eos(got, start) == until_eos(expected, start)
 
 
+@pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir(),
+                    reason="transformers.js not installed (cd tests/clients && npm install --ignore-scripts)")
+@pytest.mark.parametrize("kind", ["bloom", "falcon"])
+def test_transformers_js_takes_a_last_logits_folder(shipped, tmp_path, kind):
+    """--out-dir --logits last: the decoder returns [B, 1, V]; transformers.js reads only the
+    last position when it generates, so a left-padded batch gives transformers' tokens."""
+    source, _ = shipped[kind]
+    folder = tmp_path / "last"
+    ship(source, folder, check_growth=False, logits="last")
+    cmd = ["node", str(JS / "generate.mjs"), "causal", str(folder.resolve()), json.dumps(PROMPTS), str(NEW)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=JS)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    start = max(len(p) for p in PROMPTS)
+    assert until_eos(got, start) == until_eos(transformers_tokens(source, kind, PROMPTS), start)
+
+
 def right_padded_greedy(source: Path, prompts: list[list[int]]) -> list[list[int]]:
     """transformers' model, greedy, fed as onnxruntime-genai feeds a batch: padded on the right,
     each row's first token read at its last real position, every new token appended after the

@@ -103,10 +103,11 @@ def test_export_matches_on_every_runtime(folders, exported, kind):
         assert rows["transformers", "L=300 B=3"] == "pass"
 
 
-@pytest.mark.parametrize("kind", ["bloom", "mpt", "falcon"])
+@pytest.mark.parametrize("kind", ["bloom", "mpt", "falcon", "falcon_grouped", "falcon_sequential"])
 def test_cached_decoder_generates_transformers_greedy_tokens(folders, exported, kind):
     """--kv-cache file, left-padded batch of two prompts, 10 greedy steps through the ORT
-    runner's CachedDecoder: the same tokens as transformers' generate."""
+    runner's CachedDecoder: the same tokens as transformers' generate (Falcon's three layouts:
+    multi-query and grouped files cache their own 1 / num_kv_heads key/value heads)."""
     decoder = load_runner("ort/generate.py").CachedDecoder(str(exported(kind, kv_cache=True)))
     ids, mask = left_padded(9, 2, VOCAB, seed=3)
     past, step_ids, step_mask, tokens, step_logits = decoder.empty_past(2), ids, mask, [], []
@@ -116,7 +117,7 @@ def test_cached_decoder_generates_transformers_greedy_tokens(folders, exported, 
         step_ids = logits[:, -1].argmax(-1)[:, None]
         tokens.append(step_ids)
         step_mask = np.concatenate([step_mask, np.ones((2, 1), np.int64)], axis=1)
-    theirs = transformers_model(folders[kind], kind)
+    theirs = transformers_model(folders[kind], model_type(kind))
     expected = theirs.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
                                max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0,
                                output_logits=True, return_dict_in_generate=True)

@@ -114,6 +114,39 @@ def run_bench_models(args) -> int:
     return 0
 
 
+def build_bench_real_parser() -> argparse.ArgumentParser:
+    from ..bench import real_models as bench
+
+    p = parser("bench-real", "Imported models at the sizes people serve (published configurations, random weights "
+                "written once into --work): export time and peak RSS per dtype; prefill of 512 and 4096 tokens and "
+                "per-token decode on ONNX Runtime CPU beside transformers eager and the memory-bandwidth floor; "
+                "writes real_models.md/.json.", "example:\n  python -m posbias_export bench-real --models bloom-560m,bloom-3b "
+                "--run bloom-560m --work /tmp/real")
+    p.add_argument("--models", type=name_list, default=["bloom-560m", "bloom-3b"], help=f"from: {', '.join(bench.PUBLISHED)}")
+    p.add_argument("--run", type=name_list, default=["bloom-560m"],
+                   help="models whose float32 file is also run (prefill, decode, transformers eager)")
+    p.add_argument("--work", required=True, help="folder for the random-weight models and the exported files "
+                   "(tens of GB for a 3B model)")
+    p.add_argument("--threads", type=positive_int, default=2, help="ONNX Runtime and PyTorch threads (default 2)")
+    p.add_argument("--out-dir", default="benchmarks", help="where real_models.md/.json go (default benchmarks)")
+    return p
+
+
+def run_bench_real(args) -> int:
+    from pathlib import Path
+
+    from ..bench import real_models as bench
+
+    unknown = [m for m in args.models if m not in bench.PUBLISHED]
+    if unknown:
+        raise ValueError(f"unknown model {unknown[0]!r}; choose from {', '.join(bench.PUBLISHED)}")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    command = "python -m posbias_export bench-real --models " + ",".join(args.models) + " --run " + ",".join(args.run)
+    paths = bench.run_and_write(args.models, work, Path(args.out_dir), set(args.run), args.threads, command=command)
+    print(paths[0].read_text())
+    return 0
+
 
 def build_bench_clients_parser() -> argparse.ArgumentParser:
     from ..hf.models import SUPPORTED

@@ -37,6 +37,7 @@ def _families_epilog() -> str:
 def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
     from ..biases import BIASES, hyper_parameter_fields
     from ..export import DTYPES, OPSETS, TARGETS
+    from ..export.signature import LOGITS
     from ..hf.models import PART_NAMES
     from ..nn import ARCHS, ATTENTION_FORMS
     from ..nn.positions import RESIZE_METHODS
@@ -72,6 +73,10 @@ def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
     p.add_argument("--kv-cache", action="store_true",
                    help="cached decoder for generation: input_ids, attention_mask, past_key.N/past_value.N in; "
                    "logits, present_key.N/present_value.N out (prefill and decode in one file)")
+    p.add_argument("--logits", choices=LOGITS, default=None,
+                   help="with --kv-cache or --out-dir: all (every position; the default) or last (the last position "
+                   "only, [B, 1, V]: what generation reads, no [B, L, V] tensor for a long prompt; Optimum, "
+                   "transformers.js and generate take it, onnxruntime-genai does not for right-padded batches)")
     p.add_argument("--attention", choices=ATTENTION_FORMS, default=None,
                    help="blocked: a Loop over query blocks, memory linear in L (default for opset 18); plain: the "
                    "whole [heads, L, L] bias and scores at once (default for opset 23)")
@@ -133,7 +138,8 @@ def run_export(args) -> int:
     report = export_onnx(model, args.out, opset=args.opset, dtype=args.dtype, trace_len=args.trace_len,
                          attention_mask=args.attention_mask, kv_cache=args.kv_cache, target=args.target,
                          inline_functions=args.inline_functions, attention=args.attention, block=args.block,
-                         metadata=source_metadata(args.checkpoint, args.seed), check_growth=not args.skip_growth_check)
+                         metadata=source_metadata(args.checkpoint, args.seed), check_growth=not args.skip_growth_check,
+                         logits=args.logits or "all")
     print(report.summary())
     return _validate_after_export(args) if args.validate else 0
 
@@ -154,11 +160,11 @@ def run_export_folder(args) -> int:
         if refused:
             raise UsageError(f"--out-dir decides what each client needs; drop {', '.join(refused)}")
         print(ship(args.model, args.out_dir, opset=args.opset, trace_len=args.trace_len, dtype=args.dtype,
-                   target=args.target, inline_functions=args.inline_functions,
+                   target=args.target, inline_functions=args.inline_functions, logits=args.logits or "all",
                    check_growth=not args.skip_growth_check, **block).summary())
         return 0
     report = export_model(args.model, args.out, opset=args.opset, trace_len=args.trace_len, kv_cache=args.kv_cache,
-                          dtype=args.dtype, target=args.target,
+                          dtype=args.dtype, target=args.target, logits=args.logits or "all",
                           inline_functions=args.inline_functions, attention=args.attention, part=args.part or "encoder",
                           check_growth=not args.skip_growth_check, **block)
     print(report.summary())

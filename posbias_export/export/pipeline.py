@@ -33,7 +33,7 @@ from .files import SavedModel, ensure_writable, save_checked
 from .gpu_graph import gpu_function_proto
 from .metadata import FORMAT_VERSION, write_metadata
 from .naming import POSBIAS, rename
-from .signature import ExportSpec, ModelSpec, Signature
+from .signature import ExportSpec, ModelSpec, Signature, last_logits
 from .targets import attention_settings, target, target_opset
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -127,6 +127,10 @@ def prepare(state: ExportState) -> None:
     if bad:
         raise ValueError(f"the model's tensor {bad!r} holds NaN or infinity; refusing to export it")
     state.prepared, state.fakes = streamed.skeleton(state.model, state.request.torch_dtype)
+    if state.request.spec.last_logits:
+        if not hasattr(state.prepared, "last_logits_only"):
+            raise ValueError(f"a {type(state.model).__name__} cannot return the last position's logits only")
+        state.prepared.last_logits_only = True
 
 
 def generated_functions(model: torch.nn.Module, settings: AttentionSettings, dtype: torch.dtype, opset: int,
@@ -251,6 +255,8 @@ def export_metadata(request: ExportRequest) -> dict[str, str]:
         meta["target"] = request.target
     if spec.naming.name != POSBIAS.name:
         meta["names"] = spec.naming.name
+    if spec.last_logits:
+        meta["logits"] = "last"
     return {**meta, **spec.trailing_metadata()}
 
 
@@ -284,9 +290,25 @@ def report_dims(values) -> dict[str, list]:
     return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
 
 
+def cache_bytes_per_token(proto: onnx.ModelProto) -> int:
+    """What one more token adds to a cached decoder's KV cache, over every past input
+    [B, heads, P, d] (heads as the file holds them: fewer for multi-query / grouped models)."""
+    total = 0
+    for value in proto.graph.input:
+        t = value.type.tensor_type
+        dims = t.shape.dim
+        if "past" in value.name and len(dims) == 4 and dims[1].HasField("dim_value") and dims[3].HasField("dim_value"):
+            total += dims[1].dim_value * dims[3].dim_value * onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
+    return total
+
+
 def report(state: ExportState) -> ExportReport:
     r, proto, saved = state.request, state.proto, state.saved
     notes = []
+    per_token = cache_bytes_per_token(proto)
+    if per_token:
+        notes.append(f"KV cache: {per_token} bytes per token and sequence ({per_token / 1024:.1f} KiB; "
+                     f"{per_token * 4096 / 2**20:.1f} MiB at 4096 tokens)")
     if proto.functions:
         notes.append("OpenVINO cannot load model-local functions: give it a file exported with --inline-functions "
                      "(ONNX Runtime, onnxruntime-node and the reference evaluator load this one as it is)")
@@ -322,6 +344,7 @@ def export_onnx(
     block: int | None = None,
     metadata: dict | None = None,
     target: str = "portable",
+    logits: str = "all",
 ) -> ExportReport:
     """Export `model` (from build_model) to `path` and check the result; returns a report.
 
@@ -336,11 +359,14 @@ def export_onnx(
     target: "portable" (every runtime), "cuda" (GPU-shaped blocked body ending each block in
     the ONNX Attention op, opset 23) or "cuda-ort" (the same with ONNX Runtime's
     com.microsoft.MultiHeadAttention: ONNX Runtime only). opset: 18, or 23 for target cuda.
+    logits="last" (with kv_cache): logits [B, 1, V] of the last position only, what generation
+    reads; no [B, L, V] tensor at a long prompt.
     Raises ValueError for bad arguments, OSError for an unwritable path, and
     checks.ExportCheckError when the exported model fails a post-export check. On any failure
     no file is written and an existing file at `path` is left untouched.
     """
     spec = ModelSpec.of(model, attention_mask, kv_cache, metadata)
+    spec.last_logits = last_logits(logits)
     request = ExportRequest.create(path, spec, opset, dtype, trace_len, target, attention, block, inline_functions,
                                    check_growth)
     return run_passes(request, model)

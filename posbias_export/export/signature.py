@@ -64,22 +64,23 @@ def cache_names(layers: int) -> tuple[list[str], list[str]]:
 
 def cached_signature(module: nn.Module, leading: tuple, leading_shapes: tuple,
                      leading_names: list[str], leading_axes: dict, heads: int, head_dim: int, layers: int,
-                     batch: int, past_len: int, dtype: torch.dtype, gen: torch.Generator, past_dim) -> Signature:
+                     batch: int, past_len: int, dtype: torch.dtype, gen: torch.Generator, past_dim,
+                     last_logits: bool = False) -> Signature:
     """A cached decoder's signature: `module` takes the leading inputs, then one (key, value)
-    pair per layer, flat (KVCacheLM); its first output is the logits."""
+    pair per layer, flat (KVCacheLM); its first output is the logits ([B, 1, V] with last_logits)."""
     b = leading_shapes[0][0]
     past = [torch.randn(batch, heads, past_len, head_dim, generator=gen).to(dtype) for _ in range(2 * layers)]
     past_names, present_names = cache_names(layers)
     return Signature(
         module, (*leading, *past), (*leading_shapes, tuple({0: b, 2: past_dim} for _ in past)),
         [*leading_names, *past_names], ["logits", *present_names],
-        {**leading_axes, "logits": (0, 1), **{n: (0, 2) for n in past_names + present_names}},
+        {**leading_axes, "logits": (0,) if last_logits else (0, 1), **{n: (0, 2) for n in past_names + present_names}},
     )
 
 
 def lm_signature(model: nn.Module, settings: AttentionSettings, vocab_size: int, cache_shape: tuple[int, int, int],
                  trace_len: int, dtype: torch.dtype, with_mask: bool, kv_cache: bool, output: str = "logits",
-                 batch: int = 2) -> Signature:
+                 batch: int = 2, last_logits: bool = False) -> Signature:
     """input_ids [B, L] (+ attention_mask) -> `output` [B, L, ...]; with kv_cache the cached
     decoder: input_ids [B, L], attention_mask [B, P + L] and the past pairs ([heads, head_dim,
     layers] = cache_shape) in, logits and the present pairs out."""
@@ -93,12 +94,21 @@ def lm_signature(model: nn.Module, settings: AttentionSettings, vocab_size: int,
         past_dim, total = torch.export.Dim("past"), torch.export.Dim("total")
         return cached_signature(KVCacheLM(model, settings), (ids, mask), ({0: b, 1: seq}, {0: b, 1: total}),
                                 ["input_ids", "attention_mask"], {"input_ids": (0, 1), "attention_mask": (0, 1)},
-                                *cache_shape, batch, past_len, dtype, gen, past_dim)
+                                *cache_shape, batch, past_len, dtype, gen, past_dim, last_logits)
     ids = torch.randint(0, vocab_size, (batch, trace_len), generator=gen)
     args = (ids, torch.ones(batch, trace_len, dtype=torch.int64)) if with_mask else (ids,)
     names = ["input_ids"] + (["attention_mask"] if with_mask else [])
     return Signature(WithSettings(model, settings), args, tuple({0: b, 1: seq} for _ in args), names, [output],
                      {n: (0, 1) for n in names + [output]})
+
+
+LOGITS = ("all", "last")  # a cached decoder's logits: every position, or the last one (generation)
+
+
+def last_logits(logits: str) -> bool:
+    if logits not in LOGITS:
+        raise ValueError(f"logits must be one of {', '.join(LOGITS)}, got {logits!r}")
+    return logits == "last"
 
 
 @dataclass
@@ -112,9 +122,13 @@ class ExportSpec:
     kv_cache: bool = False
     notes: list[str] = field(default_factory=list)
     naming: Naming = POSBIAS  # the names the file is written with (naming.py)
+    last_logits: bool = False  # a cached decoder's logits for the last position only, [B, 1, V]
 
     def check(self, request) -> None:
         """Raise ValueError for a request this model cannot honour."""
+        if self.last_logits and not self.kv_cache:
+            raise ValueError("logits='last' is for generation files (a KV cache); a file for scoring keeps every "
+                             "position's logits")
 
     def signature(self, model: nn.Module, trace_len: int, dtype: torch.dtype, settings: AttentionSettings,
                   batch: int = 2) -> Signature:
@@ -164,7 +178,8 @@ class ModelSpec(ExportSpec):
         cfg = self.cfg
         if self.arch == "lm":
             return lm_signature(model, settings, cfg.vocab_size, (cfg.num_heads, cfg.head_dim, cfg.num_layers),
-                                trace_len, dtype, self.with_mask, self.kv_cache, batch=batch)
+                                trace_len, dtype, self.with_mask, self.kv_cache, batch=batch,
+                                last_logits=self.last_logits)
         gen = torch.Generator().manual_seed(0)
         b, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
         module = WithSettings(model, settings)

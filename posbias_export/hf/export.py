@@ -14,7 +14,7 @@ import torch
 from ..export.files import check_outputs
 from ..export.naming import NAMINGS, POSBIAS, Naming
 from ..export.pipeline import ExportReport, ExportRequest, run_passes
-from ..export.signature import ExportSpec, Signature, cached_signature, lm_signature
+from ..export.signature import ExportSpec, Signature, cached_signature, last_logits, lm_signature
 from ..nn import DEFAULT_BLOCK, file_sha256
 from .folder import folder_files
 from .layers import ImportedModel
@@ -51,7 +51,7 @@ class ImportedSpec(ExportSpec):
     def signature(self, model, trace_len, dtype, settings, batch=2) -> Signature:
         m = self.model
         return lm_signature(model, settings, m.vocab_size, (m.num_kv_heads, m.head_dim, m.num_layers), trace_len, dtype,
-                            True, self.kv_cache, output=m.output_name, batch=batch)
+                            True, self.kv_cache, output=m.output_name, batch=batch, last_logits=self.last_logits)
 
     def metadata(self) -> dict[str, str]:
         m = self.model
@@ -149,6 +149,7 @@ def export_model(
     part: str = "encoder",
     names: str = "posbias",
     shipped: bool = False,
+    logits: str = "all",
 ) -> ExportReport:
     """Export the model in a local Hugging Face folder (BLOOM, MPT, Falcon with alibi, the T5
     encoder; part="decoder": the cached T5 decoder) to `path` in `dtype` (float32, float16) for
@@ -156,12 +157,14 @@ def export_model(
     streamed from the folder into the file (never held whole). opset None: the target's. Raises
     ValueError for a bad folder or request, OSError for an unwritable path, ExportCheckError for
     a failed check; nothing is written then. names="huggingface": the clients' names
-    (export/naming.py); shipped: the metadata keeps the folder's name, not its path."""
+    (export/naming.py); shipped: the metadata keeps the folder's name, not its path.
+    logits="last" (with kv_cache): the last position's logits only, [B, 1, V]."""
     check_outputs([path], folder_files(model_dir))  # never write over what the folder holds
     model = load_model(model_dir, part, lazy=True)  # weights streamed into the file as it is written
     if names not in NAMINGS:
         raise ValueError(f"names must be one of {', '.join(NAMINGS)}, got {names!r}")
     spec = ImportedSpec.of(model, kv_cache, NAMINGS[names], shipped)
+    spec.last_logits = last_logits(logits)
     request = ExportRequest.create(path, spec, opset, dtype, trace_len, target, attention, block,
                                    inline_functions, check_growth)
     return run_passes(request, model)

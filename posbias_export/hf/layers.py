@@ -153,6 +153,7 @@ class CausalLM(ImportedModel):
     input_ids [B, L], attention_mask [B, P + L] -> logits [B, L, V] (+ presents with past)."""
 
     tied_keys = ("lm_head.weight",)
+    last_logits_only = False  # set on an export copy: logits [B, 1, V] of the last position (--logits last)
 
     def add_head(self, config) -> None:
         self.tied = config.tie_word_embeddings
@@ -164,6 +165,8 @@ class CausalLM(ImportedModel):
         for index, layer in enumerate(layers):
             x, present = layer(x, attention_mask, None if past is None else past[index], settings)
             presents.append(present)
+        if self.last_logits_only:  # generation reads the last position only: [B, 1, D], no [B, L, V] tensor
+            x = x[:, -1:]
         x = final_norm(x)
         logits = F.linear(x, embedding.weight) if self.tied else self.lm_head(x)  # [B, L, V]
         return logits if past is None else (logits, presents)

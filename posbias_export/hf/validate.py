@@ -136,6 +136,7 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
     output = proto.graph.output[0].name
     # a float16 file is judged against PyTorch float16's own error (parity/tolerance.py), as ours are
     dtype = file_dtype(proto)
+    last = meta.get("logits") == "last"  # a generation file: the last position's logits only
     tol, torch_dtype = (FLOAT16, torch.float16) if dtype == "float16" else (FLOAT32, torch.float32)
     matrix = Matrix(str(model_path), ours.bias_name, f"{ours.model_type} {ours.arch} ({output})")
     cases, refs = [], []
@@ -144,6 +145,9 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
         ids, mask = left_padded(n, batch, ours.vocab_size, seed=n)
         keep = mask.astype(bool)
         args = torch.from_numpy(ids), torch.from_numpy(mask)
+        if last:  # left-padded rows: the last position is a real token in every row
+            keep = np.zeros_like(keep)
+            keep[:, -1] = True
         # blocked: the same math as plain (tested), in memory linear in L, so float64 fits at 16k too
         ref64 = ours.double()(*args, settings=BLOCKED).numpy()[keep]
         same = ours.float()(*args, settings=BLOCKED).numpy()[keep]  # transformers' row: float32
@@ -170,11 +174,14 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
                 matrix.cells.append(Cell(name, case, dtype, run.problem))
                 continue
             ref64, _, keep, _, same = refs[index]
-            if outputs[index].shape[:2] != keep.shape:
+            got = outputs[index]
+            if last and got.shape[:2] == (keep.shape[0], 1):
+                got = np.concatenate([np.zeros((got.shape[0], keep.shape[1] - 1, *got.shape[2:]), got.dtype), got], 1)
+            if got.shape[:2] != keep.shape:
                 matrix.cells.append(Cell(name, case, dtype, f"error: output {output} has shape "
                                          f"{list(outputs[index].shape)}, expected [{keep.shape[0]}, {keep.shape[1]}, ...]"))
                 continue
-            parity = compare(outputs[index][keep], ref64, same, tol)
+            parity = compare(got[keep], ref64, same, tol)
             matrix.cells.append(Cell(name, case, dtype, "pass" if parity.passed else "FAIL", parity.as_dict()))
         matrix.cells += run.order_cells(dtype)
         if progress:

@@ -54,6 +54,8 @@ class Block(nn.Module):
 class DecoderLM(nn.Module):
     """Byte-level LM: input_ids [B, L] int64 -> logits [B, L, vocab]."""
 
+    last_logits_only = False  # set on an export copy: logits [B, 1, V] of the last position (--logits last)
+
     arch = "lm"
 
     def __init__(self, cfg: ModelConfig):
@@ -80,6 +82,8 @@ class DecoderLM(nn.Module):
             else:
                 x, present = block(x, None, attention_mask, past[index], settings)
                 presents.append(present)
+        if self.last_logits_only:  # generation reads the last position only: [B, 1, D], no [B, L, V] tensor
+            x = x[:, -1:]
         logits = self.head(self.ln_f(x))  # [B, L, V]
         return logits if past is None else (logits, presents)
 

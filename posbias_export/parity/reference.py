@@ -73,20 +73,22 @@ def reference_model(meta: dict, checkpoint: str | None = None) -> torch.nn.Modul
         model = load_checkpoint(checkpoint, cfg, arch)
     else:
         model = build_model(cfg, seed=int(meta.get("seed", 0)), arch=arch)
-    return CachedLogits(model) if meta.get("kv_cache") == "1" else model
+    return CachedLogits(model, meta.get("logits") == "last") if meta.get("kv_cache") == "1" else model
 
 
 class CachedLogits(torch.nn.Module):
     """A --kv-cache file's first output from its flat inputs: (input_ids [B, L], attention_mask
-    [B, P+L], past_key.0, past_value.0, ...) -> logits [B, L, V], through the model's cache path."""
+    [B, P+L], past_key.0, past_value.0, ...) -> logits [B, L, V] (last: [B, 1, V], the last
+    position's, as a file exported with logits="last" returns), through the model's cache path."""
 
-    def __init__(self, lm: torch.nn.Module):
+    def __init__(self, lm: torch.nn.Module, last: bool = False):
         super().__init__()
-        self.lm = lm
+        self.lm, self.last = lm, last
 
     def forward(self, input_ids, attention_mask, *past_flat, settings: AttentionSettings = EAGER):
         past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
-        return self.lm(input_ids, attention_mask, past, settings=settings)[0]
+        logits = self.lm(input_ids, attention_mask, past, settings=settings)[0]  # [B, L, V]
+        return logits[:, -1:] if self.last else logits
 
 
 CACHE_LEN = 5  # a --kv-cache file is validated on a step with this many cached positions before it

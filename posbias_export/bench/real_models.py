@@ -1,0 +1,235 @@
+"""Imported models at the sizes people serve: folders of random weights built from published
+configurations (bytes are what matter for memory and speed), exported and run side by side.
+
+For each configuration: export time and peak RSS (each export its own process, peak read from
+the kernel's accounting of that process), file size; on ONNX Runtime CPU a prefill of 512 and
+4096 tokens (time, peak RSS) and the per-token decode time, beside transformers eager's decode
+on the same weights and the memory-bandwidth floor (weight bytes / measured copy bandwidth);
+greedy tokens compared with transformers'. `python -m posbias_export bench-real`.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# Published configurations (the sizes of the Hugging Face checkpoints; random weights here).
+PUBLISHED = {
+    "bloom-560m": ("BloomForCausalLM", "BloomConfig", dict(vocab_size=250880, hidden_size=1024, n_layer=24, n_head=16)),
+    "bloom-3b": ("BloomForCausalLM", "BloomConfig", dict(vocab_size=250880, hidden_size=2560, n_layer=30, n_head=32)),
+    "mpt-1b": ("MptForCausalLM", "MptConfig", dict(vocab_size=50432, d_model=2048, n_layers=24, n_heads=16,
+                                                   max_seq_len=2048, expansion_ratio=4)),
+    "falcon-rw-1b": ("FalconForCausalLM", "FalconConfig", dict(
+        vocab_size=50304, hidden_size=2048, num_hidden_layers=24, num_attention_heads=32, alibi=True,
+        multi_query=False, new_decoder_architecture=False, parallel_attn=False, bias=True)),
+}
+PYTHON = sys.executable
+
+
+def write_folder(name: str, out: Path, dtype: str = "float32", seed: int = 0) -> Path:
+    """A folder of random weights for a published configuration (save_pretrained, safetensors)."""
+    import torch
+    import transformers as tf
+
+    model_class, config_class, fields = PUBLISHED[name]
+    torch.manual_seed(seed)
+    config = getattr(tf, config_class)(**fields)
+    model = getattr(tf, model_class)._from_config(config, torch_dtype=getattr(torch, dtype))
+    model.save_pretrained(out, max_shard_size="2GB")
+    return out
+
+
+def measured_python(args: list[str], timeout: float = 3600) -> tuple[float, float, str]:
+    """python ARGS in a child, its peak RSS read by wait4 from a wrapper process (GB)."""
+    wrapper = ("import os, subprocess, sys, time, json\n"
+               "t = time.perf_counter(); p = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, text=True)\n"
+               "out = p.stdout.read(); _, status, usage = os.wait4(p.pid, 0)\n"
+               "print(json.dumps({'s': time.perf_counter() - t, 'kb': usage.ru_maxrss, 'rc': os.waitstatus_to_exitcode(status), 'out': out}))\n")
+    proc = subprocess.run([PYTHON, "-c", wrapper, PYTHON, *args], capture_output=True, text=True, timeout=timeout)
+    if proc.returncode or not proc.stdout.strip():
+        raise RuntimeError(f"{' '.join(args[:4])}...: {proc.stderr.strip()[-500:]}")
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if got["rc"]:
+        raise RuntimeError(f"{' '.join(args[:4])}... exited {got['rc']}: {proc.stderr.strip()[-500:]}")
+    return got["s"], got["kb"] / 1e6, got["out"]
+
+
+def copy_bandwidth_gbs(megabytes: int = 512, repeats: int = 5) -> float:
+    """Memory bandwidth as a numpy copy moves it (read + write counted as the bytes read)."""
+    a = np.ones(megabytes * (1 << 20) // 4, np.float32)
+    b = np.empty_like(a)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - start)
+    return a.nbytes / best / 1e9
+
+
+def weight_bytes(onnx_path: Path) -> int:
+    data = Path(str(onnx_path) + ".data")
+    return onnx_path.stat().st_size + (data.stat().st_size if data.exists() else 0)
+
+
+@dataclass
+class RealRow:
+    name: str
+    config: dict
+    source_gb: float
+    exports: list[dict] = field(default_factory=list)  # dtype, seconds, peak GB, file GB, ratio
+    runs: list[dict] = field(default_factory=list)  # prefill / decode figures
+
+
+def worker(model_path: str, prompt: int, new_tokens: int, threads: int) -> dict:
+    """In its own process: a prefill of `prompt` tokens, then greedy decode steps, on ORT CPU."""
+    from ..parity.runtimes import load_runner
+
+    decoder = load_runner("ort/generate.py").CachedDecoder(model_path, "cpu", threads)
+    ids = _prompt(prompt)
+    mask = np.ones_like(ids)
+    start = time.perf_counter()
+    logits, past = decoder.step(ids, mask, decoder.empty_past(1))
+    prefill = time.perf_counter() - start
+    tokens, times = [], []
+    token = logits[:, -1].argmax(-1)[:, None]
+    for _ in range(new_tokens):
+        tokens.append(int(token[0, 0]))
+        mask = np.concatenate([mask, np.ones((1, 1), np.int64)], 1)
+        start = time.perf_counter()
+        logits, past = decoder.step(token, mask, past)
+        times.append(time.perf_counter() - start)
+        token = logits[:, -1].argmax(-1)[:, None]
+    return {"prefill_s": prefill, "decode_ms": [1e3 * t for t in times], "tokens": tokens}
+
+
+def _prompt(length: int) -> np.ndarray:
+    return np.random.default_rng(0).integers(10, 30000, (1, length)).astype(np.int64)
+
+
+def transformers_worker(folder: str, prompt: int, new_tokens: int, threads: int) -> dict:
+    import torch
+    import transformers as tf
+
+    torch.set_num_threads(threads)
+    model = tf.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    ids = torch.from_numpy(_prompt(prompt))
+    with torch.no_grad():
+        start = time.perf_counter()
+        out = model(input_ids=ids, use_cache=True)
+        prefill = time.perf_counter() - start
+        past, token, tokens, times = out.past_key_values, out.logits[:, -1].argmax(-1)[:, None], [], []
+        mask = torch.ones_like(ids)
+        for _ in range(new_tokens):
+            tokens.append(int(token[0, 0]))
+            mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
+            start = time.perf_counter()
+            out = model(input_ids=token, attention_mask=mask, past_key_values=past, use_cache=True)
+            times.append(time.perf_counter() - start)
+            past, token = out.past_key_values, out.logits[:, -1].argmax(-1)[:, None]
+    return {"prefill_s": prefill, "decode_ms": [1e3 * t for t in times], "tokens": tokens}
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values)) if values else float("nan")
+
+
+def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: int, new_tokens: int,
+            source_dtype: str, progress=print) -> RealRow:
+    import transformers as tf
+
+    folder = work / name
+    if not (folder / "config.json").is_file():
+        progress(f"{name}: writing a random-weight folder ({source_dtype})")
+        write_folder(name, folder, source_dtype)
+    source = sum(p.stat().st_size for p in folder.glob("*.safetensors")) / 1e9
+    row = RealRow(name, {**PUBLISHED[name][2], "model_type": getattr(tf, PUBLISHED[name][1])().model_type}, source)
+    for dtype in dtypes:
+        path = work / f"{name}_{dtype}.onnx"
+        progress(f"{name}: export {dtype}")
+        seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--kv-cache", "--logits",
+                                            "last", "--dtype", dtype, "--out", str(path)])
+        size = weight_bytes(path) / 1e9
+        row.exports.append({"dtype": dtype, "seconds": seconds, "peak_gb": peak, "file_gb": size,
+                            "ratio": peak / size})
+    if not run:
+        return row
+    bandwidth = copy_bandwidth_gbs()
+    path = work / f"{name}_float32.onnx"
+    for prompt in (512, 4096):
+        progress(f"{name}: ORT prefill {prompt} + decode")
+        seconds, peak, out = measured_python(["-m", "posbias_export.bench.real_models", "ort", str(path), str(prompt),
+                                              str(new_tokens), str(threads)])
+        ours = json.loads(out.strip().splitlines()[-1])
+        entry = {"prompt": prompt, "prefill_s": ours["prefill_s"], "peak_gb": peak,
+                 "decode_ms": _median(ours["decode_ms"]), "floor_ms": 1e3 * weight_bytes(path) / 1e9 / bandwidth,
+                 "bandwidth_gbs": bandwidth, "tokens": ours["tokens"]}
+        if prompt == 512:
+            progress(f"{name}: transformers eager prefill {prompt} + decode")
+            _, their_peak, out = measured_python(["-m", "posbias_export.bench.real_models", "transformers",
+                                                  str(folder), str(prompt), str(new_tokens), str(threads)])
+            theirs = json.loads(out.strip().splitlines()[-1])
+            entry.update(transformers_decode_ms=_median(theirs["decode_ms"]), transformers_prefill_s=theirs["prefill_s"],
+                         transformers_peak_gb=their_peak, tokens_equal=theirs["tokens"] == ours["tokens"])
+        row.runs.append(entry)
+    return row
+
+
+def render(rows: list[RealRow], command: str) -> str:
+    lines = [f"<!-- generated by: {command} -->", "# Imported models at real size (random weights, published configs)", "",
+             "Machine: 2 CPU cores, ONNX Runtime CPU, 2 threads; each export and each run its own process; peak RSS is "
+             "that process's, from the kernel (wait4). Files exported with `--model DIR --kv-cache --logits last`.", "",
+             "| model | configuration |", "|---|---|"]
+    lines += [f"| {r.name} | {json.dumps(r.config)} |" for r in rows]
+    lines += ["", "## Export: time and peak memory", "",
+              "| model | dtype | export s | peak RSS GB | file GB | peak / file | target <= 1.5 |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for e in r.exports:
+            lines.append(f"| {r.name} | {e['dtype']} | {e['seconds']:.0f} | {e['peak_gb']:.2f} | {e['file_gb']:.2f} | "
+                         f"{e['ratio']:.2f} | {'met' if e['ratio'] <= 1.5 else 'NOT met'} |")
+    runs = [(r, x) for r in rows for x in r.runs]
+    if runs:
+        lines += ["", "## Prefill and decode, float32 file, ONNX Runtime CPU", "",
+                  "| model | prompt | prefill s | prefill peak RSS GB | decode ms/token (median) | bandwidth floor ms | "
+                  "decode / floor (target <= 1.2) | transformers eager ms/token | eager / ours (target >= 2) | "
+                  "tokens equal transformers |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r, x in runs:
+            eager = x.get("transformers_decode_ms")
+            eager_cells = ("", "") if eager is None else (f"{eager:.1f}", f"{eager / x['decode_ms']:.2f}")
+            equal = "" if "tokens_equal" not in x else ("yes" if x["tokens_equal"] else "NO")
+            lines.append(
+                f"| {r.name} | {x['prompt']} | {x['prefill_s']:.2f} | {x['peak_gb']:.2f} | {x['decode_ms']:.1f} | "
+                f"{x['floor_ms']:.1f} ({x['bandwidth_gbs']:.1f} GB/s) | {x['decode_ms'] / x['floor_ms']:.2f} | "
+                f"{eager_cells[0]} | {eager_cells[1]} | {equal} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_and_write(names: list[str], work: Path, out_dir: Path, run_names: set[str], threads: int = 2,
+                  new_tokens: int = 16, command: str = "python -m posbias_export bench-real") -> list[Path]:
+    from ..export.files import write_text_atomic
+
+    rows = []
+    for name in names:
+        source_dtype = "float16" if name == "bloom-3b" else "float32"  # 12 GB of float32 would not fit beside its export
+        rows.append(measure(name, work, ("float32", "float16"), name in run_names, threads, new_tokens, source_dtype,
+                            progress=lambda m: print(m, file=sys.stderr, flush=True)))
+        md = out_dir / "real_models.md"
+        write_text_atomic(md, render(rows, command))
+        write_text_atomic(out_dir / "real_models.json", json.dumps([asdict(r) for r in rows], indent=1))
+    return [out_dir / "real_models.md", out_dir / "real_models.json"]
+
+
+def main_worker(argv: list[str]) -> None:
+    kind, target, prompt, new, threads = argv
+    if kind == "ort":
+        print(json.dumps(worker(target, int(prompt), int(new), int(threads))))
+    else:
+        print(json.dumps(transformers_worker(target, int(prompt), int(new), int(threads))))
+
+
+if __name__ == "__main__":
+    main_worker(sys.argv[1:])
