@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -187,6 +188,43 @@ def test_triton_config_parses_and_matches_the_file(shipped, kind):
                 assert d.data_type == types[v.type]
                 assert isinstance(v.shape[0], str)  # the batch axis, which Triton owns
                 assert list(d.dims) == [s if isinstance(s, int) else -1 for s in v.shape[1:]], v.name
+
+
+def _op_types(proto: onnx.ModelProto) -> set[str]:
+    """Every op type in the graph, its functions and their subgraphs (Loop and If bodies)."""
+    found, graphs = set(), [proto.graph, *proto.functions]
+    while graphs:
+        for node in graphs.pop().node:
+            found.add(node.op_type)
+            graphs += [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
+    return found
+
+
+@pytest.mark.parametrize("kind", ["bloom", "t5"])
+def test_gpu_target_folder_is_gpu_ready(shipped, tmp_path, kind):
+    """--out-dir --target cuda-ort --dtype float16: Triton instances on the GPU (KIND_GPU, parsed
+    by Triton's own proto), onnxruntime-genai on the CUDA provider, float16 files that ORT CPU
+    (which runs MultiHeadAttention too) loads; the default folder stays on the CPU."""
+    from google.protobuf import text_format
+
+    pb = _triton_model_config()
+    source, cpu_folder = shipped[kind]
+    folder = tmp_path / "gpu"
+    ship(source, folder, check_growth=False, target="cuda-ort", dtype="float16")
+    for entry, cpu_entry in zip(sorted((folder / "triton").iterdir()), sorted((cpu_folder / "triton").iterdir())):
+        config = text_format.Parse((entry / "config.pbtxt").read_text(), pb.ModelConfig())
+        assert [g.kind for g in config.instance_group] == [pb.ModelInstanceGroup.KIND_GPU]
+        assert pb.TYPE_FP16 in [o.data_type for o in config.output]
+        cpu = text_format.Parse((cpu_entry / "config.pbtxt").read_text(), pb.ModelConfig())
+        assert [g.kind for g in cpu.instance_group] == [pb.ModelInstanceGroup.KIND_CPU]
+        ort.InferenceSession(str(entry / "1" / "model.onnx"), providers=["CPUExecutionProvider"])  # loads
+        proto = onnx.load(str(entry / "1" / "model.onnx"))
+        assert "MultiHeadAttention" in _op_types(proto)
+    if kind != "t5":
+        genai = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
+        assert genai["provider_options"] == [{"cuda": {}}]
+        assert json.loads((cpu_folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"][
+            "provider_options"] == []
 
 
 def test_the_folder_holds_what_each_client_looks_for(shipped):

@@ -144,12 +144,15 @@ def test_t5_decoder_equals_transformers_in_float64(folders, form):
     assert (got - expected).abs().max().item() < 1e-10
 
 
-def test_t5_encoder_and_decoder_files_generate_transformers_tokens(folders, tmp_path):
+@pytest.mark.parametrize("dtype,target", [("float32", "portable"), ("float16", "cuda-ort")])
+def test_t5_encoder_and_decoder_files_generate_transformers_tokens(folders, tmp_path, dtype, target):
     """The encoder file and the cached decoder file (ORT, runtimes/ort/seq2seq.py), greedy,
-    a left-padded batch: the tokens of transformers' generate."""
+    a left-padded batch: the tokens of transformers' generate (float32); the float16 pair for
+    the GPU target too, its encoder output feeding the decoder in float16."""
     folder = folders["t5_gated"]
-    export_model(folder, tmp_path / "encoder.onnx", block=8, check_growth=False)
-    export_model(folder, tmp_path / "decoder.onnx", part="decoder", block=8, check_growth=False)
+    kwargs = dict(block=8, check_growth=False, dtype=dtype, target=target)
+    export_model(folder, tmp_path / "encoder.onnx", **kwargs)
+    export_model(folder, tmp_path / "decoder.onnx", part="decoder", **kwargs)
     ids, mask = left_padded(20, 2, VOCAB, seed=6)
     tokens = load_runner("ort/seq2seq.py").greedy_generate(
         str(tmp_path / "encoder.onnx"), str(tmp_path / "decoder.onnx"), ids, mask, max_new_tokens=12,

@@ -212,6 +212,7 @@ def run_and_write(names: list[str], work: Path, out_dir: Path, run_names: set[st
                   new_tokens: int = 16, command: str = "python -m posbias_export bench-real") -> list[Path]:
     from ..export.files import write_text_atomic
 
+    out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in names:
         source_dtype = "float16" if name == "bloom-3b" else "float32"  # 12 GB of float32 would not fit beside its export

@@ -119,7 +119,7 @@ class T5DecoderSpec(ImportedSpec):
         past_dim, enc_seq = torch.export.Dim("past"), torch.export.Dim("encoder_seq")
         ids = torch.randint(0, m.vocab_size, (batch, trace_len), generator=gen)
         mask = torch.ones(batch, past_len + trace_len, dtype=torch.int64)
-        states = torch.randn(batch, enc_len, m.config.d_model, generator=gen)
+        states = torch.randn(batch, enc_len, m.config.d_model, generator=gen).to(dtype)  # the encoder file's output dtype
         enc_mask = torch.ones(batch, enc_len, dtype=torch.int64)
         if self.with_mask:
             names = ["input_ids", "attention_mask", "encoder_hidden_states", "encoder_attention_mask"]

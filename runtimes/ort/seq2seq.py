@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 
 from common.atomic import Terminated, on_sigterm_raise  # noqa: E402
 from common.cache import cache_layout  # noqa: E402
+from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
 from common.loading import load_runner  # noqa: E402
 from common.runner_cli import OneLineParser  # noqa: E402
 from common.tensor_io import RunnerError  # noqa: E402
@@ -57,7 +58,8 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
     outputs = [decoder.get_outputs()[0].name, *layout.present]
     batch = input_ids.shape[0]
     states = encoder.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
-    past = [np.zeros((batch, heads, 0, head_dim), np.float32) for _ in range(2 * layers)]
+    cache_dtype = np.dtype(ONNX_TYPE_TO_NUMPY[first.type])  # float16 for a float16 decoder
+    past = [np.zeros((batch, heads, 0, head_dim), cache_dtype) for _ in range(2 * layers)]
     step = np.full((batch, 1), start_token, np.int64)
     tokens = []
     for index in range(max_new_tokens):
