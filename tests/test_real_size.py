@@ -203,3 +203,19 @@ def test_last_logits_refused_without_a_cache(folders, tmp_path):
     with pytest.raises(ValueError, match="generation files"):
         export_model(folders["bloom"], tmp_path / "x.onnx", logits="last", check_growth=False)
     assert not (tmp_path / "x.onnx").exists()
+
+
+@pytest.mark.parametrize("bias", ["alibi", "t5"])
+def test_own_last_logits_file_passes_validate(tmp_path, bias):
+    """Our own cached decoders with logits="last": [B, 1, V], judged by validate against the
+    float64 cache path's last position (ORT CPU and the reference evaluator, order protocol)."""
+    import posbias_export as pbe
+    from posbias_export.parity.matrix import run_matrix
+
+    path = tmp_path / "kv_last.onnx"
+    pbe.export_onnx(pbe.build_model(pbe.ModelConfig(bias=bias, num_heads=4, dim=64, num_layers=2)), path,
+                    kv_cache=True, logits="last", check_growth=False)
+    out = onnx.load(str(path)).graph.output[0].type.tensor_type.shape.dim
+    assert out[1].dim_value == 1 and out[2].dim_value == 256
+    matrix = run_matrix(path, ("ort-cpu", "reference"), (1, 17, 300))
+    assert matrix.ok, format_matrix(matrix)

@@ -35,8 +35,9 @@ create_session = load_runner("ort/run.py").create_session  # the sibling runner'
 class CachedDecoder:
     """A session over a --kv-cache export, with its cache layout read from the model."""
 
-    def __init__(self, model_path: str, provider: str = "cpu", threads: int = 0, tf32: bool = False):
-        self.session = create_session(model_path, provider, threads, tf32)
+    def __init__(self, model_path: str, provider: str = "cpu", threads: int = 0, tf32: bool = False,
+                 lean: bool = False):
+        self.session = create_session(model_path, provider, threads, tf32, lean)
         self.device = "cuda" if provider == "cuda" else "cpu"  # where the cache lives between steps
         inputs = {i.name: i for i in self.session.get_inputs()}
         try:
@@ -228,6 +229,8 @@ def main(argv=None) -> int:
     p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu",
                    help="ONNX Runtime execution provider; the KV cache stays on its device between steps")
     p.add_argument("--tf32", action="store_true", help="cuda: allow TF32 matmuls (faster; off by default)")
+    p.add_argument("--lean-memory", action="store_true", help="no prepacked copies of the weights (they stay "
+                   "memory-mapped): less memory for a large model, a slower prefill")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampling")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--max-context", type=_positive, default=DEFAULT_MAX_CONTEXT,
@@ -241,7 +244,7 @@ def main(argv=None) -> int:
             raise RunnerError(f"--seed must be >= 0, got {args.seed}")
         if args.output:
             _check_output(args.output, [args.model, *(args.prompt_file or []), *([args.tokenizer] if args.tokenizer else [])])
-        decoder = CachedDecoder(args.model, args.provider, tf32=args.tf32)
+        decoder = CachedDecoder(args.model, args.provider, tf32=args.tf32, lean=args.lean_memory)
         vocab = vocabulary_for(args.model, decoder.session.get_modelmeta().custom_metadata_map, args.tokenizer)
         prompts = [vocab.encode(t) if not vocab.is_bytes else t.encode("utf-8") for t in args.prompt or []]
         for file in args.prompt_file or []:

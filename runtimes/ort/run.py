@@ -34,21 +34,26 @@ def provider_list(provider: str, tf32: bool = False) -> list:
             PROVIDERS["cpu"]]
 
 
-def session_options(ort, threads: int = 0):
+def session_options(ort, threads: int = 0, lean: bool = False):
     """SessionOptions for a server that sees a new length at every call: no memory patterns
     (ONNX Runtime keys them by the XOR of the input dims, and a Loop body's inputs key the same
     at every length; they only pay off for repeated shapes; benchmarks/session_options.md
     measures that turning them off costs nothing on CPU), and a quiet log (errors reach the
-    user as our one line, not as red ERROR lines before the runtime raises)."""
+    user as our one line, not as red ERROR lines before the runtime raises). lean: no
+    prepacked copies of the weights; external tensors then stay memory-mapped and are read as
+    they are used (BLOOM-560m, float32, ORT 1.32 CPU: 2.7 instead of 3.3 GB after a 512-token
+    prefill, the prefill 10-20% slower, decode steps alike: benchmarks/real_models.md)."""
     opts = ort.SessionOptions()
     opts.enable_mem_pattern = False
     opts.log_severity_level = 4
+    if lean:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
     if threads:
         opts.intra_op_num_threads = threads
     return opts
 
 
-def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf32: bool = False):
+def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf32: bool = False, lean: bool = False):
     """An InferenceSession on exactly the requested provider, or RunnerError naming the cause."""
     try:
         import onnxruntime as ort
@@ -68,7 +73,7 @@ def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf3
                 f"(available: {', '.join(available)}); install onnxruntime-gpu"
             )
     ort.set_default_logger_severity(4)  # load-time warnings too (see session_options)
-    opts = session_options(ort, threads)
+    opts = session_options(ort, threads, lean)
     if tf32 and provider != "cuda":
         raise RunnerError("--tf32 applies to the cuda provider only")
     try:
