@@ -27,7 +27,10 @@ PUBLISHED = {
     "falcon-rw-1b": ("FalconForCausalLM", "FalconConfig", dict(
         vocab_size=50304, hidden_size=2048, num_hidden_layers=24, num_attention_heads=32, alibi=True,
         multi_query=False, new_decoder_architecture=False, parallel_attn=False, bias=True)),
+    "t5-base": ("T5ForConditionalGeneration", "T5Config", dict(vocab_size=32128, d_model=768, d_kv=64, d_ff=3072,
+                                                               num_layers=12, num_heads=12)),
 }
+SEQ2SEQ = {"t5-base"}  # an encoder file and a cached decoder file; the encoder's prefill is run
 PYTHON = sys.executable
 
 
@@ -94,6 +97,7 @@ class RealRow:
     source_gb: float
     exports: list[dict] = field(default_factory=list)  # dtype, seconds, peak GB, file GB, ratio
     runs: list[dict] = field(default_factory=list)  # prefill / decode figures
+    command: str = ""  # the bench-real command that measured this row
 
 
 def worker(model_path: str, prompt: int, new_tokens: int, threads: int, lean: bool) -> dict:
@@ -146,6 +150,64 @@ def transformers_worker(folder: str, prompt: int, new_tokens: int, threads: int)
     return {"prefill_s": prefill, "decode_ms": [1e3 * t for t in times], "tokens": tokens}
 
 
+def encoder_worker(model_path: str, prompt: int, threads: int) -> dict:
+    """The T5 encoder file on ORT CPU: one forward of `prompt` tokens."""
+    from ..parity.runtimes import load_runner
+
+    session = load_runner("ort/run.py").create_session(model_path, "cpu", threads)
+    ids = _prompt(prompt) % 32000
+    start = time.perf_counter()
+    session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    return {"prefill_s": time.perf_counter() - start}
+
+
+def transformers_encoder_worker(folder: str, prompt: int, threads: int) -> dict:
+    import torch
+    import transformers as tf
+
+    torch.set_num_threads(threads)
+    model = tf.T5EncoderModel.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.from_numpy(_prompt(prompt) % 32000)
+    with torch.no_grad():
+        start = time.perf_counter()
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    return {"prefill_s": time.perf_counter() - start}
+
+
+def _encoder_runs(row: RealRow, folder: Path, work: Path, threads: int, progress) -> RealRow:
+    """T5: the encoder's prefill at 512 and 4096 tokens, ours, Optimum's and transformers eager."""
+    ours = work / f"{row.name}_encoder_float32.onnx"
+    files = {"ours": ours}
+    cli = optimum_cli()
+    if cli is not None:
+        out = work / f"{row.name}_optimum"
+        progress(f"{row.name}: Optimum export")
+        try:
+            seconds, peak, _ = measured_python(["export", "onnx", "--model", str(folder), "--task",
+                                                "text2text-generation-with-past", str(out)], program=str(cli))
+            size = sum(weight_bytes(out / f) / 1e9 for f in ("encoder_model.onnx", "decoder_model.onnx",
+                                                             "decoder_with_past_model.onnx") if (out / f).exists())
+            row.exports.append({"dtype": "float32 (Optimum, its three files)", "seconds": seconds, "peak_gb": peak,
+                                "file_gb": size, "ratio": peak / size})
+            files["Optimum's file"] = out / "encoder_model.onnx"
+        except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
+            row.exports.append({"dtype": f"Optimum failed: {str(err)[:120]}", "seconds": 0.0, "peak_gb": 0.0,
+                                "file_gb": 1.0, "ratio": 0.0})
+    for prompt in (512, 4096):
+        for label, path in files.items():
+            progress(f"{row.name}: encoder prefill {prompt} ({label})")
+            _, peak, text = measured_python(["-m", "posbias_export.bench.real_models", "encoder", str(path),
+                                             str(prompt), "0", str(threads)])
+            row.runs.append({"prompt": prompt, "encoder": label, "prefill_s": json.loads(text.splitlines()[-1])["prefill_s"],
+                             "peak_gb": peak, "weights_gb": weight_bytes(path) / 1e9})
+        progress(f"{row.name}: transformers encoder prefill {prompt}")
+        _, peak, text = measured_python(["-m", "posbias_export.bench.real_models", "transformers-encoder", str(folder),
+                                         str(prompt), "0", str(threads)])
+        row.runs.append({"prompt": prompt, "encoder": "transformers eager",
+                         "prefill_s": json.loads(text.splitlines()[-1])["prefill_s"], "peak_gb": peak})
+    return row
+
+
 def _median(values: list[float]) -> float:
     return float(np.median(values)) if values else float("nan")
 
@@ -160,16 +222,21 @@ def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: 
         write_folder(name, folder, source_dtype)
     source = sum(p.stat().st_size for p in folder.glob("*.safetensors")) / 1e9
     row = RealRow(name, {**PUBLISHED[name][2], "model_type": getattr(tf, PUBLISHED[name][1])().model_type}, source)
+    parts = ((" encoder", []), (" decoder", ["--part", "decoder"])) if name in SEQ2SEQ else (("", ["--kv-cache",
+                                                                                                   "--logits", "last"]),)
     for dtype in dtypes:
-        path = work / f"{name}_{dtype}.onnx"
-        progress(f"{name}: export {dtype}")
-        seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--kv-cache", "--logits",
-                                            "last", "--dtype", dtype, "--out", str(path)])
-        size = weight_bytes(path) / 1e9
-        row.exports.append({"dtype": dtype, "seconds": seconds, "peak_gb": peak, "file_gb": size,
-                            "ratio": peak / size})
+        for part, flags in parts:
+            path = work / f"{name}{part.replace(' ', '_')}_{dtype}.onnx"
+            progress(f"{name}: export{part} {dtype}")
+            seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), *flags, "--dtype", dtype,
+                                                "--out", str(path)])
+            size = weight_bytes(path) / 1e9
+            row.exports.append({"dtype": dtype + part, "seconds": seconds, "peak_gb": peak, "file_gb": size,
+                                "ratio": peak / size})
     if not run:
         return row
+    if name in SEQ2SEQ:
+        return _encoder_runs(row, folder, work, threads, progress)
     bandwidth = copy_bandwidth_gbs()
     cli = optimum_cli()
     if cli is not None:
@@ -215,7 +282,9 @@ def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: 
 
 
 def render(rows: list[RealRow], command: str) -> str:
+    made = sorted({r.command for r in rows if r.command and r.command != command})
     lines = [f"<!-- generated by: {command} -->", "# Imported models at real size (random weights, published configs)", "",
+             *([f"Rows of earlier runs kept: {'; '.join(f'`{c}`' for c in made)}.", ""] if made else []),
              "Machine: 2 CPU cores, ONNX Runtime CPU, 2 threads; each export and each run its own process; peak RSS is "
              "that process's, from the kernel (wait4). Files exported with `--model DIR --kv-cache --logits last`.", "",
              "| model | configuration |", "|---|---|"]
@@ -226,7 +295,8 @@ def render(rows: list[RealRow], command: str) -> str:
         for e in r.exports:
             lines.append(f"| {r.name} | {e['dtype']} | {e['seconds']:.0f} | {e['peak_gb']:.2f} | {e['file_gb']:.2f} | "
                          f"{e['ratio']:.2f} | {'met' if e['ratio'] <= 1.5 else 'NOT met'} |")
-    runs = [(r, x) for r in rows for x in r.runs]
+    runs = [(r, x) for r in rows for x in r.runs if "encoder" not in x]
+    encoder_runs = [(r, x) for r in rows for x in r.runs if "encoder" in x]
     if runs:
         lines += ["", "## Prefill and decode, float32 file, ONNX Runtime CPU", "",
                   "Decode: greedy steps after the prompt, the cache kept as ONNX Runtime values (as `generate` runs); "
@@ -245,6 +315,11 @@ def render(rows: list[RealRow], command: str) -> str:
                 f"{x['peak_gb']:.2f} | {x['peak_gb'] / x['weights_gb']:.2f} | {x['decode_ms']:.1f} | "
                 f"{x['floor_ms']:.1f} ({x['bandwidth_gbs']:.1f} GB/s) | {x['decode_ms'] / x['floor_ms']:.2f} | "
                 f"{eager_cells[0]} | {eager_cells[1]} | {equal} |")
+    if encoder_runs:
+        lines += ["", "## Encoder prefill (T5), float32, ONNX Runtime CPU", "",
+                  "| model | prompt | file | prefill s | peak RSS GB |", "|---|---|---|---|---|"]
+        lines += [f"| {r.name} | {x['prompt']} | {x['encoder']} | {x['prefill_s']:.2f} | {x['peak_gb']:.2f} |"
+                  for r, x in encoder_runs]
     lines += ["", "## Targets", "", "| model | target | measured | verdict |", "|---|---|---|---|"]
     lines += [f"| {m} | {t} | {v} | {'met' if ok else 'NOT met'} |" for m, t, v, ok in targets(rows)]
     return "\n".join(lines) + "\n"
@@ -258,8 +333,12 @@ def targets(rows: list[RealRow]) -> list[tuple[str, str, str, bool]]:
             if "Optimum" not in e["dtype"]:
                 out.append((r.name, f"export {e['dtype']}: peak RSS <= 1.5 x the file's weights",
                             f"{e['peak_gb']:.2f} GB / {e['file_gb']:.2f} GB = {e['ratio']:.2f}", e["ratio"] <= 1.5))
-        ours = {(x["prompt"], x.get("lean", False)): x for x in r.runs if not x.get("optimum")}
+        ours = {(x["prompt"], x.get("lean", False)): x for x in r.runs if not x.get("optimum") and "encoder" not in x}
         theirs = {x["prompt"]: x for x in r.runs if x.get("optimum")}
+        encoder = {(x["prompt"], x["encoder"]): x for x in r.runs if "encoder" in x}
+        if (4096, "ours") in encoder and (4096, "Optimum's file") in encoder:
+            a, b = encoder[4096, "ours"]["peak_gb"], encoder[4096, "Optimum's file"]["peak_gb"]
+            out.append((r.name, "encoder prefill 4096: peak RSS below Optimum's file", f"{a:.2f} vs {b:.2f} GB", a < b))
         if 512 in {p for p, _ in ours}:
             x = ours[512, False]
             out.append((r.name, "decode <= 1.2 x the bandwidth floor", f"{x['decode_ms']:.1f} / {x['floor_ms']:.1f} ms = "
@@ -293,14 +372,19 @@ def run_and_write(names: list[str], work: Path, out_dir: Path, run_names: set[st
     from ..export.files import write_text_atomic
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    # a slow bench runs in parts: the rows of models this run does not measure are kept
+    previous = out_dir / "real_models.json"
+    kept = [RealRow(**r) for r in json.loads(previous.read_text())] if previous.is_file() else []
+    kept = [r for r in kept if r.name not in names]
     rows = []
     for name in names:
         source_dtype = "float16" if name == "bloom-3b" else "float32"  # 12 GB of float32 would not fit beside its export
         rows.append(measure(name, work, ("float32", "float16"), name in run_names, threads, new_tokens, source_dtype,
                             progress=lambda m: print(m, file=sys.stderr, flush=True)))
-        md = out_dir / "real_models.md"
-        write_text_atomic(md, render(rows, command))
-        write_text_atomic(out_dir / "real_models.json", json.dumps([asdict(r) for r in rows], indent=1))
+        rows[-1].command = command
+        every = sorted(kept + rows, key=lambda r: list(PUBLISHED).index(r.name))
+        write_text_atomic(out_dir / "real_models.md", render(every, command))
+        write_text_atomic(out_dir / "real_models.json", json.dumps([asdict(r) for r in every], indent=1))
     return [out_dir / "real_models.md", out_dir / "real_models.json"]
 
 
@@ -308,6 +392,10 @@ def main_worker(argv: list[str]) -> None:
     kind, target, prompt, new, threads, *lean = argv
     if kind == "ort":
         print(json.dumps(worker(target, int(prompt), int(new), int(threads), lean == ["lean"])))
+    elif kind == "encoder":
+        print(json.dumps(encoder_worker(target, int(prompt), int(threads))))
+    elif kind == "transformers-encoder":
+        print(json.dumps(transformers_encoder_worker(target, int(prompt), int(threads))))
     else:
         print(json.dumps(transformers_worker(target, int(prompt), int(new), int(threads))))
 
