@@ -10,6 +10,7 @@ greedy tokens compared with transformers'. `python -m posbias_export bench-real`
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 import time
@@ -111,6 +112,7 @@ def worker(model_path: str, prompt: int, new_tokens: int, threads: int, lean: bo
     start = time.perf_counter()
     logits, past = decoder.step_on_device(ids, mask, decoder.empty_cache(1))
     prefill = time.perf_counter() - start
+    prefill_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # GB, before any decode step
     tokens, times = [], []
     token = logits[:, -1].argmax(-1)[:, None]
     for _ in range(new_tokens):
@@ -120,7 +122,8 @@ def worker(model_path: str, prompt: int, new_tokens: int, threads: int, lean: bo
         logits, past = decoder.step_on_device(token, mask, past)
         times.append(time.perf_counter() - start)
         token = logits[:, -1].argmax(-1)[:, None]
-    return {"prefill_s": prefill, "decode_ms": [1e3 * t for t in times], "tokens": tokens}
+    return {"prefill_s": prefill, "prefill_peak_gb": prefill_peak, "decode_ms": [1e3 * t for t in times],
+            "tokens": tokens}
 
 
 def _prompt(length: int) -> np.ndarray:
@@ -254,7 +257,8 @@ def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: 
                                                  str(prompt), str(new_tokens), str(threads)])
                 theirs = json.loads(text.strip().splitlines()[-1])
                 row.runs.append({"prompt": prompt, "lean": False, "optimum": True, "prefill_s": theirs["prefill_s"],
-                                 "peak_gb": peak, "decode_ms": _median(theirs["decode_ms"]),
+                                 "peak_gb": peak, "prefill_peak_gb": theirs.get("prefill_peak_gb", peak),
+                                 "decode_ms": _median(theirs["decode_ms"]),
                                  "floor_ms": 1e3 * weight_bytes(out / "model.onnx") / 1e9 / bandwidth,
                                  "bandwidth_gbs": bandwidth, "tokens": theirs["tokens"],
                                  "weights_gb": weight_bytes(out / "model.onnx") / 1e9})
@@ -268,6 +272,7 @@ def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: 
                                               str(new_tokens), str(threads), *(["lean"] if lean else [])])
         ours = json.loads(out.strip().splitlines()[-1])
         entry = {"prompt": prompt, "lean": lean, "prefill_s": ours["prefill_s"], "peak_gb": peak,
+                 "prefill_peak_gb": ours.get("prefill_peak_gb", peak),
                  "decode_ms": _median(ours["decode_ms"]), "floor_ms": 1e3 * weight_bytes(path) / 1e9 / bandwidth,
                  "bandwidth_gbs": bandwidth, "tokens": ours["tokens"], "weights_gb": weight_bytes(path) / 1e9}
         if prompt == 512:
@@ -302,17 +307,19 @@ def render(rows: list[RealRow], command: str) -> str:
                   "Decode: greedy steps after the prompt, the cache kept as ONNX Runtime values (as `generate` runs); "
                   "the floor is the weight bytes over the measured copy bandwidth (bytes read + written per second). "
                   "Lean: `--lean-memory` (no prepacked weight copies; weights stay memory-mapped).", "",
-                  "| model | prompt | session | prefill s | peak RSS GB | peak / weights (target at 4096 <= 1.5) | "
+                  "| model | prompt | session | prefill s | prefill peak RSS GB | prefill peak / weights (target at "
+                  "4096 <= 1.5) | peak RSS with 16 decode steps GB | "
                   "decode ms/token (median) | bandwidth floor ms | decode / floor (target <= 1.2) | "
                   "transformers eager ms/token | eager / ours (target >= 2) | tokens equal transformers |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r, x in runs:
             eager = x.get("transformers_decode_ms")
             eager_cells = ("", "") if eager is None else (f"{eager:.1f}", f"{eager / x['decode_ms']:.2f}")
             equal = "" if "tokens_equal" not in x else ("yes" if x["tokens_equal"] else "NO")
             lines.append(
                 f"| {r.name} | {x['prompt']} | {_session(x)} | {x['prefill_s']:.2f} | "
-                f"{x['peak_gb']:.2f} | {x['peak_gb'] / x['weights_gb']:.2f} | {x['decode_ms']:.1f} | "
+                f"{_prefill_peak(x):.2f} | {_prefill_peak(x) / x['weights_gb']:.2f} | {x['peak_gb']:.2f} | "
+                f"{x['decode_ms']:.1f} | "
                 f"{x['floor_ms']:.1f} ({x['bandwidth_gbs']:.1f} GB/s) | {x['decode_ms'] / x['floor_ms']:.2f} | "
                 f"{eager_cells[0]} | {eager_cells[1]} | {equal} |")
     if encoder_runs:
@@ -354,13 +361,19 @@ def targets(rows: list[RealRow]) -> list[tuple[str, str, str, bool]]:
             if x is None:
                 continue
             label = "ours, lean" if lean else "ours"
+            peak = _prefill_peak(x)
             out.append((r.name, f"prefill 4096 ({label}): peak RSS <= 1.5 x the weights",
-                        f"{x['peak_gb']:.2f} / {x['weights_gb']:.2f} GB = {x['peak_gb'] / x['weights_gb']:.2f}",
-                        x["peak_gb"] <= 1.5 * x["weights_gb"]))
+                        f"{peak:.2f} / {x['weights_gb']:.2f} GB = {peak / x['weights_gb']:.2f}",
+                        peak <= 1.5 * x["weights_gb"]))
             if 4096 in theirs:
+                other = _prefill_peak(theirs[4096])
                 out.append((r.name, f"prefill 4096 ({label}): peak RSS below Optimum's file",
-                            f"{x['peak_gb']:.2f} vs {theirs[4096]['peak_gb']:.2f} GB", x["peak_gb"] < theirs[4096]["peak_gb"]))
+                            f"{peak:.2f} vs {other:.2f} GB", peak < other))
     return out
+
+
+def _prefill_peak(run: dict) -> float:
+    return run.get("prefill_peak_gb", run["peak_gb"])
 
 
 def _session(run: dict) -> str:

@@ -40,14 +40,15 @@ def session_options(ort, threads: int = 0, lean: bool = False):
     at every length; they only pay off for repeated shapes; benchmarks/session_options.md
     measures that turning them off costs nothing on CPU), and a quiet log (errors reach the
     user as our one line, not as red ERROR lines before the runtime raises). lean: no
-    prepacked copies of the weights; external tensors then stay memory-mapped and are read as
-    they are used (BLOOM-560m, float32, ORT 1.32 CPU: 2.7 instead of 3.3 GB after a 512-token
-    prefill, the prefill 10-20% slower, decode steps alike: benchmarks/real_models.md)."""
+    prepacked copies of the weights (external tensors then stay memory-mapped and are read as
+    they are used) and no CPU memory arena (which keeps the largest working set a run ever
+    had): less memory for a large model, a slower prefill (benchmarks/real_models.md)."""
     opts = ort.SessionOptions()
     opts.enable_mem_pattern = False
     opts.log_severity_level = 4
     if lean:
         opts.add_session_config_entry("session.disable_prepacking", "1")
+        opts.enable_cpu_mem_arena = False
     if threads:
         opts.intra_op_num_threads = threads
     return opts
