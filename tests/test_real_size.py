@@ -219,3 +219,20 @@ def test_own_last_logits_file_passes_validate(tmp_path, bias):
     assert out[1].dim_value == 1 and out[2].dim_value == 256
     matrix = run_matrix(path, ("ort-cpu", "reference"), (1, 17, 300))
     assert matrix.ok, format_matrix(matrix)
+
+
+@pytest.mark.parametrize("perm", [(1, 0), (0, 2, 1), (2, 0, 1), (1, 2, 0)])
+def test_permuted_weights_stream_as_the_permuted_tensor(monkeypatch, perm):
+    """A folded Transpose is written piece by piece (slabs of the output's first axis from row
+    pieces of the source): the bytes equal torch's permute of the whole tensor, with pieces
+    smaller than a row range so every slab is assembled from several reads."""
+    from posbias_export.export import streamed
+    from posbias_export.nn.lazy_weights import MemoryReader
+
+    monkeypatch.setattr(streamed, "ROWS_PER_READ", 7)
+    monkeypatch.setattr("posbias_export.nn.lazy_weights.ROWS_PER_READ", 7)
+    source = torch.randn(5, 4, 3) if len(perm) == 3 else torch.randn(9, 6)
+    ref = streamed.WeightRef(MemoryReader("w", source), torch.float32, perm)
+    written = np.concatenate([c.reshape(-1) for c in ref.chunks()])
+    assert ref.shape == tuple(source.permute(perm).shape)
+    np.testing.assert_array_equal(written, source.permute(perm).contiguous().numpy().reshape(-1))

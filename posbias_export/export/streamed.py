@@ -23,7 +23,7 @@ import torch
 from onnxscript.optimizer import constant_folding, optimize_ir
 from torch import nn
 
-from ..nn.lazy_weights import READERS_ATTR, TensorReader, pieces, read_whole, weight_readers
+from ..nn.lazy_weights import READERS_ATTR, ROWS_PER_READ, TensorReader, pieces, read_whole, weight_readers
 
 # Tensors above this many elements are never read by the optimizer's folding (its own default
 # limit), so tracing them as fakes changes nothing in the graph.
@@ -60,14 +60,14 @@ class WeightRef:
             for piece in pieces(self.reader):
                 yield self._checked(piece.permute(self.perm))
             return
-        # a 2-D W^T: the output's rows are the source's columns; read the source in row pieces
-        # and scatter them into an output slab of columns
+        # W^T: the output's rows are the source's axis perm[0]; each output slab is assembled from
+        # the source's row pieces, which land along the output's axis perm.index(0)
         out_rows = whole[self.perm[0]]
         per_row = int(torch.Size(whole).numel()) // max(1, out_rows)
-        step = max(1, (1 << 24) // max(1, per_row))
+        step = max(1, ROWS_PER_READ // max(1, per_row))
         for start in range(0, out_rows, step):
             stop = min(out_rows, start + step)
-            slab = torch.cat([p.permute(self.perm)[start:stop] for p in pieces(self.reader)], dim=1)
+            slab = torch.cat([p.permute(self.perm)[start:stop] for p in pieces(self.reader)], dim=self.perm.index(0))
             yield self._checked(slab)
 
     def _checked(self, piece: torch.Tensor):

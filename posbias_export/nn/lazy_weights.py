@@ -48,8 +48,10 @@ class MemoryReader:
         return self.tensor.detach()[start:stop] if self.tensor.dim() else self.tensor.detach()
 
 
-def pieces(reader: TensorReader, max_elements: int = ROWS_PER_READ):
-    """The reader's tensor as consecutive row ranges of at most ~max_elements each."""
+def pieces(reader: TensorReader, max_elements: int | None = None):
+    """The reader's tensor as consecutive row ranges of at most ~max_elements (default
+    ROWS_PER_READ) each."""
+    max_elements = max_elements or ROWS_PER_READ
     shape = reader.shape
     if not shape:
         yield reader.rows(0, 1)
