@@ -194,8 +194,7 @@ def _encoder_runs(row: RealRow, folder: Path, work: Path, threads: int, progress
                                 "file_gb": size, "ratio": peak / size})
             files["Optimum's file"] = out / "encoder_model.onnx"
         except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
-            row.exports.append({"dtype": f"Optimum failed: {str(err)[:120]}", "seconds": 0.0, "peak_gb": 0.0,
-                                "file_gb": 1.0, "ratio": 0.0})
+            row.exports.append({"dtype": "float32 (Optimum)", "error": _short(err)})
     for prompt in (512, 4096):
         for label, path in files.items():
             progress(f"{row.name}: encoder prefill {prompt} ({label})")
@@ -241,6 +240,7 @@ def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: 
     if name in SEQ2SEQ:
         return _encoder_runs(row, folder, work, threads, progress)
     bandwidth = copy_bandwidth_gbs()
+    floor_ms = 1e3 * weight_bytes(work / f"{name}_float32.onnx") / 1e9 / bandwidth  # bytes a token must read
     cli = optimum_cli()
     if cli is not None:
         out = work / f"{name}_optimum"
@@ -251,21 +251,22 @@ def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: 
             size = weight_bytes(out / "model.onnx") / 1e9
             row.exports.append({"dtype": "float32 (Optimum)", "seconds": seconds, "peak_gb": peak, "file_gb": size,
                                 "ratio": peak / size})
-            for prompt in (512, 4096):
-                progress(f"{name}: Optimum's file, prefill {prompt} + decode")
+        except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
+            row.exports.append({"dtype": "float32 (Optimum)", "error": _short(err)})
+        for prompt in (512, 4096) if (out / "model.onnx").is_file() else ():
+            progress(f"{name}: Optimum's file, prefill {prompt} + decode")
+            try:
                 _, peak, text = measured_python(["-m", "posbias_export.bench.real_models", "ort", str(out / "model.onnx"),
                                                  str(prompt), str(new_tokens), str(threads)])
-                theirs = json.loads(text.strip().splitlines()[-1])
-                row.runs.append({"prompt": prompt, "lean": False, "optimum": True, "prefill_s": theirs["prefill_s"],
-                                 "peak_gb": peak, "prefill_peak_gb": theirs.get("prefill_peak_gb", peak),
-                                 "decode_ms": _median(theirs["decode_ms"]),
-                                 "floor_ms": 1e3 * weight_bytes(out / "model.onnx") / 1e9 / bandwidth,
-                                 "bandwidth_gbs": bandwidth, "tokens": theirs["tokens"],
-                                 "weights_gb": weight_bytes(out / "model.onnx") / 1e9})
-        except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
-            row.exports.append({"dtype": f"Optimum failed: {str(err)[:120]}", "seconds": 0.0, "peak_gb": 0.0,
-                                "file_gb": 1.0, "ratio": 0.0})
-    path = work / f"{name}_float32.onnx"
+            except (RuntimeError, subprocess.TimeoutExpired) as err:
+                row.runs.append({"prompt": prompt, "optimum": True, "error": _short(err)})
+                continue
+            theirs = json.loads(text.strip().splitlines()[-1])
+            row.runs.append({"prompt": prompt, "lean": False, "optimum": True, "prefill_s": theirs["prefill_s"],
+                             "peak_gb": peak, "prefill_peak_gb": theirs.get("prefill_peak_gb", peak),
+                             "decode_ms": _median(theirs["decode_ms"]), "floor_ms": floor_ms,
+                             "bandwidth_gbs": bandwidth, "tokens": theirs["tokens"],
+                             "weights_gb": weight_bytes(out / "model.onnx") / 1e9})
     for prompt, lean in ((512, False), (4096, False), (4096, True)):
         progress(f"{name}: ORT prefill {prompt} + decode{' (lean session)' if lean else ''}")
         seconds, peak, out = measured_python(["-m", "posbias_export.bench.real_models", "ort", str(path), str(prompt),
@@ -298,9 +299,13 @@ def render(rows: list[RealRow], command: str) -> str:
               "| model | dtype | export s | peak RSS GB | file GB | peak / file | target <= 1.5 |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         for e in r.exports:
+            if "error" in e:
+                lines.append(f"| {r.name} | {e['dtype']} | failed: {e['error']} | | | | |")
+                continue
             lines.append(f"| {r.name} | {e['dtype']} | {e['seconds']:.0f} | {e['peak_gb']:.2f} | {e['file_gb']:.2f} | "
                          f"{e['ratio']:.2f} | {'met' if e['ratio'] <= 1.5 else 'NOT met'} |")
-    runs = [(r, x) for r in rows for x in r.runs if "encoder" not in x]
+    runs = [(r, x) for r in rows for x in r.runs if "encoder" not in x and "error" not in x]
+    failed = [(r, x) for r in rows for x in r.runs if "error" in x]
     encoder_runs = [(r, x) for r in rows for x in r.runs if "encoder" in x]
     if runs:
         lines += ["", "## Prefill and decode, float32 file, ONNX Runtime CPU", "",
@@ -322,6 +327,8 @@ def render(rows: list[RealRow], command: str) -> str:
                 f"{x['decode_ms']:.1f} | "
                 f"{x['floor_ms']:.1f} ({x['bandwidth_gbs']:.1f} GB/s) | {x['decode_ms'] / x['floor_ms']:.2f} | "
                 f"{eager_cells[0]} | {eager_cells[1]} | {equal} |")
+    if failed:
+        lines += [""] + [f"- {r.name}, prompt {x['prompt']}, {_session(x)}: failed: {x['error']}" for r, x in failed]
     if encoder_runs:
         lines += ["", "## Encoder prefill (T5), float32, ONNX Runtime CPU", "",
                   "| model | prompt | file | prefill s | peak RSS GB |", "|---|---|---|---|---|"]
@@ -337,11 +344,12 @@ def targets(rows: list[RealRow]) -> list[tuple[str, str, str, bool]]:
     out = []
     for r in rows:
         for e in r.exports:
-            if "Optimum" not in e["dtype"]:
+            if "Optimum" not in e["dtype"] and "error" not in e:
                 out.append((r.name, f"export {e['dtype']}: peak RSS <= 1.5 x the file's weights",
                             f"{e['peak_gb']:.2f} GB / {e['file_gb']:.2f} GB = {e['ratio']:.2f}", e["ratio"] <= 1.5))
-        ours = {(x["prompt"], x.get("lean", False)): x for x in r.runs if not x.get("optimum") and "encoder" not in x}
-        theirs = {x["prompt"]: x for x in r.runs if x.get("optimum")}
+        ours = {(x["prompt"], x.get("lean", False)): x for x in r.runs
+                if not x.get("optimum") and "encoder" not in x and "error" not in x}
+        theirs = {x["prompt"]: x for x in r.runs if x.get("optimum") and "error" not in x}
         encoder = {(x["prompt"], x["encoder"]): x for x in r.runs if "encoder" in x}
         if (4096, "ours") in encoder and (4096, "Optimum's file") in encoder:
             a, b = encoder[4096, "ours"]["peak_gb"], encoder[4096, "Optimum's file"]["peak_gb"]
@@ -370,6 +378,12 @@ def targets(rows: list[RealRow]) -> list[tuple[str, str, str, bool]]:
                 out.append((r.name, f"prefill 4096 ({label}): peak RSS below Optimum's file",
                             f"{peak:.2f} vs {other:.2f} GB", peak < other))
     return out
+
+
+def _short(err: BaseException) -> str:
+    """The last line of a failed measurement (the runtime's own words)."""
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(err).__name__)[-160:]
 
 
 def _prefill_peak(run: dict) -> float:
