@@ -82,6 +82,11 @@ def weight_bytes(onnx_path: Path) -> int:
     return onnx_path.stat().st_size + sum(p.stat().st_size for p in extra if p.exists())
 
 
+def _folder_bytes(folder: Path) -> int:
+    """An exported folder's model files (Optimum writes model.onnx_data, or one file per tensor)."""
+    return sum(f.stat().st_size for f in folder.iterdir() if f.is_file() and f.suffix != ".json")
+
+
 def optimum_cli() -> Path | None:
     """optimum-cli of the side environment benchmarks/optimum_env.sh makes (it pins transformers
     < 4.58), if it has been made; None otherwise."""
@@ -248,7 +253,7 @@ def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: 
         try:
             seconds, peak, _ = measured_python(["export", "onnx", "--model", str(folder), "--task",
                                                 "text-generation-with-past", str(out)], program=str(cli))
-            size = weight_bytes(out / "model.onnx") / 1e9
+            size = _folder_bytes(out) / 1e9
             row.exports.append({"dtype": "float32 (Optimum)", "seconds": seconds, "peak_gb": peak, "file_gb": size,
                                 "ratio": peak / size})
         except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
@@ -266,7 +271,7 @@ def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: 
                              "peak_gb": peak, "prefill_peak_gb": theirs.get("prefill_peak_gb", peak),
                              "decode_ms": _median(theirs["decode_ms"]), "floor_ms": floor_ms,
                              "bandwidth_gbs": bandwidth, "tokens": theirs["tokens"],
-                             "weights_gb": weight_bytes(out / "model.onnx") / 1e9})
+                             "weights_gb": _folder_bytes(out) / 1e9})
     for prompt, lean in ((512, False), (4096, False), (4096, True)):
         progress(f"{name}: ORT prefill {prompt} + decode{' (lean session)' if lean else ''}")
         seconds, peak, out = measured_python(["-m", "posbias_export.bench.real_models", "ort", str(path), str(prompt),
