@@ -153,7 +153,7 @@ def test_bench_real_renders_targets_from_measured_figures():
 
     row = RealRow("bloom-560m", {"n_layer": 24}, 2.24, exports=[
         {"dtype": "float32", "seconds": 80.0, "peak_gb": 0.8, "file_gb": 2.24, "ratio": 0.8 / 2.24},
-        {"dtype": "float16", "seconds": 60.0, "peak_gb": 2.0, "file_gb": 1.12, "ratio": 2.0 / 1.12}],
+        {"dtype": "float16", "seconds": 60.0, "peak_gb": 2.3, "file_gb": 1.12, "ratio": 2.3 / 1.12}],
         runs=[{"prompt": 512, "lean": False, "prefill_s": 2.0, "peak_gb": 3.3, "weights_gb": 2.24, "decode_ms": 90.0,
                "floor_ms": 80.0, "bandwidth_gbs": 28.0, "tokens": [1, 2], "transformers_decode_ms": 400.0,
                "tokens_equal": True}])
@@ -164,7 +164,7 @@ def test_bench_real_renders_targets_from_measured_figures():
     run = next(line for line in text.splitlines() if line.startswith("| bloom-560m | 512"))
     assert "| 1.12 |" in run and "| 4.44 |" in run and run.endswith("| yes |")  # 90/80, 400/90
     assert "| bloom-560m | decode <= 1.2 x the bandwidth floor | 90.0 / 80.0 ms = 1.12 | met |" in text
-    assert "| bloom-560m | export float16: peak RSS <= 1.5 x the file's weights | 2.00 GB / 1.12 GB = 1.79 | NOT met |" in text
+    assert "| bloom-560m | export float16: peak RSS <= 1.5 x the file's weights + 0.5 GB | 2.30 GB / 1.12 GB = 2.05 | NOT met |" in text
     assert copy_bandwidth_gbs(megabytes=8, repeats=2) > 0.1
 
 
