@@ -185,24 +185,33 @@ def transformers_encoder_worker(folder: str, prompt: int, threads: int) -> dict:
     return {"prefill_s": time.perf_counter() - start}
 
 
+def _optimum_export(row: RealRow, folder: Path, out: Path, task: str, label: str, size, progress) -> bool:
+    """Optimum's export of `folder` (side environment) measured as one more export row: True
+    when it wrote its files; a failure is a row saying why. `size()`: the bytes it wrote."""
+    cli = optimum_cli()
+    if cli is None:
+        return False
+    progress(f"{row.name}: Optimum export")
+    try:
+        seconds, peak, _ = measured_python(["export", "onnx", "--model", str(folder), "--task", task, str(out)],
+                                           program=str(cli))
+    except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
+        row.exports.append({"dtype": label, "error": _short(err)})
+        return False
+    gb = size() / 1e9
+    row.exports.append({"dtype": label, "seconds": seconds, "peak_gb": peak, "file_gb": gb, "ratio": peak / gb})
+    return True
+
+
 def _encoder_runs(row: RealRow, folder: Path, work: Path, threads: int, progress) -> RealRow:
     """T5: the encoder's prefill at 512 and 4096 tokens, ours, Optimum's and transformers eager."""
     ours = work / f"{row.name}_encoder_float32.onnx"
     files = {"ours": ours}
-    cli = optimum_cli()
-    if cli is not None:
-        out = work / f"{row.name}_optimum"
-        progress(f"{row.name}: Optimum export")
-        try:
-            seconds, peak, _ = measured_python(["export", "onnx", "--model", str(folder), "--task",
-                                                "text2text-generation-with-past", str(out)], program=str(cli))
-            size = sum(weight_bytes(out / f) / 1e9 for f in ("encoder_model.onnx", "decoder_model.onnx",
-                                                             "decoder_with_past_model.onnx") if (out / f).exists())
-            row.exports.append({"dtype": "float32 (Optimum, its three files)", "seconds": seconds, "peak_gb": peak,
-                                "file_gb": size, "ratio": peak / size})
-            files["Optimum's file"] = out / "encoder_model.onnx"
-        except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
-            row.exports.append({"dtype": "float32 (Optimum)", "error": _short(err)})
+    out = work / f"{row.name}_optimum"
+    three = ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
+    if _optimum_export(row, folder, out, "text2text-generation-with-past", "float32 (Optimum, its three files)",
+                       lambda: sum(weight_bytes(out / f) for f in three if (out / f).exists()), progress):
+        files["Optimum's file"] = out / "encoder_model.onnx"
     for prompt in (512, 4096):
         for label, path in files.items():
             progress(f"{row.name}: encoder prefill {prompt} ({label})")
@@ -249,18 +258,9 @@ def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: 
         return _encoder_runs(row, folder, work, threads, progress)
     bandwidth = copy_bandwidth_gbs()
     floor_ms = 1e3 * weight_bytes(work / f"{name}_float32.onnx") / 1e9 / bandwidth  # bytes a token must read
-    cli = optimum_cli()
-    if cli is not None:
-        out = work / f"{name}_optimum"
-        progress(f"{name}: Optimum export")
-        try:
-            seconds, peak, _ = measured_python(["export", "onnx", "--model", str(folder), "--task",
-                                                "text-generation-with-past", str(out)], program=str(cli))
-            size = _folder_bytes(out) / 1e9
-            row.exports.append({"dtype": "float32 (Optimum)", "seconds": seconds, "peak_gb": peak, "file_gb": size,
-                                "ratio": peak / size})
-        except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
-            row.exports.append({"dtype": "float32 (Optimum)", "error": _short(err)})
+    out = work / f"{name}_optimum"
+    if _optimum_export(row, folder, out, "text-generation-with-past", "float32 (Optimum)", lambda: _folder_bytes(out),
+                       progress):
         for prompt in (512, 4096) if (out / "model.onnx").is_file() else ():
             progress(f"{name}: Optimum's file, prefill {prompt} + decode")
             try:
