@@ -42,6 +42,8 @@ COMMANDS = (
             "bench", "build_bench_models_parser", "run_bench_models"),
     Command("bench-real", "imported models at published sizes (random weights): export memory, prefill, decode",
             "bench", "build_bench_real_parser", "run_bench_real"),
+    Command("bench-quant", "int8 / int4 files: held-out perplexity, size, export memory, decode vs float32",
+            "bench", "build_bench_quant_parser", "run_bench_quant"),
     Command("bench-clients", "the serving folder in transformers.js, onnxruntime-genai, Optimum: tokens and logits",
             "bench", "build_bench_clients_parser", "run_bench_clients"),
     Command("train", "train a byte-level decoder on a text corpus", "study", "build_train_parser", "run_train"),

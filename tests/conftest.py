@@ -77,13 +77,15 @@ GRID_TESTS = {
     "test_padded_rows", "test_ort_cpu_opset23_attention_op", "test_plain_export_shares_fixed_bias_nodes",
     "test_runtime_matches_pytorch", "test_greedy_tokens_equal_pytorch", "test_ort_cpu_lm_causal",
     "test_ort_cpu_block", "test_ort_cpu_lm_bidirectional", "test_bidirectional_blocked_export_matches_plain_float64",
-    "test_exported_loop_matches_reference_across_block_boundaries",
+    "test_exported_loop_matches_reference_across_block_boundaries", "test_quantized_checkpoint_passes_policy",
 }
 EXTENDED_IDS = {  # test -> ids (or the parts of them) whose cells run under -m slow only
     "test_greedy_tokens_equal_pytorch": {"kerple_log-prompt1", "sandwich-prompt1"},  # each prompt-1 case exports
     "test_gpu_target_matches_plain_float64": {"cuda-bidirectional"},  # cuda-ort keeps the bidirectional cells
     "test_imported_file_and_transformers_agree_under_holes": {"mpt-plain", "falcon-plain", "t5-plain"},
     "test_position_schemes_export_and_match": {"sinusoidal", "rope-linear"},
+    # quantized imported files: BLOOM and Falcon here (two layouts of the fused QKV), all under -m slow
+    "test_quantized_imported_model_passes_validate": {"mpt", "falcon_grouped"},
     # the CLI's one-line errors as a real process: two here, all of them in-process in test_bad_inputs.py
     "test_errors_are_one_line_exit_2_and_leave_no_file": {"args2", "args3", "args4", "args5"},
     # the inlined form on every runtime: alibi here, every family under -m slow

@@ -310,3 +310,53 @@ def test_validate_judges_the_shipped_decoder(shipped, kind):
     source, folder = shipped[kind]
     matrix = run_hf_matrix(folder / "model.onnx", source, ("ort-cpu", "reference", "node"), (1, 17))
     assert matrix.ok, [(c.runtime, c.case, c.verdict) for c in matrix.cells if not c.ok]
+
+
+def _js_tokens(folder: Path, prompts: list[list[int]]) -> list[list[int]]:
+    cmd = ["node", str(JS / "generate.mjs"), "causal", str(folder.resolve()), json.dumps(prompts), str(NEW)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=JS)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _genai_tokens(folder: Path, prompt: list[int]) -> list[int]:
+    og = pytest.importorskip("onnxruntime_genai")
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + NEW, do_sample=False, batch_size=1)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([prompt], np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    return list(map(int, generator.get_sequence(0)))
+
+
+def _greedy_consistent(model_path: Path, tokens: list[int], start: int) -> list[tuple[int, float]]:
+    """Positions where `tokens` is not the greedy choice of the file's own full forward (ONNX
+    Runtime, every position at once), with the logit gap: empty when the sequence is greedy."""
+    decoder = load_runner("ort/generate.py").CachedDecoder(str(model_path))
+    ids = np.array([tokens])
+    logits, _ = decoder.step(ids, np.ones_like(ids), decoder.empty_past(1))
+    return [(t, float(logits[0, t - 1].max() - logits[0, t - 1, tokens[t]])) for t in range(start, len(tokens))
+            if logits[0, t - 1].argmax() != tokens[t]]
+
+
+@pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir(),
+                    reason="transformers.js not installed (cd tests/clients && npm install --ignore-scripts)")
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_quantized_folder_runs_in_the_clients(shipped, tmp_path, scheme):
+    """--out-dir --quantize: transformers.js (onnxruntime-node) and onnxruntime-genai run the
+    quantized ops (MatMulInteger / DynamicQuantizeLinear; MatMulNBits, GatherBlockQuantized),
+    generate the same tokens, and those are the greedy choices of the file's own full forward.
+    (Against the float folder's tokens a quantized file may flip a choice: this tiny model's
+    int8 file follows the float one for 8 of 12 tokens; the policy in validate judges how far.)"""
+    from posbias_export.export.quantize import QuantizeSpec
+
+    source, _ = shipped["bloom"]
+    folder = tmp_path / scheme
+    ship(source, folder, check_growth=False, quantize=QuantizeSpec(scheme))
+    start = len(PROMPTS[0])
+    js = until_eos(_js_tokens(folder, [PROMPTS[0]]), start)[0]
+    _varied([js])
+    assert until_eos([_genai_tokens(folder, PROMPTS[0])], start)[0] == js
+    assert _greedy_consistent(folder / "model.onnx", js, start) == []

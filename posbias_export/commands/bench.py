@@ -148,6 +148,45 @@ def run_bench_real(args) -> int:
     return 0
 
 
+def build_bench_quant_parser() -> argparse.ArgumentParser:
+    p = parser("bench-quant", "Quantized files beside the float32 ones: held-out perplexity of the trained checkpoints "
+                "(training length and 16x it) float32 / int8 / int4 and the int4 choices; at real size (published "
+                "configurations, random weights) file size, export memory, prefill 512 and decode on ONNX Runtime "
+                "CPU beside the bandwidth floor and transformers eager; writes quantized.md/.json.",
+               "example:\n  python -m posbias_export bench-quant --corpus ../shared/data/tinyshakespeare.txt "
+               "--real bloom-560m --work /tmp/real")
+    p.add_argument("--models", default="models", help="folder of trained checkpoints (default models; '' skips them)")
+    p.add_argument("--corpus", help="the text the checkpoints were trained on (held-out: its last 10%%)")
+    p.add_argument("--max-tokens", type=positive_int, default=16384, help="held-out tokens per length (default 16384)")
+    p.add_argument("--real", type=name_list, default=[], help="published configurations to run (bench-real's names)")
+    p.add_argument("--work", help="folder for the random-weight models and files (with --real)")
+    p.add_argument("--threads", type=positive_int, default=2, help="ONNX Runtime and PyTorch threads (default 2)")
+    p.add_argument("--out-dir", default="benchmarks", help="where quantized.md/.json go (default benchmarks)")
+    return p
+
+
+def run_bench_quant(args) -> int:
+    from pathlib import Path
+
+    from ..bench import quantized
+    from ..bench.real_models import PUBLISHED, SEQ2SEQ
+
+    wrong = [m for m in args.real if m not in PUBLISHED or m in SEQ2SEQ]
+    if wrong:
+        raise ValueError(f"--real {wrong[0]!r}: choose causal LMs from {', '.join(m for m in PUBLISHED if m not in SEQ2SEQ)}")
+    if args.real and not args.work:
+        raise ValueError("--real needs --work (a folder for the random-weight models)")
+    if args.models and not args.corpus:
+        raise ValueError("the checkpoints' perplexity needs --corpus (or --models '' to skip them)")
+    command = "python -m posbias_export bench-quant" + (f" --models {args.models} --corpus CORPUS" if args.models else
+                                                        " --models ''") + (f" --real {','.join(args.real)}" if args.real else "")
+    paths = quantized.run_and_write(Path(args.models) if args.models else None, Path(args.corpus) if args.corpus else None,
+                                    args.real, Path(args.work) if args.work else None, Path(args.out_dir), args.threads,
+                                    args.max_tokens, command, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    print(paths[0].read_text())
+    return 0
+
+
 def build_bench_clients_parser() -> argparse.ArgumentParser:
     from ..hf.models import SUPPORTED
 

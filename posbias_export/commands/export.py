@@ -38,6 +38,7 @@ def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
     from ..biases import BIASES, hyper_parameter_fields
     from ..export import DTYPES, OPSETS, TARGETS
     from ..export.signature import LOGITS
+    from ..export.quantize import SCHEMES
     from ..hf.models import PART_NAMES
     from ..nn import ARCHS, ATTENTION_FORMS
     from ..nn.positions import RESIZE_METHODS
@@ -77,6 +78,17 @@ def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
                    help="with --kv-cache or --out-dir: all (every position; the default) or last (the last position "
                    "only, [B, 1, V]: what generation reads, no [B, L, V] tensor for a long prompt; Optimum, "
                    "transformers.js and generate take it, onnxruntime-genai does not for right-padded batches)")
+    p.add_argument("--quantize", choices=SCHEMES, default=None,
+                   help="LM files: weights of the linear layers and the embedding quantized by ONNX Runtime's own "
+                   "tools (int8: quantize_dynamic, standard ops; int4: MatMulNBits, ONNX Runtime only); attention and "
+                   "bias stay float; validate judges such files by the quantized policy")
+    p.add_argument("--quant-block", type=positive_int, default=32,
+                   help="int4: weights per scale (16, 32, 64, 128, 256; default 32)")
+    p.add_argument("--quant-symmetric", action="store_true", help="int4: no zero points (default: asymmetric)")
+    p.add_argument("--quant-accuracy-level", type=int, default=0,
+                   help="int4: MatMulNBits accuracy_level (0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 compute; default 0)")
+    p.add_argument("--quant-per-tensor", action="store_true",
+                   help="int8: one scale per weight tensor (default: one per output channel)")
     p.add_argument("--attention", choices=ATTENTION_FORMS, default=None,
                    help="blocked: a Loop over query blocks, memory linear in L (default for opset 18); plain: the "
                    "whole [heads, L, L] bias and scores at once (default for opset 23)")
@@ -139,9 +151,28 @@ def run_export(args) -> int:
                          attention_mask=args.attention_mask, kv_cache=args.kv_cache, target=args.target,
                          inline_functions=args.inline_functions, attention=args.attention, block=args.block,
                          metadata=source_metadata(args.checkpoint, args.seed), check_growth=not args.skip_growth_check,
-                         logits=args.logits or "all")
+                         logits=args.logits or "all", quantize=quantize_spec(args))
     print(report.summary())
     return _validate_after_export(args) if args.validate else 0
+
+
+def quantize_spec(args):
+    """--quantize and its options -> a QuantizeSpec (None: float weights); options without
+    --quantize are a usage error, not silently ignored."""
+    from ..export.quantize import QuantizeSpec
+
+    options = [f for f, on in (("--quant-block", args.quant_block != 32), ("--quant-symmetric", args.quant_symmetric),
+                               ("--quant-accuracy-level", args.quant_accuracy_level != 0),
+                               ("--quant-per-tensor", args.quant_per_tensor)) if on]
+    if not args.quantize:
+        if options:
+            raise UsageError(f"{', '.join(options)} need --quantize")
+        return None
+    wrong = [f for f in options if (f == "--quant-per-tensor") != (args.quantize == "int8")]
+    if wrong:
+        raise UsageError(f"{', '.join(wrong)} do not apply to --quantize {args.quantize}")
+    return QuantizeSpec(args.quantize, block=args.quant_block, symmetric=args.quant_symmetric,
+                        accuracy_level=args.quant_accuracy_level, per_channel=not args.quant_per_tensor)
 
 
 def run_export_folder(args) -> int:
@@ -161,10 +192,10 @@ def run_export_folder(args) -> int:
             raise UsageError(f"--out-dir decides what each client needs; drop {', '.join(refused)}")
         print(ship(args.model, args.out_dir, opset=args.opset, trace_len=args.trace_len, dtype=args.dtype,
                    target=args.target, inline_functions=args.inline_functions, logits=args.logits or "all",
-                   check_growth=not args.skip_growth_check, **block).summary())
+                   check_growth=not args.skip_growth_check, quantize=quantize_spec(args), **block).summary())
         return 0
     report = export_model(args.model, args.out, opset=args.opset, trace_len=args.trace_len, kv_cache=args.kv_cache,
-                          dtype=args.dtype, target=args.target, logits=args.logits or "all",
+                          dtype=args.dtype, target=args.target, logits=args.logits or "all", quantize=quantize_spec(args),
                           inline_functions=args.inline_functions, attention=args.attention, part=args.part or "encoder",
                           check_growth=not args.skip_growth_check, **block)
     print(report.summary())

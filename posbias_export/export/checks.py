@@ -73,3 +73,19 @@ def check_full(model: onnx.ModelProto | str) -> None:
         onnx.checker.check_model(model, full_check=True)
     except Exception as err:  # checker raises ValidationError / InferenceError
         raise ExportCheckError(f"onnx.checker full check failed: {err}") from None
+
+
+def check_loads_in_ort(model: str) -> None:
+    """onnx.checker without shape inference (it does not know ONNX Runtime's contrib ops), then
+    an ONNX Runtime session with default options, as a user creates one."""
+    try:
+        onnx.checker.check_model(model)
+    except Exception as err:
+        raise ExportCheckError(f"onnx.checker failed: {err}") from None
+    import onnxruntime as ort
+
+    try:
+        ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    except Exception as err:
+        line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ExportCheckError(f"ONNX Runtime does not load the quantized file: {line}") from None

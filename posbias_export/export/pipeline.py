@@ -1,7 +1,7 @@
 """torch -> ONNX with dynamic batch and sequence axes, as a list of named passes over one
 export state:
 
-    prepare -> functions -> trace -> inline -> check -> growth -> names -> metadata -> save
+    prepare -> functions -> trace -> inline -> check -> growth -> names -> metadata -> quantize -> save
 
 `PASSES` is that list; `run_passes` runs it. What differs between models (names, axes, example
 inputs, what a file records) is the request's spec (signature.py): our own models and the
@@ -265,10 +265,34 @@ def add_metadata(state: ExportState) -> None:
     state.proto.producer_name = "posbias_export"
 
 
+def quantize_weights(state: ExportState) -> None:
+    """--quantize: the checked float graph written with its weights (streamed, as `save` does)
+    into a temporary beside the output, shaped weights folded, ONNX Runtime's quantizer run on
+    that file (export/quantize.py), the scheme recorded in the metadata. Through files, not
+    protos: the quantizers copy what they are handed, and a file is the one copy."""
+    spec = state.request.spec.quantize
+    if spec is None:
+        return
+    from ..runners import atomic
+    from . import quantize
+
+    with atomic().temporary_folder(state.request.path) as tmp:
+        float_path = Path(tmp) / "float.onnx"
+        save_checked(state.proto, float_path, checks.check_full, state.weights)
+        state.proto, state.weights = quantize.quantize_file(float_path, spec), []
+    count = quantize.quantized_node_count(state.proto)
+    write_metadata(state.proto, {**export_metadata(state.request), **spec.metadata(count)})
+    state.proto.producer_name = "posbias_export"
+    state.done.append(f"{spec.scheme} weights ({count} nodes by ONNX Runtime's quantizer)")
+
+
 def save(state: ExportState) -> None:
     state.initializer_bytes = checks.initializer_bytes(state.proto)  # before saving: external data empties the proto
-    state.saved = save_checked(state.proto, state.request.path, checks.check_full, state.weights)
-    state.done.append("onnx.checker full check")
+    quantized = state.request.spec.quantize is not None
+    # quantized: contrib ops the checker's shape inference does not know; ONNX Runtime must load it
+    check = checks.check_loads_in_ort if quantized else checks.check_full
+    state.saved = save_checked(state.proto, state.request.path, check, state.weights)
+    state.done.append("onnx.checker + ONNX Runtime session" if quantized else "onnx.checker full check")
 
 
 Pass = tuple[str, Callable[[ExportState], None]]
@@ -281,6 +305,7 @@ PASSES: tuple[Pass, ...] = (
     ("growth", check_trace_growth),
     ("names", apply_names),
     ("metadata", add_metadata),
+    ("quantize", quantize_weights),
     ("save", save),
 )
 
@@ -313,7 +338,9 @@ def report(state: ExportState) -> ExportReport:
         notes.append("OpenVINO cannot load model-local functions: give it a file exported with --inline-functions "
                      "(ONNX Runtime, onnxruntime-node and the reference evaluator load this one as it is)")
     return ExportReport(
-        path=str(r.path), arch=r.spec.arch, bias=r.spec.bias, opset=r.opset, dtype=r.dtype,
+        path=str(r.path), arch=r.spec.arch, bias=r.spec.bias,
+        opset=next((op.version for op in proto.opset_import if op.domain in ("", "ai.onnx")), r.opset),
+        dtype=r.dtype if r.spec.quantize is None else f"{r.dtype} activations, {r.spec.quantize.scheme} weights",
         trace_len=r.trace_len, inputs=report_dims(proto.graph.input), outputs=report_dims(proto.graph.output),
         op_types=sorted({n.op_type for n in proto.graph.node}), initializer_bytes=state.initializer_bytes,
         file_bytes=saved.model_bytes, seconds=time.perf_counter() - state.start, checks=state.done,
@@ -345,6 +372,7 @@ def export_onnx(
     metadata: dict | None = None,
     target: str = "portable",
     logits: str = "all",
+    quantize=None,
 ) -> ExportReport:
     """Export `model` (from build_model) to `path` and check the result; returns a report.
 
@@ -361,12 +389,15 @@ def export_onnx(
     com.microsoft.MultiHeadAttention: ONNX Runtime only). opset: 18, or 23 for target cuda.
     logits="last" (with kv_cache): logits [B, 1, V] of the last position only, what generation
     reads; no [B, L, V] tensor at a long prompt.
+    quantize: a quantize.QuantizeSpec (lm files): int8 / int4 weights through ONNX Runtime's
+    quantizers, checked by loading the file in ONNX Runtime.
     Raises ValueError for bad arguments, OSError for an unwritable path, and
     checks.ExportCheckError when the exported model fails a post-export check. On any failure
     no file is written and an existing file at `path` is left untouched.
     """
     spec = ModelSpec.of(model, attention_mask, kv_cache, metadata)
     spec.last_logits = last_logits(logits)
+    spec.quantize = quantize
     request = ExportRequest.create(path, spec, opset, dtype, trace_len, target, attention, block, inline_functions,
                                    check_growth)
     return run_passes(request, model)

@@ -123,12 +123,23 @@ class ExportSpec:
     notes: list[str] = field(default_factory=list)
     naming: Naming = POSBIAS  # the names the file is written with (naming.py)
     last_logits: bool = False  # a cached decoder's logits for the last position only, [B, 1, V]
+    quantize: object = None  # a quantize.QuantizeSpec: weights quantized by ONNX Runtime's tools before saving
 
     def check(self, request) -> None:
         """Raise ValueError for a request this model cannot honour."""
         if self.last_logits and not self.kv_cache:
             raise ValueError("logits='last' is for generation files (a KV cache); a file for scoring keeps every "
                              "position's logits")
+        if self.quantize is not None:
+            if self.arch not in ("lm", "causal_lm") and "lm" not in self.arch:
+                raise ValueError(f"quantize is for language-model files (their linear layers and embedding); "
+                                 f"this is a {self.arch!r} export")
+            if request.dtype != "float32":
+                raise ValueError("quantize starts from float32 weights (the quantizers write their own scales); "
+                                 "drop --dtype float16")
+            if request.target != "portable":
+                raise ValueError("quantize is for the portable target (ONNX Runtime's CPU kernels for quantized "
+                                 "MatMul); the GPU targets keep float weights")
 
     def signature(self, model: nn.Module, trace_len: int, dtype: torch.dtype, settings: AttentionSettings,
                   batch: int = 2) -> Signature:

@@ -182,3 +182,4 @@ def pending_tensors(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
 
 def pending_index(tensor: onnx.TensorProto) -> int:
     return int(next(e.value for e in tensor.external_data if e.key == "offset"))
+

@@ -150,6 +150,7 @@ def export_model(
     names: str = "posbias",
     shipped: bool = False,
     logits: str = "all",
+    quantize=None,
 ) -> ExportReport:
     """Export the model in a local Hugging Face folder (BLOOM, MPT, Falcon with alibi, the T5
     encoder; part="decoder": the cached T5 decoder) to `path` in `dtype` (float32, float16) for
@@ -158,13 +159,15 @@ def export_model(
     ValueError for a bad folder or request, OSError for an unwritable path, ExportCheckError for
     a failed check; nothing is written then. names="huggingface": the clients' names
     (export/naming.py); shipped: the metadata keeps the folder's name, not its path.
-    logits="last" (with kv_cache): the last position's logits only, [B, 1, V]."""
+    logits="last" (with kv_cache): the last position's logits only, [B, 1, V]. quantize: a
+    quantize.QuantizeSpec (causal LMs): int8 / int4 weights through ONNX Runtime's quantizers."""
     check_outputs([path], folder_files(model_dir))  # never write over what the folder holds
     model = load_model(model_dir, part, lazy=True)  # weights streamed into the file as it is written
     if names not in NAMINGS:
         raise ValueError(f"names must be one of {', '.join(NAMINGS)}, got {names!r}")
     spec = ImportedSpec.of(model, kv_cache, NAMINGS[names], shipped)
     spec.last_logits = last_logits(logits)
+    spec.quantize = quantize
     request = ExportRequest.create(path, spec, opset, dtype, trace_len, target, attention, block,
                                    inline_functions, check_growth)
     return run_passes(request, model)

@@ -147,17 +147,21 @@ def _has_decoder(source: Path) -> bool:
 
 def ship(model_dir, out_dir, *, opset: int | None = None, trace_len: int = 16, block: int | None = None,
          inline_functions: bool = False, check_growth: bool = True, dtype: str = "float32",
-         target: str = "portable", logits: str = "all") -> ShipReport:
+         target: str = "portable", logits: str = "all", quantize=None) -> ShipReport:
     """Write the serving folder of the model in `model_dir` to `out_dir` (see the module
     docstring); ValueError for a bad folder, OSError for an output that exists or overlaps.
     logits: the cached decoder's: "all" (every position), or "last" ([B, 1, V]: no [B, L, V]
     tensor for a long prompt; Optimum, transformers.js and our generate read only that, but
     onnxruntime-genai reads each row's last real token of a right-padded batch, which the last
     position is not: it generates other tokens for such a batch). dtype, target: as export_model's; a GPU target makes the folder GPU-ready (onnxruntime-genai
-    on the CUDA provider, Triton instances KIND_GPU)."""
+    on the CUDA provider, Triton instances KIND_GPU). quantize: a quantize.QuantizeSpec for a
+    causal LM's model.onnx (int8 / int4 weights)."""
     source, out = Path(model_dir), Path(out_dir)
     _check_out_dir(out, source)
     model = load_model(source, lazy=True)
+    if quantize is not None and model.arch != "lm":
+        raise ValueError(f"quantize is for causal language models; {source.name} is a {model.model_type} "
+                         f"{model.arch}")
     kwargs = dict(opset=opset, trace_len=trace_len, block=block, inline_functions=inline_functions,
                   check_growth=check_growth, names="huggingface", shipped=True, dtype=dtype, target=target)
     gpu = target != "portable"
@@ -169,7 +173,8 @@ def ship(model_dir, out_dir, *, opset: int | None = None, trace_len: int = 16, b
         stage = Path(tmp) / "out"
         stage.mkdir()
         if model.arch == "lm":
-            report.exports.append(export_model(source, stage / "model.onnx", kv_cache=True, logits=logits, **kwargs))
+            report.exports.append(export_model(source, stage / "model.onnx", kv_cache=True, logits=logits, quantize=quantize,
+                                                 **kwargs))
             files = {"model.onnx": _triton_name(source.name)}
             (stage / "genai_config.json").write_text(json.dumps(genai_config(model, config, generation, gpu=gpu), indent=1))
         elif _has_decoder(source):

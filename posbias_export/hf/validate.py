@@ -24,6 +24,7 @@ from ..nn import AttentionSettings
 from ..parity.matrix import NOT_RUN, Cell, Matrix, runtime_outputs
 from ..parity.reference import ParityInputError, read_onnx, torch_outputs
 from ..parity.runtimes import DEFAULT_RUNTIMES, RUNTIMES
+from ..parity.quantized import judge as judge_quantized
 from ..parity.tolerance import FLOAT16, FLOAT32, Tolerance, compare
 from .folder import transformers_module
 from .models import architecture, load_model
@@ -104,6 +105,21 @@ def file_dtype(proto: onnx.ModelProto) -> str:
     return "float16" if elem == onnx.TensorProto.FLOAT16 else "float32"
 
 
+def _self_written(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Each row's real tokens (the last mask.sum() positions, left padding kept) replaced by text
+    the float model samples itself from the row's first real position."""
+    from ..parity.quantized import sampled_ids
+
+    float_model = model.float()
+    written = sampled_ids(lambda x: float_model(x, torch.ones_like(x)), ids.shape[0], ids.shape[1],
+                          model.vocab_size, seed=ids.shape[1])
+    out = ids.copy()
+    for row, real in enumerate(mask.sum(1)):
+        if real:
+            out[row, -real:] = written[row, :real]
+    return out
+
+
 def transformers_model(model_dir: Path, model_type: str):
     """transformers' own implementation of the folder's model (the class the architecture names)."""
     cls = getattr(transformers_module(), architecture(model_type).transformers_class)
@@ -136,6 +152,7 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
     output = proto.graph.output[0].name
     # a float16 file is judged against PyTorch float16's own error (parity/tolerance.py), as ours are
     dtype = file_dtype(proto)
+    scheme = meta.get("quantized")  # weights quantized: judged by parity/quantized.py's policy
     last = meta.get("logits") == "last"  # a generation file: the last position's logits only
     tol, torch_dtype = (FLOAT16, torch.float16) if dtype == "float16" else (FLOAT32, torch.float32)
     matrix = Matrix(str(model_path), ours.bias_name, f"{ours.model_type} {ours.arch} ({output})")
@@ -143,6 +160,8 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
     limit = ours.max_length()
     for n in lengths:
         ids, mask = left_padded(n, batch, ours.vocab_size, seed=n)
+        if scheme:  # the quantized policy judges text the float model writes (parity/quantized.py)
+            ids = _self_written(ours, ids, mask)
         keep = mask.astype(bool)
         args = torch.from_numpy(ids), torch.from_numpy(mask)
         if last:  # left-padded rows: the last position is a real token in every row
@@ -181,8 +200,9 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
                 matrix.cells.append(Cell(name, case, dtype, f"error: output {output} has shape "
                                          f"{list(outputs[index].shape)}, expected [{keep.shape[0]}, {keep.shape[1]}, ...]"))
                 continue
-            parity = compare(got[keep], ref64, same, tol)
-            matrix.cells.append(Cell(name, case, dtype, "pass" if parity.passed else "FAIL", parity.as_dict()))
+            parity = judge_quantized(got[keep], ref64, scheme) if scheme else compare(got[keep], ref64, same, tol)
+            label = f"{dtype} {scheme}" if scheme else dtype
+            matrix.cells.append(Cell(name, case, label, "pass" if parity.passed else "FAIL", parity.as_dict()))
         matrix.cells += run.order_cells(dtype)
         if progress:
             progress(1)

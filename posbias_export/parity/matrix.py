@@ -18,6 +18,8 @@ from ..export import settings_from_metadata
 from ..nn import DEFAULT_BLOCK
 from .reference import ParityInputError, generated_inputs, load_model_file, reference_model, torch_args, torch_outputs
 from .runtimes import DEFAULT_RUNTIMES, RUNTIMES, run_runner, runtimes_common, unavailable_reason
+from .quantized import judge as judge_quantized
+from .quantized import sampled_ids_cached
 from .tolerance import BFLOAT16, FLOAT16, FLOAT32, TF32, compare
 
 
@@ -123,6 +125,23 @@ def _read_outputs(out_dir: Path, count: int) -> list[np.ndarray]:
             for i in range(count)]
 
 
+def quantized_inputs(meta: dict, model: torch.nn.Module, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A generated LM case made into what the quantized policy judges on: its tokens replaced by
+    tokens the float model samples itself, and a cached decoder's step made a prefill (an
+    empty cache: random cached keys are not the model's)."""
+    batch, length = feeds["input_ids"].shape
+    vocab = json.loads(meta["config"]).get("vocab_size", 256)
+    lm = getattr(model, "lm", model)  # a --kv-cache file's reference wraps the DecoderLM
+    ids = sampled_ids_cached(lm, batch, length, vocab, seed=length)
+    out = {"input_ids": ids}
+    if "attention_mask" in feeds:
+        out["attention_mask"] = np.ones((batch, length), np.int64)
+    for name, value in feeds.items():
+        if name.startswith("past_"):
+            out[name] = value[:, :, :0]
+    return out
+
+
 def runtime_outputs(runtimes, model_path: Path, cases: list[dict[str, np.ndarray]], timeout: float,
                     order: bool = True):
     """Run each runtime's runner over every case (as ONNX test data sets), a fresh session per
@@ -178,12 +197,17 @@ def run_matrix(
     cfg = json.loads(meta["config"])
     matrix = Matrix(str(model_path), cfg["bias"], meta.get("arch", "lm"))
     dtype = meta.get("dtype", "float32")
+    scheme = meta.get("quantized")  # weights quantized: judged by parity/quantized.py's policy
+    if scheme:
+        dtype = f"{dtype} {scheme}"
     if inputs is not None:
         check_user_inputs(proto, inputs)
         cases = [("inputs", inputs)]
     else:
         cases = [(f"L={n} B={batch}", generated_inputs(meta, n, batch, seed=n)) for n in lengths]
     model = reference_model(meta, checkpoint)
+    if scheme and inputs is None:  # the policy's inputs: text the float model writes (parity/quantized.py)
+        cases = [(case, quantized_inputs(meta, model, feeds)) for case, feeds in cases]
     settings = settings_from_metadata(meta)
     if matrix.arch == "attention" and settings.form == "blocked":
         # no padding in an attention file: every query blocking is the same math, and the GPU
@@ -202,6 +226,10 @@ def run_matrix(
                 matrix.cells.append(Cell(name, case, dtype, run.problem))
                 continue
             ref64, same, args = refs[index]
+            if scheme:
+                verdict = judge_quantized(outputs[index], ref64, scheme)
+                matrix.cells.append(Cell(name, case, dtype, "pass" if verdict.passed else "FAIL", verdict.as_dict()))
+                continue
             tol = FLOAT16 if dtype == "float16" else FLOAT32
             if runtime.precision == "bfloat16":
                 same, tol = torch_outputs(model, args, torch.bfloat16, settings), BFLOAT16

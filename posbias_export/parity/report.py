@@ -13,7 +13,13 @@ def format_matrix(matrix: Matrix, markdown: bool = False) -> str:
     for c in matrix.cells:
         p = c.parity or {}
         num = lambda k: f"{p[k]:.2e}" if k in p else "-"
-        rows.append([c.runtime, c.case, c.dtype, num("max_abs"), num("max_rel"), num("budget_abs"), c.verdict])
+        verdict = c.verdict
+        if "kl_mean" in p:  # a quantized file: its policy's measures (parity/quantized.py)
+            top1 = "n/a" if p["top1_decided"] is None else f"{p['top1_decided']:.3f}"
+            verdict += (f" (KL {p['kl_mean']:.2e} nats, budget {p['budget_kl']:.2e}; top-1 on "
+                        f"{p['decided_positions']} decided positions {top1}, budget {p['budget_top1']}; "
+                        f"logit error {p['logit_error_rel']:.3f} x scale)")
+        rows.append([c.runtime, c.case, c.dtype, num("max_abs"), num("max_rel"), num("budget_abs"), verdict])
     if markdown:
         lines = [f"### {matrix.bias} ({matrix.arch}): `{Path(matrix.model).name}`", "",
                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

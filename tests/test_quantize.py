@@ -1,0 +1,175 @@
+"""--quantize int8 / int4: ONNX Runtime's quantizers on our LM files and imported ones, judged
+by the quantized policy (parity/quantized.py) against the float model; sabotaged files fail it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import posbias_export as pbe
+from posbias_export.export import checkpoint_metadata, export_onnx
+from posbias_export.export.quantize import QuantizeSpec
+from posbias_export.export.metadata import read_metadata
+from posbias_export.nn import load_checkpoint
+from posbias_export.parity import run_matrix
+from posbias_export.parity.quantized import POLICIES, judge
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+FAMILY_CHECKPOINTS = [b for b in pbe.BIASES if (MODELS / f"{b}.safetensors").is_file()]
+LENGTHS = (1, 17, 1024)  # 1024: 16x the checkpoints' training length (64)
+
+
+def _export(family: str, scheme: str | None, path: Path, **spec) -> Path:
+    ckpt = MODELS / f"{family}.safetensors"
+    export_onnx(load_checkpoint(ckpt), path, check_growth=False, metadata=checkpoint_metadata(ckpt),
+                quantize=QuantizeSpec(scheme, **spec) if scheme else None)
+    return path
+
+
+def _cells(matrix) -> list:
+    return [c for c in matrix.cells if c.case.startswith("L=")]
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("bias", FAMILY_CHECKPOINTS)
+def test_quantized_checkpoint_passes_policy(tmp_path, bias, scheme):
+    """Each family's trained checkpoint, quantized, passes the policy on ORT CPU at 1, 17 and
+    16x the training length, in fresh sessions and in one session serving every length."""
+    path = _export(bias, scheme, tmp_path / "q.onnx")
+    meta = read_metadata(onnx.load(str(path), load_external_data=False))
+    assert meta["quantized"] == scheme and int(meta["quantized_nodes"]) >= 5
+    matrix = run_matrix(path, ("ort-cpu",), LENGTHS, batch=2)
+    assert matrix.ok, [(c.case, c.verdict, c.parity) for c in matrix.cells]
+    decided = sum(c.parity["decided_positions"] for c in _cells(matrix))
+    assert decided > 100  # trained: the top-1 criterion is exercised, not only KL
+
+
+def test_quantized_nodes_are_the_weights_and_the_tied_head(tmp_path):
+    """int4: every linear layer and the embedding quantized (MatMulNBits / GatherBlockQuantized),
+    no float MatMul with a weight left at the top level, nothing quantized inside the attention
+    functions (the bias path stays float)."""
+    path = _export("alibi", "int4", tmp_path / "q.onnx")
+    proto = onnx.load(str(path))
+    ops = [n.op_type for n in proto.graph.node]
+    layers = load_checkpoint(MODELS / "alibi.safetensors").cfg.num_layers
+    # per layer: q, k, v, out, up, down; plus the LM head
+    assert ops.count("MatMulNBits") == 6 * layers + 1 and ops.count("GatherBlockQuantized") == 1
+    inits = {t.name for t in proto.graph.initializer}
+    assert not [n for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    quantized_ops = {"MatMulNBits", "GatherBlockQuantized", "MatMulInteger", "DynamicQuantizeLinear"}
+    assert not [n.op_type for f in proto.functions for n in f.node if n.op_type in quantized_ops]
+
+
+def test_quantized_perplexity_stays_within_the_promise(tmp_path):
+    """Held-out perplexity of the trained ALiBi checkpoint on ORT: int8 within 1%, int4 within 3%
+    of the float file, at the training length and 16x it (the corpus's last 10% lives in
+    ../shared; the same windows are scored with the float file)."""
+    corpus = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+    if not corpus.is_file():
+        pytest.skip(f"the corpus is not at {corpus}")
+    from posbias_export.study.evaluate import evaluate
+
+    ppl = {}
+    for scheme in (None, "int8", "int4"):
+        path = _export("alibi", scheme, tmp_path / f"{scheme}.onnx")
+        ppl[scheme] = {r.length: r.ort_ppl for r in evaluate(path, corpus, (64, 1024), 4096, torch_check=False)}
+    for scheme, budget in (("int8", 0.01), ("int4", 0.03)):
+        for n in (64, 1024):
+            assert ppl[scheme][n] / ppl[None][n] - 1 <= budget, (scheme, n, ppl)
+
+
+def _scale_initializers(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
+    return [t for t in proto.graph.initializer if t.name.endswith("_scale") or t.name.endswith("_scales")]
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_a_scale_off_by_two_fails_the_policy(tmp_path, scheme):
+    """Sabotage: every weight scale doubled (a quantizer bug of the kind the policy exists for)."""
+    path = _export("alibi", scheme, tmp_path / "q.onnx")
+    proto = onnx.load(str(path))
+    scales = _scale_initializers(proto)
+    assert scales
+    for t in scales:
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * 2, t.name))
+    onnx.save(proto, str(tmp_path / "bad.onnx"))
+    matrix = run_matrix(tmp_path / "bad.onnx", ("ort-cpu",), (17, 1024), batch=2, order=False)
+    assert not matrix.ok and all(c.verdict == "FAIL" for c in _cells(matrix))
+
+
+def test_quantizing_the_bias_path_fails_the_policy(tmp_path):
+    """Sabotage: the ALiBi bias tensor [heads, L, L] quantized the way quantize_dynamic treats an
+    activation (DynamicQuantizeLinear: uint8, one scale from its range). At 17 tokens the range
+    is a few units and the step tiny; at 1024 (16x the training length) the range is ~256 and
+    the step ~1, which erases the recent-token differences: the policy must fail that case."""
+    ckpt = MODELS / "alibi.safetensors"
+    path = tmp_path / "q.onnx"
+    export_onnx(load_checkpoint(ckpt), path, check_growth=False, metadata=checkpoint_metadata(ckpt),
+                attention="plain", inline_functions=True, quantize=QuantizeSpec("int8"))
+    proto = onnx.load(str(path))
+    made = {o: n for n in proto.graph.node for o in n.output}
+    wanted = np.array([2.0 ** (-8 * (h + 1) / 4) for h in range(4)], np.float32)  # ALiBi's slopes, 4 heads
+    slopes = {t.name for t in proto.graph.initializer  # the slopes, or their reshape folded before quantizing
+              if numpy_helper.to_array(t).size == 4 and np.allclose(numpy_helper.to_array(t).ravel(), wanted)}
+
+    def from_slopes(name: str, depth: int = 0) -> bool:
+        node = made.get(name)
+        return node is not None and depth < 3 and any(i in slopes or from_slopes(i, depth + 1) for i in node.input)
+
+    bias = [n for n in proto.graph.node if n.op_type == "Mul" and any(from_slopes(i) for i in n.input)]
+    assert len(bias) == 1, [n.output for n in bias]
+    name = bias[0].output[0]
+    for node in proto.graph.node:
+        node.input[:] = [f"{name}_dq" if i == name else i for i in node.input]
+    at = list(proto.graph.node).index(bias[0]) + 1
+    for k, node in enumerate([
+            onnx.helper.make_node("DynamicQuantizeLinear", [name], [f"{name}_q", f"{name}_s", f"{name}_z"]),
+            onnx.helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_dq"])]):
+        proto.graph.node.insert(at + k, node)
+    onnx.save(proto, str(tmp_path / "bad.onnx"))
+    verdicts = {c.case: c.verdict for c in _cells(run_matrix(tmp_path / "bad.onnx", ("ort-cpu",), (17, 1024), batch=2,
+                                                              order=False))}
+    assert verdicts == {"L=17 B=2": "pass", "L=1024 B=2": "FAIL"}, verdicts
+
+
+def test_policy_measures_against_the_formula():
+    """KL and top-1 by the definitions: identical logits pass with KL 0; logits shifted by a
+    constant (softmax-invariant) pass; a swapped decided prediction fails top-1."""
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(4, 50, 32))
+    ref[..., 3] += 8  # every position decided on token 3
+    assert judge(ref, ref, "int8").kl_mean == 0 and judge(ref, ref, "int8").passed
+    assert judge(ref + 5.0, ref, "int4").passed
+    swapped = ref.copy()
+    swapped[..., [3, 4]] = swapped[..., [4, 3]]
+    verdict = judge(swapped, ref, "int4")
+    assert not verdict.passed and verdict.top1_decided == 0.0
+    p = np.exp(ref - ref.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    noisy = ref + rng.normal(scale=0.05, size=ref.shape)
+    q = np.exp(noisy - noisy.max(-1, keepdims=True))
+    q /= q.sum(-1, keepdims=True)
+    assert judge(noisy, ref, "int8").kl_mean == pytest.approx(float((p * np.log(p / q)).sum(-1).mean()), rel=1e-9)
+    assert POLICIES["int8"].max_kl == pytest.approx(np.log(1.01))
+
+
+@pytest.mark.parametrize("kind", ["bloom", "mpt", "falcon", "falcon_grouped"])
+def test_quantized_imported_model_passes_validate(tmp_path, kind):
+    """Imported folders, --kv-cache --quantize int8 and int4: validate --model judges them by the
+    policy against the folder's model (left-padded batches, real tokens), every length in one
+    session too."""
+    pytest.importorskip("transformers")
+    from hf_folders import MPT_MAX_SEQ_LEN, save_tiny_model
+    from posbias_export.hf.export import export_model
+    from posbias_export.hf.validate import run_hf_matrix
+
+    folder = save_tiny_model(kind, tmp_path / kind)
+    lengths = (1, 17, MPT_MAX_SEQ_LEN if kind == "mpt" else 300)
+    for scheme in ("int8", "int4"):
+        out = tmp_path / f"{scheme}.onnx"
+        export_model(folder, out, kv_cache=True, quantize=QuantizeSpec(scheme), check_growth=False)
+        matrix = run_hf_matrix(out, folder, ("ort-cpu",), lengths, batch=2)
+        assert matrix.ok, [(c.runtime, c.case, c.verdict, c.parity) for c in matrix.cells if not c.ok]
+        assert any(c.dtype == f"float32 {scheme}" for c in matrix.cells)
