@@ -84,8 +84,8 @@ EXTENDED_IDS = {  # test -> ids (or the parts of them) whose cells run under -m 
     "test_gpu_target_matches_plain_float64": {"cuda-bidirectional"},  # cuda-ort keeps the bidirectional cells
     "test_imported_file_and_transformers_agree_under_holes": {"mpt-plain", "falcon-plain", "t5-plain"},
     "test_position_schemes_export_and_match": {"sinusoidal", "rope-linear"},
-    # quantized imported files: BLOOM and Falcon here (two layouts of the fused QKV), all under -m slow
-    "test_quantized_imported_model_passes_validate": {"mpt", "falcon_grouped"},
+    # quantized imported files: BLOOM here, every architecture under -m slow
+    "test_quantized_imported_model_passes_validate": {"mpt", "falcon"},
     # the CLI's one-line errors as a real process: two here, all of them in-process in test_bad_inputs.py
     "test_errors_are_one_line_exit_2_and_leave_no_file": {"args2", "args3", "args4", "args5"},
     # the inlined form on every runtime: alibi here, every family under -m slow
