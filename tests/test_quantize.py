@@ -173,3 +173,16 @@ def test_quantized_imported_model_passes_validate(tmp_path, kind):
         matrix = run_hf_matrix(out, folder, ("ort-cpu",), lengths, batch=2)
         assert matrix.ok, [(c.runtime, c.case, c.verdict, c.parity) for c in matrix.cells if not c.ok]
         assert any(c.dtype == f"float32 {scheme}" for c in matrix.cells)
+
+
+def test_validate_defaults_skip_the_reference_evaluator_for_quantized_files(tmp_path):
+    """The reference evaluator implements no quantized op: validate's default runtimes leave it out
+    for a quantized file with a reason (named explicitly, it still runs and reports its error)."""
+    from posbias_export.validation import validate
+
+    path = _export("alibi", "int4", tmp_path / "q.onnx")
+    result = validate([path], None, (17,), batch=2, order=False)
+    assert "quantized op" in result.skipped["reference"]
+    assert result.ok and not [c for c in result.matrices[0].cells if c.runtime == "reference"]
+    named = validate([path], ("reference",), (17,), batch=2, order=False)
+    assert not named.ok and named.matrices[0].cells[0].verdict.startswith("error")

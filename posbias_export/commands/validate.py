@@ -67,8 +67,11 @@ def report_validation(models, runtimes, lengths, batch, checkpoint=None, inputs=
     for name, reason in skipped.items():
         print(f"skipping {name}: {reason}", file=sys.stderr)
     with tqdm(total=len(models) * len(chosen), desc="validate", unit="runtime", disable=None, file=sys.stderr) as bar:
-        result = validate(models, chosen, lengths, batch, checkpoint, inputs, model_dir, progress=bar.update,
+        result = validate(models, runtimes, lengths, batch, checkpoint, inputs, model_dir, progress=bar.update,
                           ignore_size_limits=ignore_size_limits, order=order)
+    for name, reason in result.skipped.items():
+        if name not in skipped:  # decided per file (a quantized file on the reference evaluator)
+            print(f"skipping {name}: {reason}", file=sys.stderr)
     for matrix in result.matrices:
         print(format_matrix(matrix))
     write_reports(result, json_path, markdown, lengths, batch)
