@@ -161,14 +161,14 @@ def quantize_file(float_path: Path, spec: QuantizeSpec) -> onnx.ModelProto:
     onnx.save_model(proto, prepared, save_as_external_data=True, all_tensors_to_one_file=True,
                     location="prepared.onnx.data", size_threshold=1024)
     del proto
-    return quantize_proto(str(prepared), spec, names)
+    return quantize_path(str(prepared), spec, names)
 
 
-def quantize_proto(proto: onnx.ModelProto | str, spec: QuantizeSpec, nodes: list[str] | None = None) -> onnx.ModelProto:
-    """ONNX Runtime's quantizer of the scheme applied to a model (or a model file's path) at
-    `nodes` (default: weight_nodes)."""
+def quantize_path(path: str, spec: QuantizeSpec, nodes: list[str]) -> onnx.ModelProto:
+    """ONNX Runtime's quantizer of the scheme applied to the model file at `path` (its tensors
+    in external data), at the named `nodes`."""
     with _quiet():
-        return _quantize(proto, spec, nodes)
+        return _quantize(path, spec, nodes)
 
 
 @contextlib.contextmanager
@@ -192,14 +192,13 @@ def _quiet():
             q.setLevel(level)
 
 
-def _quantize(proto: onnx.ModelProto | str, spec: QuantizeSpec, nodes: list[str] | None) -> onnx.ModelProto:
-    names = [n.name for n in weight_nodes(proto)] if nodes is None else nodes
+def _quantize(path: str, spec: QuantizeSpec, names: list[str]) -> onnx.ModelProto:
     if not names:
         raise ExportCheckError("the model has no weight MatMul or embedding Gather to quantize")
     if spec.scheme == "int4":
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-        quantizer = MatMulNBitsQuantizer(proto, bits=4, block_size=spec.block, is_symmetric=spec.symmetric,
+        quantizer = MatMulNBitsQuantizer(path, bits=4, block_size=spec.block, is_symmetric=spec.symmetric,
                                          accuracy_level=spec.accuracy_level or None, nodes_to_include=names,
                                          op_types_to_quantize=("MatMul", "Gather"),
                                          quant_axes=(("MatMul", 0), ("Gather", 1)))
@@ -207,11 +206,10 @@ def _quantize(proto: onnx.ModelProto | str, spec: QuantizeSpec, nodes: list[str]
         return _functions_at_model_opset(quantizer.model.model)
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    large = isinstance(proto, str) or sum(t.ByteSize() for t in proto.graph.initializer) > 1_800_000_000
-    with tempfile.TemporaryDirectory() as tmp:  # out of a path: external data (protobuf's 2 GB limit)
+    with tempfile.TemporaryDirectory() as tmp:  # external data both ways: protobuf's 2 GB limit
         out = Path(tmp) / "quantized.onnx"
-        quantize_dynamic(proto, out, op_types_to_quantize=["MatMul", "Gather"], nodes_to_quantize=names,
-                         per_channel=spec.per_channel, weight_type=QuantType.QInt8, use_external_data_format=large,
+        quantize_dynamic(path, out, op_types_to_quantize=["MatMul", "Gather"], nodes_to_quantize=names,
+                         per_channel=spec.per_channel, weight_type=QuantType.QInt8, use_external_data_format=True,
                          extra_options={"MatMulConstBOnly": True})
         return onnx.load(str(out))
 
