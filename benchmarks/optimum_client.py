@@ -59,7 +59,8 @@ def main() -> int:
         exports: dict[str, str] = {}
         for case in cases:
             row = {"case": case["id"], "transformers": transformers.__version__}
-            for which in ("ours", "optimum"):
+            # quantized folders: only ours (Optimum's own export of the source is the float rows' cell)
+            for which in ("ours", "optimum") if case.get("own_export", True) else ("ours",):
                 try:
                     if which == "ours":
                         folder = case["shipped"]

@@ -109,6 +109,30 @@ def test_transformers_js_takes_a_last_logits_folder(shipped, tmp_path, kind):
     assert until_eos(got, start) == until_eos(transformers_tokens(source, kind, PROMPTS), start)
 
 
+WEB = pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "onnxruntime-web").is_dir(),
+                         reason="onnxruntime-web not installed (cd tests/clients && npm install --ignore-scripts)")
+
+
+def _web_tokens(folder: Path, prompt: list[int]) -> list[int]:
+    """onnxruntime-web's WebAssembly build, as a page runs it: greedy through the file's cache."""
+    proc = subprocess.run(["node", str(JS / "web.mjs"), str(folder.resolve()), json.dumps(prompt), str(NEW), str(EOS)],
+                          capture_output=True, text=True, timeout=300, cwd=JS)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])["tokens"]
+
+
+@WEB
+@pytest.mark.parametrize("kind", [k for k in CLIENT_KINDS if k != "t5"])
+def test_onnxruntime_web_generates_transformers_tokens(shipped, kind):
+    """The browser's runtime (WebAssembly, one thread) runs the folder's model.onnx with its
+    cache: transformers' greedy tokens."""
+    source, folder = shipped[kind]
+    start = len(PROMPTS[0])
+    expected = transformers_tokens(source, kind, PROMPTS[:1])
+    _varied(expected)
+    assert until_eos([_web_tokens(folder, PROMPTS[0])], start) == until_eos(expected, start)
+
+
 def right_padded_greedy(source: Path, prompts: list[list[int]]) -> list[list[int]]:
     """transformers' model, greedy, fed as onnxruntime-genai feeds a batch: padded on the right,
     each row's first token read at its last real position, every new token appended after the
@@ -345,9 +369,9 @@ def _greedy_consistent(model_path: Path, tokens: list[int], start: int) -> list[
                     reason="transformers.js not installed (cd tests/clients && npm install --ignore-scripts)")
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_quantized_folder_runs_in_the_clients(shipped, tmp_path, scheme):
-    """--out-dir --quantize: transformers.js (onnxruntime-node) and onnxruntime-genai run the
-    quantized ops (MatMulInteger / DynamicQuantizeLinear; MatMulNBits, GatherBlockQuantized),
-    generate the same tokens, and those are the greedy choices of the file's own full forward.
+    """--out-dir --quantize: transformers.js (onnxruntime-node), onnxruntime-web and
+    onnxruntime-genai run the quantized ops (MatMulInteger / DynamicQuantizeLinear; MatMulNBits,
+    GatherBlockQuantized), generate the same tokens, and those are the greedy choices of the file's own full forward.
     (Against the float folder's tokens a quantized file may flip a choice: this tiny model's
     int8 file follows the float one for 8 of 12 tokens; the policy in validate judges how far.)"""
     from posbias_export.export.quantize import QuantizeSpec
@@ -360,3 +384,12 @@ def test_quantized_folder_runs_in_the_clients(shipped, tmp_path, scheme):
     _varied([js])
     assert until_eos([_genai_tokens(folder, PROMPTS[0])], start)[0] == js
     assert _greedy_consistent(folder / "model.onnx", js, start) == []
+    if (JS / "node_modules" / "onnxruntime-web").is_dir():
+        # onnxruntime-web's MatMulNBits computes with float activations whatever accuracy_level says
+        # (ONNX Runtime's CPU kernel at our default level 4 quantizes them to int8 per block), so an
+        # int4 file is judged at level 0, where both compute the same thing
+        if scheme == "int4":
+            folder = tmp_path / "int4-level0"
+            ship(source, folder, check_growth=False, quantize=QuantizeSpec(scheme, accuracy_level=0))
+        web = until_eos([_web_tokens(folder, PROMPTS[0])], start)[0]
+        assert _greedy_consistent(folder / "model.onnx", web, start) == []

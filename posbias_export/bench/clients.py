@@ -1,9 +1,12 @@
 """benchmarks/clients.md: the serving folders `--model DIR --out-dir OUT` writes, loaded by the
 clients people already run, against transformers: our generate (ONNX Runtime), transformers.js
-in Node, onnxruntime-genai, and Optimum (in its own environment: it pins an older
-transformers) on our folder and on Optimum's own export of the same model. Per client, model and
-prompt (short, and 1024 tokens): whether the greedy tokens equal transformers' generate, and the
-largest difference of the prefill logits from transformers' (float32 both).
+in Node, onnxruntime-web (the WebAssembly build a page loads), onnxruntime-genai, and Optimum (in
+its own environment: it pins an older transformers) on our folder and on Optimum's own export of
+the same model. Per client, model and prompt (short, and 1024 tokens): whether the greedy tokens
+equal transformers' generate, and the largest difference of the prefill logits from transformers'
+(float32 both). The same clients on the `--quantize int8|int4` folders of each decoder-only model,
+judged against ONNX Runtime running that same file (the quantized ops are the client's to run),
+with how many of the tokens equal the float folder's.
 
 Models: random-weight transformers models of hidden 64, 4 heads, 2 layers, vocabulary 1000,
 untied heads (a tied tiny head mostly repeats its last token), made here.
@@ -32,8 +35,10 @@ VOCAB, HIDDEN, HEADS, LAYERS = 1000, 64, 4, 2
 PAD, BOS, EOS = 0, 1, 2
 PROMPTS = {"short": 10, "long": 1024}
 NEW_TOKENS = 16
-CLIENTS = ("posbias generate (ORT)", "transformers.js", "onnxruntime-genai", "Optimum, this folder",
-           "Optimum, its own export")
+CLIENTS = ("posbias generate (ORT)", "transformers.js", "onnxruntime-web (wasm)", "onnxruntime-genai",
+           "Optimum, this folder", "Optimum, its own export")
+SCHEMES = ("int8", "int4")
+QUANTIZED_CLIENTS = ("transformers.js", "onnxruntime-web (wasm)", "onnxruntime-genai", "Optimum, this folder")
 
 
 def make_folder(kind: str, folder: Path) -> Path:
@@ -111,6 +116,19 @@ def transformers_js(kind: str, folder: Path, prompt: list[int], tmp: Path) -> tu
     return tokens, np.fromfile(tmp / "logits.bin", np.float32).reshape(dims)[0]
 
 
+def web(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
+    if kind == "t5":
+        raise RuntimeError("not measured: the page script (tests/clients/web.mjs) drives decoder-only folders")
+    if shutil.which("node") is None or not (JS / "node_modules" / "onnxruntime-web").is_dir():
+        raise RuntimeError(f"not installed (cd {JS} && npm install --ignore-scripts)")
+    proc = subprocess.run(["node", str(JS / "web.mjs"), str(folder.resolve()), json.dumps(prompt), str(NEW_TOKENS),
+                           str(EOS)], capture_output=True, text=True, timeout=1800, cwd=JS)
+    if proc.returncode:
+        raise RuntimeError(next((l for l in proc.stderr.splitlines() if "Error" in l), "node failed").strip())
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out["tokens"], np.asarray(out["logits"], np.float32)[None]
+
+
 def genai(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
     if kind == "t5":
         raise RuntimeError("not applicable: onnxruntime-genai has no T5 (encoder-decoder) model type")
@@ -150,22 +168,62 @@ def run(kinds=SUPPORTED, optimum: bool = True, progress=None) -> list[dict]:
                 ref_tokens, ref_logits = reference(kind, source, prompt)
                 np.save(tmp / f"{kind}_{label}.npy", ref_logits)
                 start = 1 if kind == "t5" else length
-                for client, call in (("posbias generate (ORT)", lambda: ours(kind, shipped, prompt)),
-                                     ("transformers.js", lambda: transformers_js(kind, shipped, prompt, tmp)),
-                                     ("onnxruntime-genai", lambda: genai(kind, shipped, prompt))):
-                    row = {"client": client, "model": kind, "prompt": label}
-                    try:
-                        row.update(judge(*call(), ref_tokens, ref_logits, start))
-                    except Exception as err:  # noqa: BLE001 - a client that fails or does not apply is a result
-                        row["error"] = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-                    rows.append(row)
+                rows += _client_rows(kind, shipped, prompt, label, ref_tokens, ref_logits, tmp,
+                                     ("posbias generate (ORT)", "transformers.js", "onnxruntime-web (wasm)",
+                                      "onnxruntime-genai"))
                 cases.append({"id": f"{kind}/{label}", "kind": kind, "source": str(source), "shipped": str(shipped),
                               "prompt": prompt, "new": NEW_TOKENS, "pad": PAD, "start": PAD,
                               "reference_logits": str(tmp / f"{kind}_{label}.npy"), "reference_tokens": ref_tokens})
+                if kind != "t5":
+                    float_tokens = ours(kind, shipped, prompt)[0]
+                    for scheme in SCHEMES:
+                        rows_q, case = _quantized(kind, source, tmp, scheme, prompt, label, float_tokens)
+                        rows += rows_q
+                        cases.append(case)
             if progress:
                 progress(1)
         rows += run_optimum(cases, tmp) if optimum else []
     return rows
+
+
+def _client_rows(kind, folder, prompt, label, ref_tokens, ref_logits, tmp, clients, scheme=None) -> list[dict]:
+    calls = {"posbias generate (ORT)": lambda: ours(kind, folder, prompt),
+             "transformers.js": lambda: transformers_js(kind, folder, prompt, tmp),
+             "onnxruntime-web (wasm)": lambda: web(kind, folder, prompt),
+             "onnxruntime-genai": lambda: genai(kind, folder, prompt)}
+    start = 1 if kind == "t5" else len(prompt)
+    rows = []
+    for client in clients:
+        row = {"client": client, "model": kind, "prompt": label, **({"scheme": scheme} if scheme else {})}
+        try:
+            row.update(judge(*calls[client](), ref_tokens, ref_logits, start))
+        except Exception as err:  # noqa: BLE001 - a client that fails or does not apply is a result
+            row["error"] = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        rows.append(row)
+    return rows
+
+
+def _quantized(kind, source, tmp, scheme, prompt, label, float_tokens) -> tuple[list[dict], dict]:
+    """The clients on the `--quantize SCHEME` folder, judged against ONNX Runtime on that file; and
+    how many new tokens ONNX Runtime's greedy run on it shares with the float folder's."""
+    from ..export.quantize import QuantizeSpec
+    from ..hf.ship import ship
+
+    folder = tmp / f"{kind}_{scheme}"
+    if not folder.is_dir():
+        ship(source, folder, check_growth=False, quantize=QuantizeSpec(scheme))
+    ref_tokens, ref_logits = ours(kind, folder, prompt)
+    np.save(tmp / f"{kind}_{scheme}_{label}.npy", ref_logits)
+    start = len(prompt)
+    new, float_new = until_eos(ref_tokens, start)[start:], until_eos(float_tokens, start)[start:]
+    shared = next((i for i, (a, b) in enumerate(zip(new, float_new)) if a != b), min(len(new), len(float_new)))
+    rows = [{"client": "ORT: tokens shared with the float folder", "model": kind, "prompt": label, "scheme": scheme,
+             "shared": shared, "of": len(float_new)}]
+    rows += _client_rows(kind, folder, prompt, label, ref_tokens, ref_logits, tmp, QUANTIZED_CLIENTS[:-1], scheme)
+    case = {"id": f"{kind}-{scheme}/{label}", "kind": kind, "source": str(source), "shipped": str(folder),
+            "prompt": prompt, "new": NEW_TOKENS, "pad": PAD, "start": PAD, "own_export": False,
+            "reference_logits": str(tmp / f"{kind}_{scheme}_{label}.npy"), "reference_tokens": ref_tokens}
+    return rows, case
 
 
 def run_optimum(cases: list[dict], tmp: Path) -> list[dict]:
@@ -177,11 +235,14 @@ def run_optimum(cases: list[dict], tmp: Path) -> list[dict]:
     why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200]
     rows = []
     for case in cases:
-        kind, label = case["id"].split("/")
+        kind, label = case["kind"], case["id"].split("/")[1]
+        scheme = case["id"].split("/")[0].partition("-")[2]
         start = 1 if kind == "t5" else len(case["prompt"])
         result = results.get(case["id"], {})
-        for client, key in (("Optimum, this folder", "ours"), ("Optimum, its own export", "optimum")):
-            row = {"client": client, "model": kind, "prompt": label, "environment": result.get("transformers")}
+        which = (("Optimum, this folder", "ours"),) + (() if scheme else (("Optimum, its own export", "optimum"),))
+        for client, key in which:
+            row = {"client": client, "model": kind, "prompt": label, "environment": result.get("transformers"),
+                   **({"scheme": scheme} if scheme else {})}
             measured = result.get(key, {"error": f"the Optimum environment failed: {why}"})
             if "error" in measured:
                 row["error"] = measured["error"]
@@ -204,12 +265,16 @@ def client_versions() -> dict:
         versions["onnxruntime_genai"] = None
     package = JS / "node_modules" / "@huggingface" / "transformers" / "package.json"
     versions["transformers_js"] = json.loads(package.read_text())["version"] if package.is_file() else None
+    web_package = JS / "node_modules" / "onnxruntime-web" / "package.json"
+    versions["onnxruntime_web"] = json.loads(web_package.read_text())["version"] if web_package.is_file() else None
     return versions
 
 
 def _cell(row: dict | None) -> str:
     if row is None:
         return "-"
+    if "shared" in row:
+        return f"{row['shared']}/{row['of']}"
     if "error" in row:
         return row["error"].replace("|", "/")
     return f"{'equal' if row['tokens_equal'] else 'DIFFER'}, {row['logit_error']:.1e}"
@@ -219,7 +284,7 @@ def markdown(rows: list[dict], env: dict) -> str:
     optimum_env = next((r["environment"] for r in rows if r.get("environment")), None)
     lines = ["# Clients: the serving folder in the tools people run", "", f"Generated by `{COMMAND}`.", "",
              describe(env), f"Clients: transformers {env['transformers']}, transformers.js {env['transformers_js']}, "
-             f"onnxruntime-genai {env['onnxruntime_genai']}, Optimum's environment: transformers {optimum_env}.", "",
+             f"onnxruntime-web {env.get('onnxruntime_web')}, onnxruntime-genai {env['onnxruntime_genai']}, Optimum's environment: transformers {optimum_env}.", "",
              "Each model's folder is written by `python -m posbias_export --model DIR --out-dir OUT` and loaded "
              "unchanged. A cell: whether the greedy tokens (16 new, up to the end-of-sequence token) equal "
              "transformers' generate, and the largest |logit - transformers' logit| of the prefill (every prompt "
@@ -230,11 +295,37 @@ def markdown(rows: list[dict], env: dict) -> str:
         lines += [f"## {label} prompt ({PROMPTS[label]} tokens)", "", "| client | " + " | ".join(kinds) + " |",
                   "|---|" + "---|" * len(kinds)]
         for client in CLIENTS:
-            cells = [_cell(next((r for r in rows if (r["client"], r["model"], r["prompt"]) == (client, k, label)), None))
-                     for k in kinds]
+            cells = [_cell(next((r for r in rows if (r["client"], r["model"], r["prompt"]) == (client, k, label)
+                                 and "scheme" not in r), None)) for k in kinds]
             lines.append(f"| {client} | " + " | ".join(cells) + " |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + _quantized_markdown(rows))
+
+
+def _quantized_markdown(rows: list[dict]) -> list[str]:
+    quantized = [r for r in rows if "scheme" in r]
+    if not quantized:
+        return []
+    columns = list(dict.fromkeys((r["model"], r["scheme"]) for r in quantized))
+    lines = ["## quantized folders (`--out-dir OUT --quantize int8|int4`)", "",
+             "A cell: whether the client's greedy tokens equal ONNX Runtime's on the same quantized file, and the "
+             "largest |logit - ONNX Runtime's logit| of the prefill: the quantized ops (int8: DynamicQuantizeLinear "
+             "and MatMulInteger; int4: MatMulNBits and GatherBlockQuantized) are each client's to run. The first row: "
+             "how many new tokens ONNX Runtime's greedy run on the quantized file shares with the float folder's "
+             "before the first that differs (a flip is quantization's doing, judged by validate's policy; these "
+             "random-weight models, weights of spread 0.5, are harder on 4 bits than trained ones). onnxruntime-web's "
+             "MatMulNBits computes with float activations whatever the file's accuracy_level (ONNX Runtime's CPU kernel "
+             "at our default level 4 quantizes them to int8 per block): its int4 logits differ by that, and on a "
+             "level-0 file it agrees with ONNX Runtime (tests/test_clients.py).", ""]
+    for label in PROMPTS:
+        lines += [f"### {label} prompt ({PROMPTS[label]} tokens)", "",
+                  "| client | " + " | ".join(f"{m} {s}" for m, s in columns) + " |", "|---|" + "---|" * len(columns)]
+        for client in ("ORT: tokens shared with the float folder", *QUANTIZED_CLIENTS):
+            cells = [_cell(next((r for r in quantized if (r["client"], r["model"], r["scheme"], r["prompt"])
+                                 == (client, m, s, label)), None)) for m, s in columns]
+            lines.append(f"| {client} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
 
 
 def run_and_write(kinds=SUPPORTED, out_dir="benchmarks", optimum: bool = True, progress=None) -> list[Path]:

@@ -191,9 +191,9 @@ def build_bench_clients_parser() -> argparse.ArgumentParser:
     from ..hf.models import SUPPORTED
 
     p = parser("bench-clients", "The serving folder (--model DIR --out-dir OUT) in the clients people run: our "
-               "generate, transformers.js (tests/clients), onnxruntime-genai, Optimum (its own environment, "
-               "benchmarks/optimum_env.sh; also Optimum's own export): tokens and logits vs transformers at a short "
-               "and a 1024-token prompt; writes clients.md/.json.")
+               "generate, transformers.js and onnxruntime-web (tests/clients), onnxruntime-genai, Optimum (its own "
+               "environment, benchmarks/optimum_env.sh; also Optimum's own export): tokens and logits vs transformers at "
+               "a short and a 1024-token prompt; the same clients on --quantize int8/int4 folders; writes clients.md/.json.")
     p.add_argument("--models", type=name_list, default=SUPPORTED, help=f"from: {', '.join(SUPPORTED)}")
     p.add_argument("--no-optimum", action="store_true", help="skip Optimum (it builds a side environment once)")
     p.add_argument("--out-dir", default="benchmarks", help="where clients.md/.json go (default benchmarks)")
