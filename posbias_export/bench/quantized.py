@@ -69,7 +69,7 @@ def checkpoint_perplexity(models_dir: Path, corpus: Path, max_tokens: int, progr
             model = load_checkpoint(ckpt)
             train_len = int(json.loads(ckpt.with_suffix(".md").read_text().split("| train_len | `")[1].split("`")[0])) \
                 if ckpt.with_suffix(".md").is_file() else 64
-            lengths = (train_len, TRAIN_LENGTH_FACTOR * train_len)
+            lengths = tuple(train_len * 2 ** k for k in range(TRAIN_LENGTH_FACTOR.bit_length()))  # 64 .. 1024
             if model.cfg.position == "learned":
                 continue  # its table stops at the training length: no 16x to measure
             specs = {"float32": None, **SCHEMES, **(VARIANTS if ckpt.stem == "alibi" else {})}
@@ -78,7 +78,8 @@ def checkpoint_perplexity(models_dir: Path, corpus: Path, max_tokens: int, progr
                 progress(f"{ckpt.stem}: {label}")
                 path = Path(tmp) / f"{ckpt.stem}_{label.replace(' ', '_')}.onnx"
                 export_onnx(model, path, check_growth=False, metadata=checkpoint_metadata(ckpt), quantize=spec)
-                got = {r.length: r.ort_ppl for r in evaluate(path, corpus, lengths, max_tokens, torch_check=False)}
+                at = (lengths[0], lengths[-1]) if label in VARIANTS else lengths  # variants: both ends only
+                got = {r.length: r.ort_ppl for r in evaluate(path, corpus, at, max_tokens, torch_check=False)}
                 (variants if label in VARIANTS else rows[ckpt.stem])[label] = got
                 path.unlink()
     return rows, variants, lengths
@@ -86,7 +87,9 @@ def checkpoint_perplexity(models_dir: Path, corpus: Path, max_tokens: int, progr
 
 def real_rows(name: str, work: Path, threads: int, new_tokens: int, progress=print) -> list[dict]:
     """float32 / int8 / int4 / int4 at accuracy level 0 files of a published configuration:
-    export (own process, peak RSS), prefill 512, decode, tokens vs the float file's."""
+    export (own process, peak RSS), prefill 512, decode, tokens vs the float file's, and where a
+    decode step's time goes (ONNX Runtime's profiler, per operator type). A scheme whose export or
+    run fails is a row with its error (an export killed for memory is a result)."""
     folder = work / name
     if not (folder / "config.json").is_file():
         progress(f"{name}: writing random weights")
@@ -97,24 +100,16 @@ def real_rows(name: str, work: Path, threads: int, new_tokens: int, progress=pri
     for label, spec in (("float32", None), ("int8", SCHEMES["int8"]), ("int4", SCHEMES["int4"]),
                         ("int4 accuracy level 0", VARIANTS["int4 accuracy level 0 (unset: float32 compute)"])):
         path = work / f"{name}_{label.replace(' ', '_')}.onnx"
-        progress(f"{name}: export {label}")
-        seconds, peak, _ = real.measured_python(["-m", "posbias_export", "--model", str(folder), "--kv-cache",
-                                                 "--logits", "last", "--out", str(path), "--skip-growth-check",
-                                                 *(_flags(spec) if spec else [])])
-        size = real.weight_bytes(path)
-        progress(f"{name}: run {label}")
-        _, run_peak, text = real.measured_python(["-m", "posbias_export.bench.real_models", "ort", str(path), "512",
-                                                  str(new_tokens), str(threads)])
-        got = json.loads(text.strip().splitlines()[-1])
-        tokens = got["tokens"]
-        float_tokens = tokens if spec is None else float_tokens
-        out.append({"model": name, "scheme": label, "file_gb": size / 1e9, "export_s": seconds, "export_peak_gb": peak,
-                    "prefill_s": got["prefill_s"], "run_peak_gb": run_peak,
-                    "decode_ms": real._median(got["decode_ms"]), "floor_ms": size / (bandwidth * 1e9) * 1e3,
-                    "bandwidth_gbs": bandwidth, "tokens": tokens,
-                    "tokens_equal_float": sum(a == b for a, b in zip(tokens, float_tokens or []))})
-        path.unlink()
-        Path(str(path) + ".data").unlink(missing_ok=True)
+        try:
+            out.append(_real_row(name, label, spec, folder, path, threads, new_tokens, bandwidth, progress))
+        except (RuntimeError, OSError) as err:
+            out.append({"model": name, "scheme": label, "error": str(err).strip().splitlines()[-1][:300]})
+        finally:
+            path.unlink(missing_ok=True)
+            Path(str(path) + ".data").unlink(missing_ok=True)
+        float_tokens = out[-1].get("tokens") if spec is None else float_tokens
+        if "tokens" in out[-1]:
+            out[-1]["tokens_equal_float"] = sum(a == b for a, b in zip(out[-1]["tokens"], float_tokens or []))
     progress(f"{name}: transformers eager")
     _, _, text = real.measured_python(["-m", "posbias_export.bench.real_models", "transformers", str(folder), "512",
                                        str(new_tokens), str(threads)])
@@ -122,6 +117,40 @@ def real_rows(name: str, work: Path, threads: int, new_tokens: int, progress=pri
     for row in out:
         row["eager_ms"] = eager
     return out
+
+
+def _real_row(name, label, spec, folder, path, threads, new_tokens, bandwidth, progress) -> dict:
+    progress(f"{name}: export {label}")
+    seconds, peak, _ = real.measured_python(["-m", "posbias_export", "--model", str(folder), "--kv-cache",
+                                             "--logits", "last", "--out", str(path), "--skip-growth-check",
+                                             *(_flags(spec) if spec else [])])
+    size = real.weight_bytes(path)
+    progress(f"{name}: run {label}")
+    _, run_peak, text = real.measured_python(["-m", "posbias_export.bench.real_models", "ort", str(path), "512",
+                                              str(new_tokens), str(threads)])
+    got = json.loads(text.strip().splitlines()[-1])
+    return {"model": name, "scheme": label, "file_gb": size / 1e9, "export_s": seconds, "export_peak_gb": peak,
+            "prefill_s": got["prefill_s"], "run_peak_gb": run_peak, "decode_ms": real._median(got["decode_ms"]),
+            "floor_ms": size / (bandwidth * 1e9) * 1e3, "bandwidth_gbs": bandwidth, "tokens": got["tokens"],
+            "step_profile": decode_step_profile(path, threads, past=512)}
+
+
+def decode_step_profile(path: Path, threads: int, past: int) -> dict:
+    """One decode step after `past` cached tokens, profiled by ONNX Runtime (profile.py): ms per
+    operator type, the largest first; the cache holds zeros (time does not depend on values)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from .profile import profile
+
+    inputs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()
+    feeds = {"input_ids": np.array([[5]], np.int64), "attention_mask": np.ones((1, past + 1), np.int64)}
+    for i in inputs:
+        if i.name not in feeds:  # the cache: [1, heads, past, head size] (MPT's keys may be transposed)
+            shape = [1 if d == "batch_size" else past if isinstance(d, str) else d for d in i.shape]
+            feeds[i.name] = np.zeros(shape, np.float32)
+    got = profile(path, feeds, runs=4)
+    return {"wall_ms": got["wall_us"] / 1e3, "ops": {o["op"]: o["us"] / 1e3 for o in got["ops"]}}
 
 
 def render(r: QuantResults) -> str:
@@ -132,27 +161,29 @@ def render(r: QuantResults) -> str:
              "copy, quantized); attention, the positional bias, norms and softmax stay float32. Machine: 2 CPU "
              "cores, ONNX Runtime CPU, 2 threads.", ""]
     if r.checkpoints:
-        short, long = r.lengths
+        short, long = r.lengths[0], r.lengths[-1]
         lines += ["## Trained checkpoints: held-out perplexity (tiny Shakespeare, last 10%)", "",
-                  f"Lengths: the training length ({short}) and {TRAIN_LENGTH_FACTOR}x it ({long}: extrapolation). "
-                  "Targets: int8 within 1%, int4 within 3% of float32.", "",
+                  f"Evaluated at {', '.join(map(str, r.lengths))} tokens: the training length ({short}) up to "
+                  f"{TRAIN_LENGTH_FACTOR}x it ({long}: extrapolation); the table shows both ends, the worst change is "
+                  "over every length, and quantized.png draws each checkpoint's curves (float32 solid, int8 dashed, "
+                  "int4 dotted). Targets: int8 within 1%, int4 within 3% of float32.", "",
                   f"| checkpoint | float32 @{short} | int8 @{short} | int4 @{short} | float32 @{long} | int8 @{long} | "
                   f"int4 @{long} | worst change int8 / int4 | verdict |", "|---|---|---|---|---|---|---|---|---|"]
         for name, got in r.checkpoints.items():
             change = {s: max(got[s][str(n)] / got["float32"][str(n)] - 1 for n in r.lengths) for s in SCHEMES}
             ok = all(change[s] <= PPL_TARGET[s] for s in SCHEMES)
-            cells = [f"{got[s][str(n)]:.3f}" for n in r.lengths for s in ("float32", *SCHEMES)]
+            cells = [f"{got[s][str(n)]:.3f}" for n in (short, long) for s in ("float32", *SCHEMES)]
             lines.append(f"| {name} | {' | '.join(cells)} | {100 * change['int8']:+.2f}% / {100 * change['int4']:+.2f}% | "
                          f"{'met' if ok else 'NOT met'} |")
     if r.variants:
         base = r.checkpoints.get("alibi", {}).get("float32", {})
         lines += ["", "## Quantizer choices on the ALiBi checkpoint", "",
-                  f"| choice | ppl @{r.lengths[0]} | change | ppl @{r.lengths[1]} | change |", "|---|---|---|---|---|"]
+                  f"| choice | ppl @{r.lengths[0]} | change | ppl @{r.lengths[-1]} | change |", "|---|---|---|---|---|"]
         for label, got in {"int8 (per-channel, the default)": r.checkpoints["alibi"]["int8"],
                            "int4 block 32 asymmetric, accuracy level 4 (the default)": r.checkpoints["alibi"]["int4"],
                            **r.variants}.items():
             lines.append(f"| {label} | " + " | ".join(f"{got[str(n)]:.3f} | {100 * (got[str(n)] / base[str(n)] - 1):+.2f}%"
-                                                      for n in r.lengths) + " |")
+                                                      for n in (r.lengths[0], r.lengths[-1])) + " |")
     if r.real:
         lines += ["", "## Real size: ONNX Runtime CPU, prompt 512, 16 greedy steps", "",
                   "Files exported with `--model DIR --kv-cache --logits last [--quantize ...]`; the floor is the "
@@ -162,13 +193,18 @@ def render(r: QuantResults) -> str:
                   "| model | weights | file GB | export s | export peak GB | prefill 512 s | run peak GB | "
                   "decode ms/token | vs float32 | floor ms | decode / floor | eager ms/token | eager / ours | "
                   "tokens equal float32 |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        floats = {x["model"]: x for x in r.real if x["scheme"] == "float32"}
+        floats = {x["model"]: x for x in r.real if x["scheme"] == "float32" and "error" not in x}
         for x in r.real:
+            if "error" in x or x["model"] not in floats:
+                lines.append(f"| {x['model']} | {x['scheme']} | failed: {x.get('error', 'no float32 row').replace('|', '/')} |"
+                             + " |" * 11)
+                continue
             ratio = x["decode_ms"] / floats[x["model"]]["decode_ms"]
             lines.append(f"| {x['model']} | {x['scheme']} | {x['file_gb']:.2f} | {x['export_s']:.0f} | "
                          f"{x['export_peak_gb']:.2f} | {x['prefill_s']:.2f} | {x['run_peak_gb']:.2f} | "
                          f"{x['decode_ms']:.1f} | {ratio:.2f} | {x['floor_ms']:.1f} | {x['decode_ms'] / x['floor_ms']:.2f} | "
                          f"{x['eager_ms']:.1f} | {x['eager_ms'] / x['decode_ms']:.2f} | {x['tokens_equal_float']}/16 |")
+    lines += _profile_lines(r.real)
     lines += ["", "## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     verdicts = targets(r)
     lines += [f"| {t} | {v} | {'met' if ok else 'NOT met'} |" for t, v, ok in verdicts]
@@ -176,6 +212,31 @@ def render(r: QuantResults) -> str:
     if missed:
         lines += ["", "## The misses", ""] + [f"- {MISSES[key]}" for key in missed]
     return "\n".join(lines) + "\n"
+
+
+def _profile_lines(rows: list[dict], top: int = 8) -> list[str]:
+    """Per model: one decode step (512 cached tokens) by operator type, each file side by side."""
+    lines = []
+    for model in dict.fromkeys(x["model"] for x in rows):
+        got = [x for x in rows if x["model"] == model and "step_profile" in x]
+        if not got:
+            continue
+        totals: dict[str, float] = {}
+        for x in got:
+            for op, ms in x["step_profile"]["ops"].items():
+                totals[op] = max(totals.get(op, 0.0), ms)
+        ops = sorted(totals, key=lambda op: -totals[op])[:top]
+        lines += ["", f"## Where a decode step goes: {model}", "",
+                  "ONNX Runtime's profiler (session option enable_profiling), one step after 512 cached tokens, "
+                  "mean of 4 after a warm-up, all cores; ms per operator type (the largest), then the rest and the "
+                  "step's wall time.", "", "| operator | " + " | ".join(x["scheme"] for x in got) + " |",
+                  "|---|" + "---|" * len(got)]
+        for op in ops:
+            lines.append(f"| {op} | " + " | ".join(f"{x['step_profile']['ops'].get(op, 0.0):.2f}" for x in got) + " |")
+        rest = [sum(ms for op, ms in x["step_profile"]["ops"].items() if op not in ops) for x in got]
+        lines.append("| other operators | " + " | ".join(f"{ms:.2f}" for ms in rest) + " |")
+        lines.append("| step wall time | " + " | ".join(f"{x['step_profile']['wall_ms']:.2f}" for x in got) + " |")
+    return lines
 
 
 # What is known of each miss (measured on this machine; a per-op profile of the int4 step is owed).
@@ -197,10 +258,12 @@ def targets(r: QuantResults) -> list[tuple[str, str, bool]]:
         for s in SCHEMES:
             worst = max(got[s][str(n)] / got["float32"][str(n)] - 1 for n in r.lengths)
             out.append((f"{name} {s}: held-out perplexity within {100 * PPL_TARGET[s]:.0f}% of float32 at "
-                        f"{' and '.join(map(str, r.lengths))} tokens", f"{100 * worst:+.2f}%", worst <= PPL_TARGET[s]))
-    floats = {x["model"]: x for x in r.real if x["scheme"] == "float32"}
+                        f"{', '.join(map(str, r.lengths))} tokens", f"{100 * worst:+.2f}%", worst <= PPL_TARGET[s]))
+    floats = {x["model"]: x for x in r.real if x["scheme"] == "float32" and "error" not in x}
     for x in r.real:
-        if x["scheme"] in DECODE_TARGET:
+        if x["scheme"] in DECODE_TARGET and "error" in x:
+            out.append((f"{x['model']} {x['scheme']}: exported and run", f"failed: {x['error'][:120]}", False))
+        elif x["scheme"] in DECODE_TARGET and x["model"] in floats:
             ratio = x["decode_ms"] / floats[x["model"]]["decode_ms"]
             out.append((f"{x['model']} {x['scheme']}: decode <= {DECODE_TARGET[x['scheme']]}x float32",
                         f"{x['decode_ms']:.1f} / {floats[x['model']]['decode_ms']:.1f} ms = {ratio:.2f}",
@@ -209,6 +272,35 @@ def targets(r: QuantResults) -> list[tuple[str, str, bool]]:
                         f"{x['decode_ms']:.1f} / {x['floor_ms']:.1f} ms = {x['decode_ms'] / x['floor_ms']:.2f}",
                         x["decode_ms"] <= FLOOR_TARGET * x["floor_ms"]))
     return out
+
+
+def plot(r: QuantResults, path: Path) -> None:
+    """Perplexity vs length per checkpoint: the quantized curves beside the float32 one."""
+    from ..plots import pyplot_for
+    from ..runners import atomic
+
+    plt = pyplot_for(path)
+    if plt is None or not r.checkpoints:
+        return
+    names = list(r.checkpoints)
+    cols = 5
+    fig, axes = plt.subplots((len(names) + cols - 1) // cols, cols, figsize=(3.2 * cols, 5.6), squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        for label, style in (("float32", "-"), ("int8", "--"), ("int4", ":")):
+            got = r.checkpoints[name][label]
+            ax.plot(r.lengths, [got[str(n)] for n in r.lengths], style, marker="o", markersize=3, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_title(name, fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"Held-out perplexity vs length (trained at {r.lengths[0]}): float32, int8, int4 files on ONNX Runtime",
+                 fontsize=10)
+    fig.tight_layout()
+    atomic().write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
 
 
 def run_and_write(models_dir: Path, corpus: Path, real_names: list[str], work: Path, out_dir: Path, threads: int,
@@ -231,4 +323,5 @@ def run_and_write(models_dir: Path, corpus: Path, real_names: list[str], work: P
     results.commands = sorted(set(results.commands) | {command})
     write_text_atomic(out_dir / "quantized.json", json.dumps(results.__dict__, indent=1))
     write_text_atomic(out_dir / "quantized.md", render(results))
-    return [out_dir / "quantized.md", out_dir / "quantized.json"]
+    plot(results, out_dir / "quantized.png")
+    return [out_dir / "quantized.md", out_dir / "quantized.json", out_dir / "quantized.png"]

@@ -152,7 +152,7 @@ def build_bench_quant_parser() -> argparse.ArgumentParser:
     p = parser("bench-quant", "Quantized files beside the float32 ones: held-out perplexity of the trained checkpoints "
                 "(training length and 16x it) float32 / int8 / int4 and the int4 choices; at real size (published "
                 "configurations, random weights) file size, export memory, prefill 512 and decode on ONNX Runtime "
-                "CPU beside the bandwidth floor and transformers eager; writes quantized.md/.json.",
+                "CPU beside the bandwidth floor and transformers eager; writes quantized.md/.json/.png.",
                "example:\n  python -m posbias_export bench-quant --corpus ../shared/data/tinyshakespeare.txt "
                "--real bloom-560m --work /tmp/real")
     p.add_argument("--models", default="models", help="folder of trained checkpoints (default models; '' skips them)")
