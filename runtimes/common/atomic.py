@@ -1,15 +1,18 @@
 """The one way every file of the project is written (models, reports, tensors, generated text),
 by the package and by the runner scripts alike: a temporary file beside the target, flushed to
 disk, renamed over it. On any failure, Ctrl-C or SIGTERM the temporary file is removed and the
-target is as it was; a run killed outright (kill -9) leaves a temporary named after its process,
-which the next write into that folder sweeps. Outputs are checked against every input first.
-Standard library only (the runners import no torch and not this package)."""
+target is as it was; a run killed outright (kill -9) leaves a temporary, which the next write
+into that folder sweeps. The writer holds an exclusive lock (flock) on its temporary for as long
+as it lives: the lock is what says a run is alive, not its process id, which another PID
+namespace (a second container on a shared volume) does not see. Outputs are checked against
+every input first. Standard library only (the runners import no torch and not this package)."""
 from __future__ import annotations
 
 import os
 import re
 import signal
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -40,7 +43,35 @@ def default_file_mode() -> int:
     return 0o666 & ~umask
 
 
-def _alive(pid: int) -> bool:
+# An unlocked temporary this young may be one a live writer has just made and not yet locked.
+YOUNG_S = 60.0
+
+
+def _lock(fd: int) -> bool:
+    """Take the exclusive lock of the open file (or folder) `fd` without waiting; False if a
+    live writer holds it. Where flock does not exist (Windows), True: the process id decides."""
+    try:
+        import fcntl
+    except ImportError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:  # a file system without locks: the process id decides
+        return True
+    return True
+
+
+def hold_lock(path: Path) -> int:
+    """Open `path` (a temporary of ours, file or folder) and lock it for the writer's life: the
+    returned descriptor is closed (the lock released) when the temporary is done."""
+    fd = os.open(path, os.O_RDONLY)
+    _lock(fd)
+    return fd
+
+
+def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
     try:
@@ -52,8 +83,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _abandoned(entry: Path, pid: int) -> bool:
+    """A temporary no live writer holds: its lock is free, and its process is not one we see
+    alive (in another PID namespace it is not seen at all) or it is older than a writer takes
+    to lock what it made. A temporary we cannot open is left alone."""
+    if pid == os.getpid():
+        return False
+    try:
+        fd = os.open(entry, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        if not _lock(fd):
+            return False  # a live writer, whatever its process id says
+        return not _pid_alive(pid) or time.time() - os.fstat(fd).st_mtime >= YOUNG_S
+    finally:
+        os.close(fd)
+
+
 def sweep(folder: Path) -> list[Path]:
-    """Remove the temporaries of runs that died (their process is gone) in `folder`."""
+    """Remove the temporaries of runs that died (nothing holds their lock) in `folder`."""
     import shutil
 
     removed = []
@@ -63,7 +112,7 @@ def sweep(folder: Path) -> list[Path]:
         return removed
     for entry in entries:
         match = _OURS.match(entry.name)
-        if match and not _alive(int(match["pid"])):
+        if match and _abandoned(entry, int(match["pid"])):
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed
@@ -74,11 +123,27 @@ def temp_name(target: Path) -> str:
     return f".{target.name}.{os.getpid()}."
 
 
+class LockedTemporaryDirectory(tempfile.TemporaryDirectory):
+    """A TemporaryDirectory whose writer holds its lock until it is cleaned up."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._fd = hold_lock(Path(self.name))
+
+    def cleanup(self) -> None:
+        try:
+            super().cleanup()
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
 def temporary_folder(target: Path) -> tempfile.TemporaryDirectory:
     """A temporary folder beside `target` for outputs of several files (a model and its data)."""
     parent = target.parent if str(target.parent) else Path(".")
     sweep(parent)
-    return tempfile.TemporaryDirectory(dir=parent, prefix=temp_name(target), suffix=MARK)
+    return LockedTemporaryDirectory(dir=parent, prefix=temp_name(target), suffix=MARK)
 
 
 def write_with(target: str | os.PathLike, write: Callable[[Path], None]) -> Path:
@@ -91,7 +156,7 @@ def write_with(target: str | os.PathLike, write: Callable[[Path], None]) -> Path
         fd, tmp = tempfile.mkstemp(dir=parent, prefix=temp_name(target), suffix=MARK)
     except OSError as err:
         raise OSError(f"cannot write {target}: {err.strerror}") from None
-    os.close(fd)
+    _lock(fd)  # held until the file is renamed or removed: a live run's temporary is never swept
     tmp = Path(tmp)
     try:
         write(tmp)
@@ -105,7 +170,39 @@ def write_with(target: str | os.PathLike, write: Callable[[Path], None]) -> Path
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        os.close(fd)
     return target
+
+
+def write_all(files: dict[Path, bytes]) -> None:
+    """Several files, all or none: each written to its own temporary and flushed, then all
+    renamed into place; on any failure every temporary is removed and no target changed (a full
+    disk at the third tensor leaves no first two)."""
+    temporaries: list[tuple[Path, Path, int]] = []
+    try:
+        for target, data in files.items():
+            parent = target.parent if str(target.parent) else Path(".")
+            try:
+                fd, tmp = tempfile.mkstemp(dir=parent, prefix=temp_name(target), suffix=MARK)
+            except OSError as err:
+                raise OSError(f"cannot write {target}: {err.strerror}") from None
+            _lock(fd)
+            temporaries.append((Path(tmp), target, fd))
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.chmod(tmp, default_file_mode())
+            except OSError as err:
+                raise OSError(f"cannot write {target}: {err.strerror or err}") from None
+        for tmp, target, _ in temporaries:
+            os.replace(tmp, target)
+    finally:
+        for tmp, _, fd in temporaries:
+            tmp.unlink(missing_ok=True)  # gone already once renamed
+            os.close(fd)
 
 
 def write_bytes(target: str | os.PathLike, data: bytes | str) -> Path:

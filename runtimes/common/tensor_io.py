@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import write_bytes, write_with
+from .atomic import write_all, write_with
 
 
 class RunnerError(Exception):
@@ -76,10 +76,19 @@ def write_tensors(location: Path, arrays: dict[str, np.ndarray], prefix: str = "
         write_with(location, save)
         return
     onnx, numpy_helper = _onnx()
+    made = not location.exists()
     _make_folder(location)
-    for index, (name, array) in enumerate(arrays.items()):
-        data = numpy_helper.from_array(np.ascontiguousarray(array), name).SerializeToString()
-        write_bytes(location / f"{prefix}_{index}.pb", data)
+    files = {location / f"{prefix}_{index}.pb": numpy_helper.from_array(np.ascontiguousarray(array), name)
+             .SerializeToString() for index, (name, array) in enumerate(arrays.items())}
+    try:
+        write_all(files)  # every tensor or none: a full disk at the last leaves no first ones
+    except BaseException:
+        if made:
+            try:
+                location.rmdir()  # the folder this run made, empty again
+            except OSError:
+                pass
+        raise
 
 
 def _make_folder(folder: Path) -> None:

@@ -139,12 +139,25 @@ async function main(argv) {
     results.push([grouped ? path.join(outputs, name) : outputs, result]);
     console.log(`node: ${name} ran in ${ms.toFixed(1)} ms`);
   }
+  const files = [];  // every tensor of every set, then written all or none
+  const made = [];
   for (const [outDir, result] of results) {
+    if (!fs.existsSync(outDir)) made.push(outDir);
     makeFolder(outDir);
     session.outputNames.forEach((outName, i) => {
       const t = result[outName];
-      writeAtomic(path.join(outDir, `output_${i}.pb`), encodeTensor(outName, t.type, t.dims.map(Number), t.data));
+      files.push([path.join(outDir, `output_${i}.pb`), encodeTensor(outName, t.type, t.dims.map(Number), t.data)]);
     });
+  }
+  try {
+    writeAll(files);
+  } catch (err) {
+    for (const dir of made.reverse()) {
+      try {
+        fs.rmdirSync(dir);  // a folder this run made, empty again
+      } catch (e) { /* not empty: not only ours */ }
+    }
+    throw err;
   }
   return 0;
 }
@@ -174,23 +187,35 @@ function makeFolder(dir) {
 // As runtimes/common/atomic.py: a temporary beside the target named after this process,
 // flushed, renamed; removed on any failure (and on SIGTERM / Ctrl-C, see below).
 const temporaries = new Set();
-function writeAtomic(target, bytes) {
-  const tmp = path.join(path.dirname(target), `.${path.basename(target)}.${process.pid}.${Date.now()}.posbias-tmp`);
-  temporaries.add(tmp);
+// Several files all or none: each written to its temporary and flushed, then all renamed; on
+// any failure every temporary goes and no target changed (a full disk at output_1 leaves no
+// output_0).
+function writeAll(files) {
+  const pending = [];
   try {
-    const fd = fs.openSync(tmp, 'w');
-    try {
-      fs.writeSync(fd, bytes);
-      fs.fsyncSync(fd);
-    } finally {
-      fs.closeSync(fd);
+    for (const [target, bytes] of files) {
+      const tmp = path.join(path.dirname(target), `.${path.basename(target)}.${process.pid}.${Date.now()}.posbias-tmp`);
+      temporaries.add(tmp);
+      pending.push([tmp, target]);
+      try {
+        const fd = fs.openSync(tmp, 'w');
+        try {
+          // writeSync may write less than asked (a disk that fills): go on until it says why
+          for (let done = 0; done < bytes.length;) done += fs.writeSync(fd, bytes, done, bytes.length - done);
+          fs.fsyncSync(fd);
+        } finally {
+          fs.closeSync(fd);
+        }
+      } catch (err) {
+        throw new RunnerError(`cannot write ${target}: ${err.code || err.message}`);
+      }
     }
-    fs.renameSync(tmp, target);
-  } catch (err) {
-    fs.rmSync(tmp, { force: true });
-    throw new RunnerError(`cannot write ${target}: ${err.code || err.message}`);
+    for (const [tmp, target] of pending) fs.renameSync(tmp, target);
   } finally {
-    temporaries.delete(tmp);
+    for (const [tmp] of pending) {
+      fs.rmSync(tmp, { force: true });
+      temporaries.delete(tmp);
+    }
   }
 }
 
