@@ -57,6 +57,9 @@ def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
                    "transformers.js, onnxruntime-genai, Triton): Hugging Face names, model.onnx (T5: encoder_model.onnx "
                    "and decoder_model_merged.onnx), onnx/, genai_config.json, triton/, the folder's config and "
                    "tokenizer files; OUT must not exist or be empty")
+    p.add_argument("--context-length", type=positive_int, metavar="N",
+                   help="with --out-dir: genai_config.json's context_length (default 8192, not the config's position "
+                   "limit: these files extrapolate past it)")
     p.add_argument("--arch", choices=ARCHS, default=None,
                    help="lm: byte-level decoder, input_ids [B, L] -> logits [B, L, 256]; block: one transformer block, "
                    "hidden [B, L, dim] in and out; attention: query/key/value [B, heads, L, dim/heads] -> same (default lm)")
@@ -135,6 +138,8 @@ def given_config(args) -> dict:
 def run_export(args) -> int:
     if bool(args.out) == bool(args.out_dir):
         raise UsageError("give --out FILE (or, with --model, --out-dir FOLDER)")
+    if args.context_length is not None and not args.out_dir:
+        raise UsageError("--context-length sets genai_config.json's: it needs --out-dir")
     if args.model:
         return run_export_folder(args)
     if args.out_dir:
@@ -194,7 +199,8 @@ def run_export_folder(args) -> int:
             raise UsageError(f"--out-dir decides what each client needs; drop {', '.join(refused)}")
         print(ship(args.model, args.out_dir, opset=args.opset, trace_len=args.trace_len, dtype=args.dtype,
                    target=args.target, inline_functions=args.inline_functions, logits=args.logits or "all",
-                   check_growth=not args.skip_growth_check, quantize=quantize_spec(args), **block).summary())
+                   check_growth=not args.skip_growth_check, quantize=quantize_spec(args),
+                   context_length=args.context_length, **block).summary())
         return 0
     report = export_model(args.model, args.out, opset=args.opset, trace_len=args.trace_len, kv_cache=args.kv_cache,
                           dtype=args.dtype, target=args.target, logits=args.logits or "all", quantize=quantize_spec(args),

@@ -290,9 +290,11 @@ def save(state: ExportState) -> None:
     state.initializer_bytes = checks.initializer_bytes(state.proto)  # before saving: external data empties the proto
     quantized = state.request.spec.quantize is not None
     # quantized: contrib ops the checker's shape inference does not know; ONNX Runtime must load it
-    check = checks.check_loads_in_ort if quantized else checks.check_full
+    check = checks.check_loads_in_ort if quantized else checks.check_full_and_loads
     state.saved = save_checked(state.proto, state.request.path, check, state.weights)
-    state.done.append("onnx.checker + ONNX Runtime session" if quantized else "onnx.checker full check")
+    session = quantized or state.saved.model_bytes + state.saved.data_bytes <= checks.SESSION_CHECK_MAX_BYTES
+    state.done.append(("onnx.checker" if quantized else "onnx.checker full check")
+                      + (" + ONNX Runtime default session" if session else ""))
 
 
 Pass = tuple[str, Callable[[ExportState], None]]

@@ -5,6 +5,7 @@ one ValueError line naming the folder."""
 from __future__ import annotations
 
 import json
+import math
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,72 @@ def transformers_module():
     return transformers
 
 
+def read_json_object(file: Path) -> dict:
+    """A JSON object from a file the folder supplies: invalid text, bytes that are not UTF-8,
+    nesting too deep for the parser (RecursionError) or another JSON type are one FolderError."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise FolderError(f"{file} is not valid JSON: {str(err).splitlines()[0]}") from None
+    except RecursionError:
+        raise FolderError(f"{file} is not valid JSON: nested too deeply") from None
+    except OSError as err:
+        raise FolderError(f"cannot read {file}: {err.strerror}") from None
+    if not isinstance(data, dict):
+        raise FolderError(f"{file} holds {type(data).__name__}, not a JSON object")
+    return data
+
+
+# Values a file built from the config would carry into ONNX Runtime, which refuses some (a
+# LayerNormalization epsilon that is NaN or not positive) only when a session is made.
+POSITIVE_BELOW_ONE = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps")
+TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+
+
+def _numbers(value, where: str):
+    """(path, number) of every number in a JSON value (nested objects and lists)."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, (int, float)):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _numbers(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _numbers(item, f"{where}[{index}]")
+
+
+def check_token_ids(values: dict, file: Path, vocab: int | None = None) -> None:
+    """pad/bos/eos/decoder-start ids: null, an integer id in [0, vocab), or (eos) a non-empty
+    list of them."""
+    for key in TOKEN_IDS:
+        value = values.get(key)
+        if value is None:
+            continue
+        ids = value if isinstance(value, list) and key == "eos_token_id" else [value]
+        bad = not ids or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 or (vocab and i >= vocab)
+                             for i in ids)
+        if bad:
+            bound = f" below the vocabulary size {vocab}" if vocab else ""
+            raise FolderError(f"{file}: {key} must be a token id (an integer >= 0{bound})"
+                              f"{' or a non-empty list of them' if key == 'eos_token_id' else ''}, got {value!r}"[:300])
+
+
+def check_config_values(raw: dict, file: Path) -> None:
+    """Every number finite; epsilons in (0, 1); token ids integers in range: before anything is
+    built (transformers' config classes accept all of these)."""
+    for where, number in _numbers(raw, ""):
+        if not math.isfinite(number):
+            raise FolderError(f"{file}: {where} is {number}, not a finite number")
+    for key in POSITIVE_BELOW_ONE:
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1):
+            raise FolderError(f"{file}: {key} must be a number in (0, 1), got {value!r}")
+    vocab = raw.get("vocab_size")
+    check_token_ids(raw, file, vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else None)
+
+
 def read_config(path: Path, supported: tuple[str, ...]) -> tuple[str, dict]:
     """model_type and the raw config.json; refuses folders that need their own code and
     model types outside `supported`."""
@@ -46,12 +113,8 @@ def read_config(path: Path, supported: tuple[str, ...]) -> tuple[str, dict]:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise FolderError(f"{path} has no config.json: not a Hugging Face model folder")
-    try:
-        raw = json.loads(config_file.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise FolderError(f"{config_file} is not valid JSON: {str(err).splitlines()[0]}") from None
-    if not isinstance(raw, dict):
-        raise FolderError(f"{config_file} holds {type(raw).__name__}, not a JSON object")
+    raw = read_json_object(config_file)
+    check_config_values(raw, config_file)
     if raw.get("auto_map"):
         raise FolderError(f"{path} needs trust_remote_code (config.json maps to custom code in auto_map); only the "
                           f"transformers implementations of {', '.join(supported)} are supported")
@@ -69,11 +132,8 @@ def index_shards(path: Path) -> list[Path] | None:
     index = path / WEIGHT_FILES[1]
     if not index.is_file():
         return None
-    try:
-        data = json.loads(index.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise FolderError(f"{index} is not valid JSON: {str(err).splitlines()[0]}") from None
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    data = read_json_object(index)
+    weight_map = data.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise FolderError(f"{index} has no weight_map (a JSON object of tensor name -> shard file)")
     shards = []
@@ -207,10 +267,14 @@ def read_folder(path, architectures: dict, part: str = "encoder") -> ModelFolder
     model_type, raw = read_config(path, tuple(architectures))
     transformers = transformers_module()
     config_class = transformers.AutoConfig.for_model(model_type).__class__
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # its warnings on odd values: our checks below say it in one line
     try:
         config = config_class.from_dict(raw)
     except Exception as err:  # noqa: BLE001 - transformers 5 validates with huggingface_hub's own error types
         raise FolderError(f"{path}/config.json does not describe a {model_type} model: {first_line(err, 200)}") from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
     refusal = architectures[model_type].check_config(config, path)
     if refusal:
         raise FolderError(refusal)

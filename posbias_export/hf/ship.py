@@ -30,12 +30,16 @@ import onnx
 from ..export.pipeline import ExportReport
 from ..runners import atomic
 from .export import export_model
-from .folder import FolderError
+from .folder import FolderError, check_token_ids, read_json_object
 from .models import load_model
 
 COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
           "vocab.json", "merges.txt", "vocab.txt", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json")
-DEFAULT_CONTEXT = 8192  # genai_config's context_length where the folder names none: positions are not bounded by ALiBi
+# genai_config's context_length unless --context-length says otherwise: what `generate` allows by
+# default. Not the config's max_position_embeddings / max_seq_len: ALiBi files have no position
+# table and extrapolating past the training length is what they are for.
+DEFAULT_CONTEXT = 8192
+MAX_CONTEXT = 2 ** 31 - 1  # onnxruntime-genai keeps it in an int32
 TRITON_MAX_BATCH = 8
 _TRITON_TYPES = {onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16",
                  onnx.TensorProto.INT64: "TYPE_INT64", onnx.TensorProto.INT32: "TYPE_INT32",
@@ -47,11 +51,12 @@ class ShipReport:
     out_dir: Path
     files: list[str] = field(default_factory=list)  # relative to out_dir
     exports: list[ExportReport] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # about the folder (the exports carry their own)
 
     def summary(self) -> str:
         lines = [f"wrote {self.out_dir}/: " + ", ".join(self.files)]
         lines += [f"  {Path(r.path).name}: {r.arch} with {r.bias} bias, inputs {', '.join(r.inputs)}" for r in self.exports]
-        lines += sorted({f"note: {n}" for r in self.exports for n in r.notes})
+        lines += sorted({f"note: {n}" for r in self.exports for n in r.notes}) + [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -64,6 +69,8 @@ def _link(source: Path, target: Path) -> None:
 
 
 def _check_out_dir(out: Path, model_dir: Path) -> None:
+    if out.is_symlink():  # dangling, or to a folder elsewhere: the rename at the end would not land there
+        raise OSError(f"refusing to write {out}: it is a symbolic link (give the real folder's path)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise OSError(f"refusing to write into {out}: it exists and is not an empty folder (remove it or choose another)")
     parent = out.parent if str(out.parent) else Path(".")
@@ -78,16 +85,36 @@ def _check_out_dir(out: Path, model_dir: Path) -> None:
         raise OSError(f"cannot write {out}: folder {parent} is not writable ({err.strerror})") from None
 
 
-def genai_config(model, config: dict, generation: dict, filename: str = "model.onnx", gpu: bool = False) -> dict:
+def copied_files(source: Path) -> list[Path]:
+    """The folder's files copied into the serving folder (tokenizer, configs), each checked to
+    be a regular file inside the folder: a link to a file elsewhere (a secret, a key) is refused,
+    not copied into what people upload."""
+    root = source.resolve()
+    found = []
+    for name in COPIED:
+        path = source / name
+        if not path.exists():
+            continue  # absent, or a dangling link: nothing to copy
+        resolved = path.resolve()
+        if not resolved.is_relative_to(root):
+            raise FolderError(f"{path} links to {resolved}, outside {source}: not copied into the serving folder "
+                              f"(put the file itself in the folder)")
+        if not resolved.is_file():
+            raise FolderError(f"{path} is not a regular file")
+        found.append(path)
+    return found
+
+
+def genai_config(model, config: dict, generation: dict, filename: str = "model.onnx", gpu: bool = False,
+                 context: int = DEFAULT_CONTEXT) -> dict:
     """onnxruntime-genai's config for our cached decoder: its "llama" type runs any decoder
     with input_ids, attention_mask and a per-layer cache under name templates; the cache grows
-    (no shared past/present buffer: ours is not written in place). gpu: the CUDA provider."""
+    (no shared past/present buffer: ours is not written in place). gpu: the CUDA provider.
+    Token ids were checked (folder.check_token_ids) when the folder was read."""
     def token(key, default):
         value = generation.get(key, config.get(key))
         return default if value is None else (value[0] if isinstance(value, list) else value)
 
-    context = next((config[k] for k in ("max_seq_len", "n_positions", "max_position_embeddings", "seq_length")
-                    if isinstance(config.get(k), int)), DEFAULT_CONTEXT)
     return {
         "model": {
             "bos_token_id": token("bos_token_id", 1), "eos_token_id": token("eos_token_id", 2),
@@ -133,7 +160,13 @@ def triton_config(path: Path, name: str, max_batch: int = TRITON_MAX_BATCH, gpu:
 
 
 def _triton_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", text) or "model"
+    """A model name Triton accepts and a path cannot climb out with ('..' names none)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text).lstrip(".") or "model"
+
+
+def _position_limit(config: dict) -> int | None:
+    return next((config[k] for k in ("max_seq_len", "n_positions", "max_position_embeddings", "seq_length")
+                 if isinstance(config.get(k), int)), None)
 
 
 def _has_decoder(source: Path) -> bool:
@@ -147,7 +180,7 @@ def _has_decoder(source: Path) -> bool:
 
 def ship(model_dir, out_dir, *, opset: int | None = None, trace_len: int = 16, block: int | None = None,
          inline_functions: bool = False, check_growth: bool = True, dtype: str = "float32",
-         target: str = "portable", logits: str = "all", quantize=None) -> ShipReport:
+         target: str = "portable", logits: str = "all", quantize=None, context_length: int | None = None) -> ShipReport:
     """Write the serving folder of the model in `model_dir` to `out_dir` (see the module
     docstring); ValueError for a bad folder, OSError for an output that exists or overlaps.
     logits: the cached decoder's: "all" (every position), or "last" ([B, 1, V]: no [B, L, V]
@@ -155,9 +188,15 @@ def ship(model_dir, out_dir, *, opset: int | None = None, trace_len: int = 16, b
     onnxruntime-genai reads each row's last real token of a right-padded batch, which the last
     position is not: it generates other tokens for such a batch). dtype, target: as export_model's; a GPU target makes the folder GPU-ready (onnxruntime-genai
     on the CUDA provider, Triton instances KIND_GPU). quantize: a quantize.QuantizeSpec for a
-    causal LM's model.onnx (int8 / int4 weights)."""
+    causal LM's model.onnx (int8 / int4 weights). context_length: genai_config's (default
+    DEFAULT_CONTEXT, not the config's position limit: see there). Everything the folder supplies
+    is checked before the first export starts."""
     source, out = Path(model_dir), Path(out_dir)
+    source = source.resolve() if source.name in ("", ".", "..") else source  # its name names Triton's entry
     _check_out_dir(out, source)
+    if context_length is not None and (isinstance(context_length, bool) or not isinstance(context_length, int)
+                                       or not 0 < context_length <= MAX_CONTEXT):
+        raise ValueError(f"context_length must be an integer in [1, {MAX_CONTEXT}], got {context_length!r}")
     model = load_model(source, lazy=True)
     if quantize is not None and model.arch != "lm":
         raise ValueError(f"quantize is for causal language models; {source.name} is a {model.model_type} "
@@ -165,9 +204,14 @@ def ship(model_dir, out_dir, *, opset: int | None = None, trace_len: int = 16, b
     kwargs = dict(opset=opset, trace_len=trace_len, block=block, inline_functions=inline_functions,
                   check_growth=check_growth, names="huggingface", shipped=True, dtype=dtype, target=target)
     gpu = target != "portable"
-    config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    config = read_json_object(source / "config.json")
     generation_file = source / "generation_config.json"
-    generation = json.loads(generation_file.read_text(encoding="utf-8")) if generation_file.is_file() else {}
+    generation = read_json_object(generation_file) if generation_file.is_file() else {}
+    check_token_ids(generation, generation_file, model.vocab_size)
+    copied = copied_files(source)
+    context = DEFAULT_CONTEXT if context_length is None else context_length
+    genai = genai_config(model, config, generation, gpu=target != "portable", context=context) \
+        if model.arch == "lm" else None
     report = ShipReport(out)
     with atomic().temporary_folder(out) as tmp:  # named after this process: a killed run's is swept later
         stage = Path(tmp) / "out"
@@ -176,7 +220,12 @@ def ship(model_dir, out_dir, *, opset: int | None = None, trace_len: int = 16, b
             report.exports.append(export_model(source, stage / "model.onnx", kv_cache=True, logits=logits, quantize=quantize,
                                                  **kwargs))
             files = {"model.onnx": _triton_name(source.name)}
-            (stage / "genai_config.json").write_text(json.dumps(genai_config(model, config, generation, gpu=gpu), indent=1))
+            (stage / "genai_config.json").write_text(json.dumps(genai, indent=1))
+            report.notes.append(f"genai_config.json: context_length {context} ("
+                                + ("--context-length" if context_length is not None else
+                                   "the default; --context-length sets it")
+                                + (f"; the config's position limit {limit} is not a cap: these files extrapolate"
+                                   if (limit := _position_limit(config)) else "") + ")")
         elif _has_decoder(source):
             report.exports.append(export_model(source, stage / "encoder_model.onnx", **kwargs))
             report.exports.append(export_model(source, stage / "decoder_model_merged.onnx", part="decoder", **kwargs))
@@ -193,9 +242,8 @@ def ship(model_dir, out_dir, *, opset: int | None = None, trace_len: int = 16, b
                 _link(stage / data, stage / "onnx" / data)
                 _link(stage / data, stage / "triton" / triton / "1" / data)
             (stage / "triton" / triton / "config.pbtxt").write_text(triton_config(stage / name, triton, gpu=gpu))
-        for name in COPIED:
-            if (source / name).is_file():
-                shutil.copy2(source / name, stage / name)
+        for path in copied:
+            shutil.copy2(path.resolve(), stage / path.name)
         (stage / "config.json").write_text(json.dumps(model.shipped_config(config), indent=2))
         if out.exists():
             out.rmdir()  # checked empty above

@@ -1,0 +1,171 @@
+"""What a downloaded Hugging Face folder supplies, checked before the first export starts:
+config values (finite, in range, token ids that are ids), its JSON (any depth, any type), the
+files copied into a serving folder (never a link out of it), and what --out-dir writes from
+them (genai_config.json's context, Triton's entry under triton/<name>/)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from hf_folders import MPT_MAX_SEQ_LEN, save_tiny_model  # noqa: E402
+from posbias_export.cli import main as cli_main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("folder_values")
+    save_tiny_model("bloom", root / "bloom")
+    save_tiny_model("mpt", root / "mpt")
+    return root
+
+
+def _cli(argv: list[str]) -> tuple[int, list[str], str]:
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        code = cli_main([str(a) for a in argv])
+    return code, [l for l in err.getvalue().splitlines() if l.strip()], out.getvalue()
+
+
+def _refused(argv: list, words: str) -> str:
+    start = time.perf_counter()
+    code, lines, _ = _cli(argv)
+    assert code == 2 and len(lines) == 1 and words in lines[0], lines
+    assert time.perf_counter() - start < 60  # refused before the export, not a timing target
+    return lines[0]
+
+
+def _copy(tiny: Path, tmp_path: Path, kind: str = "bloom") -> Path:
+    return shutil.copytree(tiny / kind, tmp_path / kind)
+
+
+def _edit(file: Path, **changes) -> None:
+    data = json.loads(file.read_text()) if file.is_file() else {}
+    file.write_text(json.dumps({**data, **changes}))
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"layer_norm_epsilon": float("nan")}, "not a finite number"),
+    ({"layer_norm_epsilon": -1e-5}, "must be a number in (0, 1)"),
+    ({"initializer_range": float("inf")}, "not a finite number"),
+    ({"eos_token_id": []}, "non-empty list"),
+    ({"pad_token_id": "0"}, "must be a token id"),
+    ({"bos_token_id": 2 ** 70}, "must be a token id"),
+    ({"pad_token_id": 300}, "below the vocabulary size 300"),
+    ({"vocab_size": -300}, "vocab_size must be a positive integer"),
+], ids=["eps-nan", "eps-negative", "inf", "eos-empty", "pad-text", "bos-past-int64", "pad-past-vocab", "vocab-negative"])
+def test_config_values_are_refused_before_the_export(tiny, tmp_path, change, words):
+    """One line (transformers' own warnings on such values silenced: ours says it), exit 2,
+    nothing written; on today's main NaN and negative epsilons exported with "checks passed"
+    into files ONNX Runtime will not load."""
+    folder = _copy(tiny, tmp_path)
+    _edit(folder / "config.json", **change)
+    _refused(["--model", folder, "--out", tmp_path / "m.onnx"], words)
+    assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize("content,words", [
+    ("[1, 2]", "holds list, not a JSON object"), ("{\"eos_token_id\": []}", "non-empty list"),
+    ("{\"decoder_start_token_id\": \"x\"}", "must be a token id"), ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+], ids=["list", "eos-empty", "start-text", "deep"])
+def test_generation_config_is_checked_before_the_export(tiny, tmp_path, content, words):
+    folder = _copy(tiny, tmp_path)
+    (folder / "generation_config.json").write_text(content)
+    _refused(["--model", folder, "--out-dir", tmp_path / "out"], words)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json"])
+def test_deeply_nested_json_is_one_line(tiny, tmp_path, name):
+    folder = _copy(tiny, tmp_path)
+    if name.endswith("index.json"):  # read when the weights are sharded
+        (folder / "model.safetensors").rename(folder / "model-1.safetensors")
+    (folder / name).write_text("{\"a\": " * 100_000 + "1" + "}" * 100_000)
+    _refused(["--model", folder, "--out", tmp_path / "m.onnx"], "nested too deeply")
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "vocab.txt", "generation_config.json"])
+def test_a_copied_file_that_links_out_of_the_folder_is_refused(tiny, tmp_path, name):
+    """A secret beside the download, linked in under a name --out-dir copies: refused before
+    anything is exported, and its bytes are nowhere in what was written."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text('{"key": "do-not-ship-4d1f"}')
+    folder = _copy(tiny, tmp_path)
+    (folder / name).unlink(missing_ok=True)
+    os.symlink(secret, folder / name)
+    _refused(["--model", folder, "--out-dir", tmp_path / "out"], "outside")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_link_inside_the_folder_is_copied_as_its_file(tiny, tmp_path):
+    folder = _copy(tiny, tmp_path)
+    (folder / "real_tokenizer.json").write_text("{}")
+    os.symlink("real_tokenizer.json", folder / "tokenizer.json")
+    code, lines, _ = _cli(["--model", folder, "--out-dir", tmp_path / "out", "--skip-growth-check"])
+    assert code == 0, lines
+    copied = tmp_path / "out" / "tokenizer.json"
+    assert not copied.is_symlink() and copied.read_text() == "{}"
+
+
+@pytest.mark.parametrize("kind", ["dangling", "to-an-empty-folder"])
+def test_an_out_dir_that_is_a_link_is_refused_at_once(tiny, tmp_path, kind):
+    """Refused before the export, naming the path given (not an internal temporary)."""
+    link = tmp_path / "out"
+    target = tmp_path / ("missing" if kind == "dangling" else "empty")
+    if kind != "dangling":
+        target.mkdir()
+    os.symlink(target, link)
+    line = _refused(["--model", tiny / "bloom", "--out-dir", link], "symbolic link")
+    assert str(link) in line and "posbias-tmp" not in line
+    assert os.readlink(link) == str(target) and (kind == "dangling" or list(target.iterdir()) == [])
+
+
+def test_genai_context_is_not_capped_by_the_position_limit(tiny, tmp_path):
+    """MPT's max_seq_len (64 here) is where it was trained, not where the file stops: the
+    context written is the default 8192, or --context-length; the summary says so."""
+    code, lines, out = _cli(["--model", tiny / "mpt", "--out-dir", tmp_path / "a", "--skip-growth-check"])
+    assert code == 0, lines
+    genai = json.loads((tmp_path / "a" / "genai_config.json").read_text())
+    assert genai["model"]["context_length"] == genai["search"]["max_length"] == 8192
+    assert f"position limit {MPT_MAX_SEQ_LEN} is not a cap" in out
+    code, lines, out = _cli(["--model", tiny / "mpt", "--out-dir", tmp_path / "b", "--skip-growth-check",
+                             "--context-length", "2000"])
+    assert code == 0 and json.loads((tmp_path / "b" / "genai_config.json").read_text())["model"]["context_length"] == 2000
+    _refused(["--model", tiny / "mpt", "--out", tmp_path / "c.onnx", "--context-length", "10"], "needs --out-dir")
+    _refused(["--model", tiny / "mpt", "--out-dir", tmp_path / "d", "--context-length", "0"], "context-length")
+
+
+def test_a_folder_reached_as_dotdot_gets_its_own_triton_entry(tiny, tmp_path, monkeypatch):
+    """Today's main named Triton's entry after '..': config.pbtxt and 1/ landed at the top of
+    the serving folder."""
+    folder = _copy(tiny, tmp_path)
+    (folder / "sub").mkdir()
+    monkeypatch.chdir(folder / "sub")
+    code, lines, _ = _cli(["--model", "..", "--out-dir", tmp_path / "out", "--skip-growth-check"])
+    assert code == 0, lines
+    assert (tmp_path / "out" / "triton" / "bloom" / "config.pbtxt").is_file()
+    assert not (tmp_path / "out" / "config.pbtxt").exists() and not (tmp_path / "out" / "1").exists()
+    assert 'name: "bloom"' in (tmp_path / "out" / "triton" / "bloom" / "config.pbtxt").read_text()
+
+
+def test_the_export_loads_its_file_with_default_session_options(tiny, tmp_path, monkeypatch):
+    """Behind the config checks, the export itself: a value ONNX Runtime refuses only when a
+    session is made (a negative LayerNorm epsilon) fails the export's own checks, one line."""
+    from posbias_export.export import ExportCheckError
+    from posbias_export.hf import folder as hf_folder
+    from posbias_export.hf.export import export_model
+
+    monkeypatch.setattr(hf_folder, "check_config_values", lambda raw, file: None)  # as today's main: unchecked
+    folder = _copy(tiny, tmp_path)
+    _edit(folder / "config.json", layer_norm_epsilon=-1.0)
+    with pytest.raises(ExportCheckError, match="does not load the file with default session options"):
+        export_model(folder, tmp_path / "m.onnx", check_growth=False)
+    assert not (tmp_path / "m.onnx").exists()
