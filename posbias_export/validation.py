@@ -27,6 +27,10 @@ def choose_runtimes(runtimes) -> tuple[tuple[str, ...], dict[str, str]]:
     from .parity import installed_defaults
 
     if runtimes is not None:
+        if not runtimes:  # `--runtimes ""`: an empty table would say nothing was checked, and exit 1 silently
+            from .parity.runtimes import RUNTIMES
+
+            raise ValueError(f"--runtimes names no runtime; choose from {', '.join(RUNTIMES)}")
         return tuple(runtimes), {}
     chosen, missing = installed_defaults()
     if not chosen:
@@ -74,6 +78,24 @@ def check_sizes(models, lengths, batch: int, ignore: bool) -> None:
                        ignore)
 
 
+def check_input_sizes(models, feeds: dict, ignore: bool) -> None:
+    """--inputs: the batch and length the user's tensors imply ([B, L, ...]), refused as a
+    generated length would be (a million tokens is a run this machine cannot hold)."""
+    from .export.metadata import read_metadata
+    from .limits import check_fits
+    from .parity.reference import read_onnx
+
+    shaped = [a.shape for a in feeds.values() if a.ndim >= 2]
+    if not shaped:
+        return
+    batch, length = max(s[0] for s in shaped), max(s[1] for s in shaped)
+    for model in models:
+        meta = read_metadata(read_onnx(model))
+        if meta.get("source") != "huggingface":
+            check_fits(own_file_bytes(meta, length, batch), f"validating {model} on --inputs (batch {batch}, length "
+                       f"{length})", ignore)
+
+
 def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=None, inputs=None, model_dir=None,
              progress=None, ignore_size_limits: bool = False, order: bool = True) -> Validation:
     """Every file on every runtime against its float64 reference, and the order protocol unless
@@ -87,7 +109,9 @@ def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=Non
     chosen, skipped = choose_runtimes(runtimes)
     if not inputs:
         check_sizes(models, lengths, batch, ignore_size_limits)
-    feeds = read_npz(inputs) if inputs else None
+    feeds = read_npz(inputs, ignore_size_limits) if inputs else None
+    if feeds:
+        check_input_sizes(models, feeds, ignore_size_limits)
     result = Validation(runtimes=chosen, skipped=skipped)
     for model in models:
         meta = read_metadata(read_onnx(model))

@@ -169,3 +169,56 @@ def test_the_export_loads_its_file_with_default_session_options(tiny, tmp_path, 
     with pytest.raises(ExportCheckError, match="does not load the file with default session options"):
         export_model(folder, tmp_path / "m.onnx", check_growth=False)
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_mpt_alibi_bias_max_follows_the_config(tiny, tmp_path):
+    """alibi_bias_max 16: the file's slopes follow the config (as MosaicML trained the weights),
+    the summary says transformers does not, the file equals transformers' own ALiBi table built
+    with the config's value, and differs from stock transformers (which always uses 8)."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    import transformers
+    from transformers.models.mpt import modeling_mpt
+
+    folder = _copy(tiny, tmp_path, "mpt")
+    config = json.loads((folder / "config.json").read_text())
+    config["attn_config"]["alibi_bias_max"] = 16
+    (folder / "config.json").write_text(json.dumps(config))
+    code, lines, out = _cli(["--model", folder, "--out", tmp_path / "m.onnx", "--skip-growth-check"])
+    assert code == 0, lines
+    assert "alibi_bias_max (16)" in out and "always 8" in out
+    ids = np.random.default_rng(0).integers(0, 300, (1, 40))
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    ours = session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
+    stock = transformers.MptForCausalLM.from_pretrained(str(folder)).eval()
+    with torch.no_grad():
+        theirs = stock(torch.from_numpy(ids)).logits.numpy()
+        stock.transformer.build_mpt_alibi_tensor = lambda heads, length, device=None: \
+            modeling_mpt.build_mpt_alibi_tensor(heads, length, alibi_bias_max=16, device=device)
+        trained = stock(torch.from_numpy(ids)).logits.numpy()
+    assert np.abs(ours - trained).max() < 1e-4  # float32 vs float32, 40 tokens: parity budget
+    assert np.abs(ours - theirs).max() > 0.1  # stock transformers is not what the weights were trained with
+    code, lines, out = _cli(["validate", tmp_path / "m.onnx", "--model", folder, "--runtimes", "ort-cpu",
+                             "--lengths", "17"])
+    assert code == 0, out[-2000:]
+
+
+def test_written_files_carry_no_path_of_this_machine(tiny, tmp_path):
+    """torch.onnx writes each node's stack trace (our source's and the virtual environment's
+    absolute paths: 320 in a BLOOM file on today's main); every file we write drops them."""
+    import onnx
+
+    code, lines, _ = _cli(["--model", tiny / "bloom", "--out-dir", tmp_path / "out", "--skip-growth-check"])
+    assert code == 0, lines
+    code, lines, _ = _cli(["--bias", "kerple_log", "--heads", "2", "--dim", "16", "--layers", "1", "--kv-cache",
+                           "--skip-growth-check", "--out", tmp_path / "own.onnx"])
+    assert code == 0, lines
+    here = [str(Path(__file__).resolve().parents[1]), sys.prefix]
+    for path in (tmp_path / "out" / "model.onnx", tmp_path / "own.onnx"):
+        model = onnx.load(str(path), load_external_data=False)
+        nodes = list(model.graph.node) + [n for f in model.functions for n in f.node]
+        values = [p.value for n in nodes for p in n.metadata_props]
+        assert values, "the other node metadata (names, scopes) stays"
+        leaks = [v for v in values if any(root in v for root in here)]
+        assert not leaks, (path.name, leaks[:1])

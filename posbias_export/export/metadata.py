@@ -22,13 +22,65 @@ def source_metadata(checkpoint: str | Path | None, seed: int = 0) -> dict[str, s
     return checkpoint_metadata(checkpoint) if checkpoint else {"seed": str(seed)}
 
 
+# Node metadata torch.onnx writes that names files on the exporting machine (our source and the
+# virtual environment's, absolute): nothing a user of the file needs, and not ours to publish.
+MACHINE_NODE_KEYS = ("pkg.torch.onnx.stack_trace",)
+
+
+def drop_machine_paths(proto: onnx.ModelProto) -> None:
+    """Remove MACHINE_NODE_KEYS from every node: the graph's, the local functions', and those of
+    every subgraph (If / Loop bodies)."""
+    def graph_nodes(nodes):
+        for node in nodes:
+            yield node
+            for attr in node.attribute:
+                for graph in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    yield from graph_nodes(graph.node)
+
+    for node in [*graph_nodes(proto.graph.node), *(n for f in proto.functions for n in graph_nodes(f.node))]:
+        kept = [p for p in node.metadata_props if p.key not in MACHINE_NODE_KEYS]
+        if len(kept) != len(node.metadata_props):
+            del node.metadata_props[:]
+            node.metadata_props.extend(kept)
+
+
 def write_metadata(proto: onnx.ModelProto, meta: dict[str, str]) -> None:
     onnx.helper.set_model_props(proto, {PREFIX + k: v for k, v in meta.items()})
 
 
+# Keys whose value is a positive integer wherever it is read (sizes, lengths, the opset).
+INTEGER_KEYS = ("vocab_size", "opset", "trace_len", "attention_block", "max_positions", "quantized_nodes")
+
+
 def read_metadata(model: onnx.ModelProto) -> dict[str, str]:
-    """Our metadata_props, without the prefix."""
-    return {p.key[len(PREFIX):]: p.value for p in model.metadata_props if p.key.startswith(PREFIX)}
+    """Our metadata_props, without the prefix, checked: a file's metadata is input like any
+    other (a forged or damaged file): integers are integers, and our own models' `config` is the
+    JSON object of a ModelConfig. ValueError names the key."""
+    meta = {p.key[len(PREFIX):]: p.value for p in model.metadata_props if p.key.startswith(PREFIX)}
+    for key in INTEGER_KEYS:
+        if key in meta and not (meta[key].isascii() and meta[key].isdigit() and int(meta[key]) > 0):
+            raise ValueError(f"the file's metadata {PREFIX}{key} is {meta[key][:40]!r}, not a positive integer")
+    if "config" in meta and meta.get("source") != "huggingface":
+        config_from_metadata(meta)
+    return meta
+
+
+def config_from_metadata(meta: dict[str, str]):
+    """The ModelConfig our own file records, or ValueError (a forged or damaged `config`)."""
+    import json
+
+    from ..nn import ModelConfig
+
+    try:
+        raw = json.loads(meta["config"])
+        if not isinstance(raw, dict):
+            raise ValueError(f"a JSON {type(raw).__name__}, not an object")
+        return ModelConfig.from_dict(raw)
+    except RecursionError:
+        raise ValueError(f"the file's metadata {PREFIX}config is not a model config: nested too deeply") from None
+    except (ValueError, TypeError, KeyError) as err:
+        raise ValueError(f"the file's metadata {PREFIX}config is not a model config: "
+                         f"{str(err).splitlines()[0][:200] if str(err) else type(err).__name__}") from None
 
 
 def settings_from_metadata(meta: dict[str, str]) -> AttentionSettings:

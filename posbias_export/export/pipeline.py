@@ -31,7 +31,7 @@ from . import checks, functions, streamed
 from .blocked_graph import function_proto as portable_function_proto
 from .files import SavedModel, ensure_writable, save_checked
 from .gpu_graph import gpu_function_proto
-from .metadata import FORMAT_VERSION, write_metadata
+from .metadata import FORMAT_VERSION, drop_machine_paths, write_metadata
 from .naming import POSBIAS, rename
 from .signature import ExportSpec, ModelSpec, Signature, last_logits
 from .targets import attention_settings, target, target_opset
@@ -262,6 +262,7 @@ def export_metadata(request: ExportRequest) -> dict[str, str]:
 
 def add_metadata(state: ExportState) -> None:
     write_metadata(state.proto, export_metadata(state.request))
+    drop_machine_paths(state.proto)  # torch's stack traces: absolute paths of this machine
     state.proto.producer_name = "posbias_export"
 
 

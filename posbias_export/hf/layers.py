@@ -138,6 +138,11 @@ class ImportedModel(nn.Module):
         """The longest input transformers' own implementation accepts (None: no limit)."""
         return None
 
+    def as_trained(self, reference):
+        """transformers' model of this folder, made to compute what the weights were trained
+        with where transformers departs from the config (the reference our files are judged by)."""
+        return reference
+
     def weight_key(self, name: str) -> str:
         """The transformers key of our parameter `name` (the same unless a model renames)."""
         return name

@@ -11,6 +11,7 @@ since ALiBi depends on i - j only.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -20,6 +21,9 @@ from torch.nn import functional as F
 from ..biases import create_bias
 from ..nn.attention import EAGER
 from .layers import CausalLM, Shape, merge_heads, scale_queries, self_attention, split_heads
+
+
+TRANSFORMERS_ALIBI_BIAS_MAX = 8  # what transformers' MPT passes, whatever the config holds
 
 
 def mpt_slopes(num_heads: int, alibi_bias_max: float = 8.0) -> torch.Tensor:
@@ -109,8 +113,25 @@ class MptLM(CausalLM):
                                               max_seq_len=max_len, **config))
 
     def export_note(self) -> str:
-        return (f"positions come from the input: this file runs past max_seq_len ({self.config.max_seq_len}), "
+        note = (f"positions come from the input: this file runs past max_seq_len ({self.config.max_seq_len}), "
                 "where transformers' MPT stops")
+        bias_max = self.config.attn_config.alibi_bias_max
+        if bias_max != TRANSFORMERS_ALIBI_BIAS_MAX:
+            note += (f"; the ALiBi slopes follow the config's alibi_bias_max ({bias_max:g}), as MosaicML's training code "
+                     f"does: transformers' MPT ignores it (always {TRANSFORMERS_ALIBI_BIAS_MAX}), so its logits differ "
+                     "from this file's (validate --model judges against transformers made to follow the config)")
+        return note
+
+    def as_trained(self, reference):
+        """transformers' MptForCausalLM builds its ALiBi table with alibi_bias_max=8 whatever the
+        config says; the weights were trained with the config's (MosaicML's llm-foundry)."""
+        from transformers.models.mpt import modeling_mpt
+
+        bias_max = self.config.attn_config.alibi_bias_max
+        if bias_max != TRANSFORMERS_ALIBI_BIAS_MAX:
+            reference.transformer.build_mpt_alibi_tensor = functools.partial(modeling_mpt.build_mpt_alibi_tensor,
+                                                                             alibi_bias_max=bias_max)
+        return reference
 
     def max_length(self) -> int:
         return self.config.max_seq_len

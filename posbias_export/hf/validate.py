@@ -122,8 +122,11 @@ def _self_written(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def transformers_model(model_dir: Path, model_type: str):
     """transformers' own implementation of the folder's model (the class the architecture names)."""
+    from .models import load_model
+
     cls = getattr(transformers_module(), architecture(model_type).transformers_class)
-    return cls.from_pretrained(str(model_dir)).float().eval()
+    reference = cls.from_pretrained(str(model_dir)).float().eval()
+    return load_model(model_dir, lazy=True).as_trained(reference)
 
 
 @torch.no_grad()

@@ -32,18 +32,31 @@ def read_onnx(path: str | Path) -> onnx.ModelProto:
     return proto
 
 
-def read_npz(path: str | Path) -> dict[str, np.ndarray]:
-    """Named arrays from an .npz archive; anything else (an .npy, random bytes, pickles) is one line."""
+def read_npz(path: str | Path, ignore_size_limits: bool = False) -> dict[str, np.ndarray]:
+    """Named arrays from an .npz archive; anything else (an .npy, random bytes, pickles, a
+    member that is not an array) is one line. The members' unpacked sizes are checked against
+    this machine's memory before any is read (a 1 MB archive may unpack to gigabytes)."""
     import zipfile
+
+    from ..limits import TooBig, check_fits
 
     if not zipfile.is_zipfile(path):
         reason = "does not exist" if not Path(path).exists() else "is not an .npz archive (np.savez(path, input_ids=...))"
         raise ParityInputError(f"inputs {path} {reason}")
     try:
+        with zipfile.ZipFile(path) as archive:
+            unpacked = sum(info.file_size for info in archive.infolist())
+        check_fits(unpacked, f"reading inputs {path} ({unpacked / 1e9:.1f} GB unpacked)", ignore_size_limits)
         with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as err:
-        raise ParityInputError(f"cannot read inputs {path}: {first_line(err)} (object arrays are refused)") from None
+            arrays = {k: data[k] for k in data.files}
+    except TooBig:
+        raise
+    except Exception as err:  # noqa: BLE001 - numpy's and zipfile's errors for a damaged member vary
+        raise ParityInputError(f"cannot read inputs {path}: {first_line(err)} (each member must be an array)") from None
+    bad = [k for k, v in arrays.items() if not isinstance(v, np.ndarray) or v.dtype == object]
+    if bad:
+        raise ParityInputError(f"cannot read inputs {path}: member {bad[0]} is not an array of numbers")
+    return arrays
 
 
 def load_model_file(path: str | Path) -> tuple[onnx.ModelProto, dict]:

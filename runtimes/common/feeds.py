@@ -35,7 +35,7 @@ def token_limit(metadata: dict[str, str]) -> int | None:
         return None
     try:
         return int(json.loads(metadata["posbias.config"])["vocab_size"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # a damaged or forged config checks nothing
         return None
 
 

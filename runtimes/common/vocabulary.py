@@ -4,12 +4,21 @@ from a Hugging Face folder, with the end-of-sequence and padding ids from its
 generation_config.json / config.json."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from .json_files import read_json_object, token_id
 from .tensor_io import RunnerError
 
 BYTE_VOCABULARY = 256
+
+
+def utf8(text: str) -> bytes:
+    """A prompt given as text (--prompt) is UTF-8: bytes that are not (which Python passes on from
+    the command line as lone surrogates) are refused in one line; --prompt-file takes raw bytes."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RunnerError("--prompt is not valid UTF-8 text (give raw bytes with --prompt-file)") from None
 
 
 class Vocabulary:
@@ -18,9 +27,10 @@ class Vocabulary:
     eos_id: int | None = None
     pad_id: int = 0
     is_bytes = True
+    files: list = []  # the files it read (none: bytes need no file)
 
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+        return list(utf8(text))
 
     def encode_bytes(self, data: bytes) -> list[int]:
         return list(data)
@@ -45,21 +55,22 @@ class TokenizerVocabulary(Vocabulary):
         except Exception as err:  # the library raises a bare Exception for a bad file
             raise RunnerError(f"cannot read tokenizer {path}: {str(err).splitlines()[0] if str(err) else err}") from None
         self.path = path
+        self.files = [path]  # every file this vocabulary read: an output may be none of them
+        vocab = self.tokenizer.get_vocab_size()
         settings = {}
         for name in ("config.json", "generation_config.json"):  # generation settings win over the model config
             file = path.parent / name
             if file.is_file():
-                try:
-                    settings.update({k: v for k, v in json.loads(file.read_text(encoding="utf-8")).items()
-                                     if k in ("eos_token_id", "pad_token_id") and v is not None})
-                except (ValueError, UnicodeDecodeError, AttributeError):
-                    raise RunnerError(f"{file} is not a valid JSON object") from None
-        eos = settings.get("eos_token_id")
-        self.eos_id = eos[0] if isinstance(eos, list) and eos else eos
-        pad = settings.get("pad_token_id")
-        self.pad_id = pad if isinstance(pad, int) else (self.eos_id if isinstance(self.eos_id, int) else 0)
+                self.files.append(file)
+                data = read_json_object(file)
+                settings.update({k: (token_id(v, file, k, vocab), file) for k, v in data.items()
+                                 if k in ("eos_token_id", "pad_token_id") and v is not None})
+        self.eos_id = settings.get("eos_token_id", (None,))[0]
+        pad = settings.get("pad_token_id", (None,))[0]
+        self.pad_id = pad if pad is not None else (self.eos_id if self.eos_id is not None else 0)
 
     def encode(self, text: str) -> list[int]:
+        utf8(text)  # refused here: the tokenizer would fail on it with its own traceback
         return self.tokenizer.encode(text).ids
 
     def encode_bytes(self, data: bytes) -> list[int]:

@@ -27,7 +27,7 @@ from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
 from common.loading import load_runner  # noqa: E402
 from common.runner_cli import OneLineParser  # noqa: E402
 from common.tensor_io import RunnerError  # noqa: E402
-from common.vocabulary import Vocabulary, vocabulary_for  # noqa: E402
+from common.vocabulary import Vocabulary, utf8, vocabulary_for  # noqa: E402
 
 create_session = load_runner("ort/run.py").create_session  # the sibling runner's session, checks included
 
@@ -49,10 +49,18 @@ class CachedDecoder:
         self.layers, self.past_names = layout.layers, list(layout.past)  # key 0, value 0, key 1, ...
         first = inputs[layout.past[0]]
         self.heads, self.head_dim = first.shape[1], first.shape[3]
+        if len(first.shape) != 4 or not all(isinstance(d, int) for d in (self.heads, self.head_dim)):
+            raise RunnerError(f"{model_path}: the cache input {first.name} is {first.shape}; this runner needs "
+                              "[batch, heads, past, head size] with the heads and head size fixed in the file")
+        if first.type not in ONNX_TYPE_TO_NUMPY:
+            raise RunnerError(f"{model_path}: the cache input {first.name} is {first.type}, not a float tensor")
         self.dtype = np.dtype(ONNX_TYPE_TO_NUMPY[first.type])
         meta = self.session.get_modelmeta().custom_metadata_map
         # A learned absolute position table (if any) bounds the context; biases do not.
-        self.max_positions = int(meta["posbias.max_positions"]) if "posbias.max_positions" in meta else None
+        limit = meta.get("posbias.max_positions")
+        if limit is not None and not (limit.isdigit() and int(limit) > 0):
+            raise RunnerError(f"{model_path}: its metadata posbias.max_positions is {limit[:40]!r}, not a positive integer")
+        self.max_positions = int(limit) if limit is not None else None
         self.output_names = [self.session.get_outputs()[0].name, *layout.present]  # logits, then the cache in order
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
@@ -242,11 +250,14 @@ def main(argv=None) -> int:
         check_temperature(args.temperature)
         if args.seed < 0:
             raise RunnerError(f"--seed must be >= 0, got {args.seed}")
-        if args.output:
-            _check_output(args.output, [args.model, *(args.prompt_file or []), *([args.tokenizer] if args.tokenizer else [])])
+        if args.output:  # before the model loads: the model, its weights, the prompt files, --tokenizer
+            _check_output(args.output, [args.model, args.model + ".data", *(args.prompt_file or []),
+                                        *([args.tokenizer] if args.tokenizer else [])])
         decoder = CachedDecoder(args.model, args.provider, tf32=args.tf32, lean=args.lean_memory)
         vocab = vocabulary_for(args.model, decoder.session.get_modelmeta().custom_metadata_map, args.tokenizer)
-        prompts = [vocab.encode(t) if not vocab.is_bytes else t.encode("utf-8") for t in args.prompt or []]
+        if args.output:  # and none of what the vocabulary read (tokenizer.json, config.json, generation_config.json)
+            _check_output(args.output, [args.model, *(args.prompt_file or []), *vocab.files])
+        prompts = [vocab.encode(t) if not vocab.is_bytes else utf8(t) for t in args.prompt or []]
         for file in args.prompt_file or []:
             try:
                 data = Path(file).read_bytes()

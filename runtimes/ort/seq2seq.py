@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 from common.atomic import Terminated, on_sigterm_raise  # noqa: E402
 from common.cache import cache_layout  # noqa: E402
 from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
+from common.json_files import read_json_object, token_id  # noqa: E402
 from common.loading import load_runner  # noqa: E402
 from common.runner_cli import OneLineParser  # noqa: E402
 from common.tensor_io import RunnerError  # noqa: E402
@@ -37,6 +38,8 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
                     provider: str = "cpu") -> np.ndarray:
     """input_ids, attention_mask [B, Le] int64 -> generated tokens [B, max_new_tokens] (greedy;
     `eos_token` is forbidden for the first `min_new_tokens` steps, as transformers does)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+        raise RunnerError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     encoder, decoder = create_session(encoder_path, provider), create_session(decoder_path, provider)
     vocab = encoder.get_modelmeta().custom_metadata_map.get("posbias.vocab_size")
     ids = np.asarray(input_ids)
@@ -55,9 +58,20 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
         raise RunnerError(f"{decoder_path} is not a cached T5 decoder (export it with --model DIR --part decoder)")
     layers, first = layout.layers, names[layout.past[0]]
     heads, head_dim = first.shape[1], first.shape[3]
+    if not all(isinstance(d, int) for d in (heads, head_dim)):
+        raise RunnerError(f"{decoder_path}: its cache's heads and head size are symbolic ({first.shape}); "
+                          "a cached T5 decoder written by --model DIR --part decoder names them")
+    _check_pair(encoder, names["encoder_hidden_states"], encoder_path, decoder_path)
+    vocab_out = decoder.get_outputs()[0].shape[-1]
+    if not isinstance(start_token, (int, np.integer)) or isinstance(start_token, bool) or start_token < 0 or (
+            isinstance(vocab_out, int) and start_token >= vocab_out):
+        raise RunnerError(f"the decoder start token {start_token!r} is not a token id of the decoder's vocabulary "
+                          f"({vocab_out})")
+    if max_new_tokens == 0:
+        return np.zeros((ids.shape[0], 0), np.int64)
     outputs = [decoder.get_outputs()[0].name, *layout.present]
     batch = input_ids.shape[0]
-    states = encoder.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
+    states = _run(encoder, None, {"input_ids": input_ids, "attention_mask": attention_mask}, encoder_path)[0]
     cache_dtype = np.dtype(ONNX_TYPE_TO_NUMPY[first.type])  # float16 for a float16 decoder
     past = [np.zeros((batch, heads, 0, head_dim), cache_dtype) for _ in range(2 * layers)]
     step = np.full((batch, 1), start_token, np.int64)
@@ -67,13 +81,34 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
                  **dict(zip(layout.past, past))}
         if "attention_mask" in names:  # the decoder's own mask (a file shipped for clients has none: all ones)
             feeds["attention_mask"] = np.ones((batch, index + 1), np.int64)
-        logits, *past = decoder.run(outputs, feeds)
+        logits, *past = _run(decoder, outputs, feeds, decoder_path)
         last = logits[:, -1]
         if eos_token is not None and index < min_new_tokens:
             last[:, eos_token] = -np.inf
         step = last.argmax(-1)[:, None].astype(np.int64)
         tokens.append(step)
     return np.concatenate(tokens, axis=1)
+
+
+def _run(session, outputs, feeds: dict, path: str) -> list:
+    try:
+        return session.run(outputs, feeds)
+    except Exception as err:  # noqa: BLE001 - ONNX Runtime's errors carry a C++ location and a log line
+        raise RunnerError(f"{path}: ONNX Runtime failed: {str(err).strip().splitlines()[0][:300]}") from None
+
+
+def _check_pair(encoder, states_input, encoder_path: str, decoder_path: str) -> None:
+    """The encoder is a T5 encoder (input_ids, attention_mask -> [B, L, D]) whose width D is the
+    one the decoder's encoder_hidden_states takes."""
+    inputs = {i.name for i in encoder.get_inputs()}
+    out = encoder.get_outputs()[0]
+    if inputs != {"input_ids", "attention_mask"} or len(out.shape) != 3:
+        raise RunnerError(f"{encoder_path} is not an encoder (input_ids, attention_mask -> hidden states [B, L, D]): "
+                          f"it takes {', '.join(sorted(inputs))} and returns {out.name} {out.shape}")
+    width, wanted = out.shape[-1], states_input.shape[-1]
+    if isinstance(width, int) and isinstance(wanted, int) and width != wanted:
+        raise RunnerError(f"{encoder_path} and {decoder_path} do not belong together: the encoder returns width "
+                          f"{width}, the decoder takes encoder_hidden_states of width {wanted}")
 
 
 def _files(model: str, decoder: str | None) -> tuple[Path, Path, Path]:
@@ -134,13 +169,11 @@ def main(argv=None) -> int:
 
 
 def _decoder_start(folder: Path) -> int:
-    import json
-
     for name in ("generation_config.json", "config.json"):
         file = folder / name
         if file.is_file():
-            value = json.loads(file.read_text(encoding="utf-8")).get("decoder_start_token_id")
-            if isinstance(value, int):
+            value = token_id(read_json_object(file).get("decoder_start_token_id"), file, "decoder_start_token_id", None)
+            if value is not None:
                 return value
     return 0
 
