@@ -4,7 +4,6 @@ pytorch_model.bin). Nothing is downloaded and no code from the folder runs; ever
 one ValueError line naming the folder."""
 from __future__ import annotations
 
-import json
 import math
 import pickle
 from dataclasses import dataclass
@@ -40,19 +39,15 @@ def transformers_module():
 
 
 def read_json_object(file: Path) -> dict:
-    """A JSON object from a file the folder supplies: invalid text, bytes that are not UTF-8,
-    nesting too deep for the parser (RecursionError) or another JSON type are one FolderError."""
+    """A JSON object from a file the folder supplies (runtimes/common/json_files.py, which the
+    runners read the same files with): any problem is one FolderError."""
+    from ..runners import runtimes_common
+
+    json_files = runtimes_common("json_files")
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise FolderError(f"{file} is not valid JSON: {str(err).splitlines()[0]}") from None
-    except RecursionError:
-        raise FolderError(f"{file} is not valid JSON: nested too deeply") from None
-    except OSError as err:
-        raise FolderError(f"cannot read {file}: {err.strerror}") from None
-    if not isinstance(data, dict):
-        raise FolderError(f"{file} holds {type(data).__name__}, not a JSON object")
-    return data
+        return json_files.read_json_object(file)
+    except runtimes_common("tensor_io").RunnerError as err:
+        raise FolderError(str(err)) from None
 
 
 # Values a file built from the config would carry into ONNX Runtime, which refuses some (a
