@@ -222,3 +222,16 @@ def test_written_files_carry_no_path_of_this_machine(tiny, tmp_path):
         assert values, "the other node metadata (names, scopes) stays"
         leaks = [v for v in values if any(root in v for root in here)]
         assert not leaks, (path.name, leaks[:1])
+
+
+def test_a_negative_vocabulary_is_one_line_on_stderr(tiny, tmp_path):
+    """In a real process (transformers logs to the stderr it found at import): its warnings on
+    the token ids such a config implies do not precede our line (round 3: two lines did)."""
+    import subprocess
+
+    folder = _copy(tiny, tmp_path)
+    _edit(folder / "config.json", vocab_size=-300)
+    proc = subprocess.run([sys.executable, "-m", "posbias_export", "--model", str(folder), "--out",
+                           str(tmp_path / "m.onnx")], capture_output=True, text=True, timeout=300)
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "vocab_size must be a positive integer" in lines[0], proc.stderr
