@@ -239,13 +239,20 @@ def _profile_lines(rows: list[dict], top: int = 8) -> list[str]:
     return lines
 
 
-# What is known of each miss (measured on this machine; a per-op profile of the int4 step is owed).
+# What is known of each miss (measured on this machine; the per-op tables above are the profile).
 MISSES = {
-    "int4: decode <= 0.3x": "int4 decode against float32: the file is 0.23x the float32 bytes, and its step runs "
-    "at 1.47x its own bandwidth floor: the float32 part of a step (attention over the cache, layer norms, "
-    "the GELU, the [1, 250880] logits) does not shrink with the weights. MatMulNBits' accuracy level 0 "
-    "(float32 compute) took 1.8x longer than level 4 (int8 compute) at equal perplexity, hence level 4 is "
-    "the default.",
+    "int4: decode <= 0.3x": "int4 decode against float32: the weights shrink 4.3x, a step does not. The profile "
+    "tables above show why: MatMulNBits itself runs near its bytes' floor, but every file, whatever its weights, "
+    "also copies its whole KV cache each step (Concat of past and new keys/values in every layer: the cache grows "
+    "by copying, as onnxruntime-genai's non-shared buffer does, several ms at 512 cached tokens and growing with "
+    "the context) and runs a few hundred small float32 ops (shapes, adds, norms, the GELU, the last position's "
+    "logits). Those fixed costs are a larger share of a 4-bit step. The lever is a cache written in place (a "
+    "shared past/present buffer), not fewer weight bytes. MatMulNBits' accuracy level 0 (float32 compute) took "
+    "1.4-1.8x longer than level 4 (int8 compute) at equal perplexity, hence level 4 is the default.",
+    "bandwidth floor": "within 1.5x of the bandwidth floor: the floor counts the weight bytes only; the same "
+    "per-step cache copy and small float32 ops (see the int4 entry and the profile tables) sit on top of it, and "
+    "weigh more the fewer weight bytes a file has. int8's DynamicQuantizeMatMul also quantizes each activation "
+    "row before it multiplies.",
     "sinusoidal int4": "sinusoidal int4: the one checkpoint over 3% is the sinusoidal baseline (no attention bias; "
     "absolute sinusoids added to the token embedding), +3.6% at its training length; every bias family stays "
     "within +1.6%. Smaller blocks did not help it (block 16: +4.5%).",
