@@ -367,10 +367,10 @@ def test_mpt_attn_config_text_is_one_line(hf, tmp_path):
 
 
 @pytest.mark.parametrize("index,words", [
-    ([1, 2], "has no weight_map"), ({"weight_map": {"w": 5}}, "must name a shard file"),
+    ([1, 2], "not a JSON object"), ({}, "has no weight_map"), ({"weight_map": {"w": 5}}, "must name a shard file"),
     ({"weight_map": {"w": "../outside.safetensors"}}, "outside the folder"),
     ({"weight_map": {"w": "/etc/passwd"}}, "outside the folder"),
-], ids=["list", "integer-shard", "parent-folder", "absolute-path"])
+], ids=["list", "no-map", "integer-shard", "parent-folder", "absolute-path"])
 def test_weight_indexes_are_checked_before_opening_anything(hf, tmp_path, index, words):
     folder = shutil.copytree(hf / "bloom", tmp_path / "bloom")
     (folder / "model.safetensors").rename(folder / "shard.safetensors")

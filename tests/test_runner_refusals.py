@@ -91,11 +91,12 @@ def test_generate_never_writes_over_what_it_read(served, tmp_path, name, via):
     assert target.read_bytes() == before
 
 
-def test_prompts_that_are_not_utf8_are_one_line(served, seq2seq_files):
-    bad = b"to \xff\xfe be"  # a shell passes these bytes as they are
-    for argv in ([*CLI, "generate", served / "bloom_out"], [PY, RUNTIMES_DIR / "ort/generate.py", served / "own.onnx"],
-                 [PY, RUNTIMES_DIR / "ort/seq2seq.py", seq2seq_files / "t5_out"]):
-        line = _one_line(_run([*argv, "--prompt", bad, "--max-new-tokens", "2"]), "not valid UTF-8")
+NOT_UTF8 = b"to \xff\xfe be"  # a shell passes these bytes as they are
+
+
+def test_prompts_that_are_not_utf8_are_one_line(served):
+    for argv in ([*CLI, "generate", served / "bloom_out"], [PY, RUNTIMES_DIR / "ort/generate.py", served / "own.onnx"]):
+        line = _one_line(_run([*argv, "--prompt", NOT_UTF8, "--max-new-tokens", "2"]), "not valid UTF-8")
         assert "--prompt-file" in line
 
 
@@ -112,17 +113,20 @@ def test_generate_checks_the_token_ids_a_folder_names(served, tmp_path, change, 
     _one_line(_run([*CLI, "generate", folder, "--prompt", "To be", "--max-new-tokens", "2"]), words)
 
 
-def test_seq2seq_checks_the_start_token(seq2seq_files, tmp_path):
+def test_seq2seq_refuses_what_does_not_fit(seq2seq_files, tmp_path):
+    """One test, so one worker builds the T5 folder: a prompt that is not UTF-8; a start token
+    that is not an id (text, past the vocabulary); and the Python API as the round-3 cases
+    called it: a BLOOM file as the encoder, an encoder of another width, max_new_tokens=0 (an
+    empty [B, 0]) and -1."""
+    line = _one_line(_run([PY, RUNTIMES_DIR / "ort/seq2seq.py", seq2seq_files / "t5_out", "--prompt", NOT_UTF8]),
+                     "not valid UTF-8")
+    assert "--prompt-file" in line
     folder = shutil.copytree(seq2seq_files / "t5_out", tmp_path / "out")
     (folder / "generation_config.json").write_text(json.dumps({"decoder_start_token_id": "0"}))
     _one_line(_run([PY, RUNTIMES_DIR / "ort/seq2seq.py", folder, "--prompt", "To be"]), "decoder_start_token_id")
     (folder / "generation_config.json").write_text(json.dumps({"decoder_start_token_id": 300}))
     _one_line(_run([PY, RUNTIMES_DIR / "ort/seq2seq.py", folder, "--prompt", "To be"]), "not a token id")
 
-
-def test_seq2seq_api_refuses_files_that_do_not_belong_together(seq2seq_files, tmp_path):
-    """The Python API, as the round-3 cases called it: a BLOOM file as the encoder, an encoder of
-    another width, and max_new_tokens=0 (nothing to generate: an empty [B, 0])."""
     from posbias_export.hf.export import export_model
 
     seq2seq = load_runner("ort/seq2seq.py")

@@ -101,7 +101,7 @@ def check_loads_in_ort(model: str, checker: bool = True) -> None:
 # Above this many weight bytes the session check is left out: a session holds about the weights
 # again (prepacked copies), and a real-size export must stay lean (real_models.md); the config's
 # values, the cause of the loads that failed, are checked before such an export starts.
-SESSION_CHECK_MAX_BYTES = 1 << 30
+SESSION_CHECK_MAX_BYTES = 256 << 20
 
 
 def check_full_and_loads(model: str) -> None:
