@@ -235,3 +235,20 @@ def test_a_negative_vocabulary_is_one_line_on_stderr(tiny, tmp_path):
                            str(tmp_path / "m.onnx")], capture_output=True, text=True, timeout=300)
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "vocab_size must be a positive integer" in lines[0], proc.stderr
+
+
+def test_a_hugging_face_cache_snapshot_ships(tiny, tmp_path):
+    """The hub cache's layout: snapshots/<rev>/NAME are links to ../../blobs/<hash>. Those are
+    the folder's own files (weights, index shards, tokenizer), not links out of it."""
+    repo = tmp_path / "models--org--tiny"
+    blobs, snapshot = repo / "blobs", repo / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    (blobs / "tok").write_text("{}")
+    os.symlink("../../blobs/tok", snapshot / "tokenizer.json")
+    for index, file in enumerate(sorted((tiny / "bloom").iterdir())):
+        shutil.copy(file, blobs / f"hash{index}")
+        os.symlink(f"../../blobs/hash{index}", snapshot / file.name)
+    code, lines, _ = _cli(["--model", snapshot, "--out-dir", tmp_path / "out", "--skip-growth-check"])
+    assert code == 0, lines
+    assert (tmp_path / "out" / "tokenizer.json").read_text() == "{}"

@@ -241,14 +241,18 @@ def _profile_lines(rows: list[dict], top: int = 8) -> list[str]:
 
 # What is known of each miss (measured on this machine; the per-op tables above are the profile).
 MISSES = {
-    "int4: decode <= 0.3x": "int4 decode against float32: the weights shrink 4.3x, a step does not. The profile "
+    "decode <= 0.": "decode against float32 (int8 <= 0.5x, int4 <= 0.3x): the weights shrink 2.7x / 4.3x, a step "
+    "does not. The profile "
     "tables above show why: MatMulNBits itself runs near its bytes' floor, but every file, whatever its weights, "
     "also copies its whole KV cache each step (Concat of past and new keys/values in every layer: the cache grows "
     "by copying, as onnxruntime-genai's non-shared buffer does, several ms at 512 cached tokens and growing with "
     "the context) and runs a few hundred small float32 ops (shapes, adds, norms, the GELU, the last position's "
-    "logits). Those fixed costs are a larger share of a 4-bit step. The lever is a cache written in place (a "
-    "shared past/present buffer), not fewer weight bytes. MatMulNBits' accuracy level 0 (float32 compute) took "
-    "1.4-1.8x longer than level 4 (int8 compute) at equal perplexity, hence level 4 is the default.",
+    "logits). Those fixed costs are a larger share of a quantized step. The lever is a cache written in place (a "
+    "shared past/present buffer), not fewer weight bytes. The ratio also moves with the float32 step, the noisiest "
+    "number here: BLOOM-560m's measured 64-92 ms/token across three runs on this machine (below the copy-bandwidth "
+    "floor in one: a step reads, and reading alone outruns numpy's read-and-write copy). MatMulNBits' accuracy "
+    "level 0 (float32 compute) took 1.4-1.8x longer than level 4 (int8 compute) at equal perplexity, hence level 4 "
+    "is the default.",
     "bandwidth floor": "within 1.5x of the bandwidth floor: the floor counts the weight bytes only; the same "
     "per-step cache copy and small float32 ops (see the int4 entry and the profile tables) sit on top of it, and "
     "weigh more the fewer weight bytes a file has. int8's DynamicQuantizeMatMul also quantizes each activation "

@@ -120,6 +120,16 @@ def read_config(path: Path, supported: tuple[str, ...]) -> tuple[str, dict]:
     return model_type, raw
 
 
+def resolves_inside(file: Path, folder: Path) -> bool:
+    """Whether a file the folder names is the folder's own: it resolves inside the folder, or,
+    in the Hugging Face cache's layout (snapshots/<revision>/NAME is a link to ../../blobs/<hash>),
+    to a blob of the same repository. A link anywhere else (a secret beside the download) is not."""
+    root, target = Path(folder).resolve(), Path(file).resolve()
+    if target.is_relative_to(root):
+        return True
+    return root.parent.name == "snapshots" and target.parent == root.parent.parent / "blobs"
+
+
 def index_shards(path: Path) -> list[Path] | None:
     """The shard files a model.safetensors.index.json names, checked before any is opened: a
     JSON object whose weight_map maps tensor names to file names inside the folder (not an
@@ -133,8 +143,7 @@ def index_shards(path: Path) -> list[Path] | None:
         raise FolderError(f"{index} has no weight_map (a JSON object of tensor name -> shard file)")
     shards = []
     for name in sorted({v for v in weight_map.values() if isinstance(v, str)}):
-        inside = (path / name).resolve()
-        if Path(name).is_absolute() or not inside.is_relative_to(path.resolve()):
+        if Path(name).is_absolute() or ".." in Path(name).parts or not resolves_inside(path / name, path):
             raise FolderError(f"{index} names {name}, outside the folder: only shards inside {path} are read")
         shards.append(path / name)
     if any(not isinstance(v, str) for v in weight_map.values()):

@@ -30,7 +30,7 @@ import onnx
 from ..export.pipeline import ExportReport
 from ..runners import atomic
 from .export import export_model
-from .folder import FolderError, check_token_ids, read_json_object
+from .folder import FolderError, check_token_ids, read_json_object, resolves_inside
 from .models import load_model
 
 COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -89,14 +89,13 @@ def copied_files(source: Path) -> list[Path]:
     """The folder's files copied into the serving folder (tokenizer, configs), each checked to
     be a regular file inside the folder: a link to a file elsewhere (a secret, a key) is refused,
     not copied into what people upload."""
-    root = source.resolve()
     found = []
     for name in COPIED:
         path = source / name
         if not path.exists():
             continue  # absent, or a dangling link: nothing to copy
         resolved = path.resolve()
-        if not resolved.is_relative_to(root):
+        if not resolves_inside(path, source):
             raise FolderError(f"{path} links to {resolved}, outside {source}: not copied into the serving folder "
                               f"(put the file itself in the folder)")
         if not resolved.is_file():
