@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from .errors import ExportCheckError, UsageError
 from .commands.options import PROG
 
-CliError = UsageError  # the name callers used before commands/ existed
-
 
 @dataclass(frozen=True)
 class Command:

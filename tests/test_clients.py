@@ -1,9 +1,11 @@
 """The folder `--model DIR --out-dir OUT` writes, loaded unchanged by the clients people serve
 with, installed from the registries: transformers.js in Node (@huggingface/transformers, a local
-folder, remote models off), onnxruntime-genai, Triton's own ModelConfig proto (tritonclient);
+folder, remote models off), onnxruntime-web (its WebAssembly build, as a page runs it),
+onnxruntime-genai, Triton's own ModelConfig proto (tritonclient);
 and our own runners from text, through the folder's tokenizer. Each generates the greedy tokens
 of transformers' generate, a single prompt and a padded batch. Optimum pins an older
-transformers: benchmarks/clients.py checks it in a side environment (benchmarks/clients.md)."""
+transformers: bench-clients (posbias_export/bench/clients.py) checks it in a side environment
+(benchmarks/clients.md)."""
 from __future__ import annotations
 
 import importlib.util
