@@ -254,7 +254,7 @@ MISSES = {
     "level 0 (float32 compute) took 1.4-1.8x longer than level 4 (int8 compute) at equal perplexity, hence level 4 "
     "is the default.",
     "bandwidth floor": "within 1.5x of the bandwidth floor: the floor counts the weight bytes only; the same "
-    "per-step cache copy and small float32 ops (see the int4 entry and the profile tables) sit on top of it, and "
+    "per-step cache copy and small float32 ops (see the decode entry below and the profile tables) sit on top of it, and "
     "weigh more the fewer weight bytes a file has. int8's DynamicQuantizeMatMul also quantizes each activation "
     "row before it multiplies.",
     "sinusoidal int4": "sinusoidal int4: the one checkpoint over 3% is the sinusoidal baseline (no attention bias; "

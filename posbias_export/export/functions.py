@@ -44,8 +44,8 @@ def all_nodes(nodes):
     for node in nodes:
         yield node
         for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from all_nodes(attr.g.node)
+            for graph in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                yield from all_nodes(graph.node)
 
 
 def function_protos(names: set[str], opset: int, generated=()) -> list[onnx.FunctionProto]:

@@ -30,14 +30,9 @@ MACHINE_NODE_KEYS = ("pkg.torch.onnx.stack_trace",)
 def drop_machine_paths(proto: onnx.ModelProto) -> None:
     """Remove MACHINE_NODE_KEYS from every node: the graph's, the local functions', and those of
     every subgraph (If / Loop bodies)."""
-    def graph_nodes(nodes):
-        for node in nodes:
-            yield node
-            for attr in node.attribute:
-                for graph in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                    yield from graph_nodes(graph.node)
+    from .functions import all_nodes
 
-    for node in [*graph_nodes(proto.graph.node), *(n for f in proto.functions for n in graph_nodes(f.node))]:
+    for node in [*all_nodes(proto.graph.node), *(n for f in proto.functions for n in all_nodes(f.node))]:
         kept = [p for p in node.metadata_props if p.key not in MACHINE_NODE_KEYS]
         if len(kept) != len(node.metadata_props):
             del node.metadata_props[:]
