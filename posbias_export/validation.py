@@ -113,24 +113,54 @@ def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=Non
     if feeds:
         check_input_sizes(models, feeds, ignore_size_limits)
     result = Validation(runtimes=chosen, skipped=skipped)
+    quantized = False
     for model in models:
         meta = read_metadata(read_onnx(model))
         model_lengths = lengths or default_lengths(meta)
+        model_runtimes = chosen
+        if runtimes is None and meta.get("quantized") and "reference" in chosen:  # a default the file cannot run
+            model_runtimes, quantized = tuple(r for r in chosen if r != "reference"), True
+            result.skipped["reference"] = ("the ONNX reference evaluator implements no quantized op "
+                                           "(GatherBlockQuantized, int8 DequantizeLinear at opset 18)")
         if is_imported(meta, model_dir):
             from .hf.validate import run_hf_matrix
 
-            result.matrices.append(run_hf_matrix(model, model_dir, chosen, model_lengths, batch, progress=progress,
-                                                 ignore_size_limits=ignore_size_limits, order=order))
+            result.matrices.append(run_hf_matrix(model, model_dir, model_runtimes, model_lengths, batch,
+                                                 progress=progress, ignore_size_limits=ignore_size_limits, order=order))
             continue
         load_model_file(model)  # our own export: its metadata must be complete
-        model_runtimes = chosen
-        if runtimes is None and meta.get("quantized") and "reference" in chosen:  # a default the file cannot run
-            model_runtimes = tuple(r for r in chosen if r != "reference")
-            result.skipped["reference"] = ("the ONNX reference evaluator implements no quantized op "
-                                           "(GatherBlockQuantized, int8 DequantizeLinear at opset 18)")
         result.matrices.append(run_matrix(model, model_runtimes, model_lengths, batch, checkpoint, feeds,
                                           progress=progress, order=order))
+    for encoder, decoder, folder in seq2seq_pairs(models, model_dir):  # as a client runs them: one into the other
+        from .hf.validate_seq2seq import run_seq2seq_matrix
+
+        pair_runtimes = tuple(r for r in chosen if r != "reference") if quantized else chosen
+        result.matrices.append(run_seq2seq_matrix(encoder, decoder, folder, pair_runtimes, lengths or default_lengths(
+            read_metadata(read_onnx(decoder))), batch, progress=progress, ignore_size_limits=ignore_size_limits,
+            order=False))  # each file's order protocol ran in its own matrix
     return result
+
+
+def seq2seq_pairs(models, model_dir=None) -> list[tuple]:
+    """(encoder file, decoder file, folder) for each folder of which exactly one encoder and one
+    decoder file were given (the folder: --model, else each file's recorded model_dir)."""
+    from .export.metadata import read_metadata
+    from .parity.reference import read_onnx
+
+    roles: dict = {}
+    for model in models:
+        proto = read_onnx(model)
+        meta = read_metadata(proto)
+        folder = model_dir or meta.get("model_dir")
+        if not is_imported(meta, model_dir) or not folder:
+            continue
+        from .hf.validate_seq2seq import seq2seq_role
+
+        role = seq2seq_role(proto)
+        if role:
+            roles.setdefault(str(Path(folder).resolve()), {}).setdefault(role, []).append(model)
+    return [(found["encoder"][0], found["decoder"][0], folder) for folder, found in roles.items()
+            if len(found.get("encoder", [])) == 1 and len(found.get("decoder", [])) == 1]
 
 
 def write_reports(result: Validation, json_path=None, markdown=None, lengths=None, batch: int = 3) -> list[Path]:

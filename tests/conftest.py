@@ -61,56 +61,37 @@ def cli_model(bias: str, arch: str = "lm", causal: bool = True):
     return pbe.build_model(pbe.ModelConfig(bias=bias, causal=causal, **SMALL), seed=0, arch=arch)
 
 
-# --- the default run's grid ------------------------------------------------------------------
-# Tests parametrized over every family run the whole grid under `-m slow` (with the other slow
-# tests); the default run (CI, ~8 minutes on 2 cores with two workers) keeps the families that take distinct
-# paths through the exporters: alibi (key row, folded, features), kerple_log (distance table),
-# t5 (learned buckets), window (look-back). kerple_power and sandwich share kerple_log's table
-# path (their formulas are checked against the papers in test_biases.py) and none is the baseline
-# every family is built on; their cells in these grids, and the repeated variants below, move to
-# the slow run.
-EXTENDED_FAMILIES = {"kerple_power", "sandwich", "none"}
-GRID_TESTS = {
-    "test_cli_export_passes_checks", "test_runtimes_run_both_forms", "test_gpu_target_matches_plain_float64",
-    "test_own_attention_mask_exports_see_no_holes", "test_file_independent_of_trace_length",
-    "test_ort_blocked_at_4096_bench_shape", "test_default_export_has_functions_inline_export_has_none",
-    "test_padded_rows", "test_ort_cpu_opset23_attention_op", "test_plain_export_shares_fixed_bias_nodes",
-    "test_runtime_matches_pytorch", "test_greedy_tokens_equal_pytorch", "test_ort_cpu_lm_causal",
-    "test_ort_cpu_block", "test_ort_cpu_lm_bidirectional", "test_bidirectional_blocked_export_matches_plain_float64",
-    "test_exported_loop_matches_reference_across_block_boundaries", "test_quantized_checkpoint_passes_policy",
-}
-EXTENDED_IDS = {  # test -> ids (or the parts of them) whose cells run under -m slow only
-    "test_onnxruntime_web_generates_transformers_tokens": {"mpt", "falcon"},  # bloom stays (and the quantized cells)
-    "test_greedy_tokens_equal_pytorch": {"kerple_log-prompt1", "sandwich-prompt1"},  # each prompt-1 case exports
-    "test_gpu_target_matches_plain_float64": {"cuda-bidirectional"},  # cuda-ort keeps the bidirectional cells
-    "test_imported_file_and_transformers_agree_under_holes": {"mpt-plain", "falcon-plain", "t5-plain"},
-    "test_position_schemes_export_and_match": {"sinusoidal", "rope-linear"},
-    # quantized imported files: BLOOM here, every architecture under -m slow
-    "test_quantized_imported_model_passes_validate": {"mpt", "falcon"},
-    # the CLI's one-line errors as a real process: two here, all of them in-process in test_bad_inputs.py
-    "test_errors_are_one_line_exit_2_and_leave_no_file": {"args2", "args3", "args4", "args5"},
-    # the inlined form on every runtime: alibi here, every family under -m slow
-    "test_runtimes_run_both_forms": {"kerple_log-inlined", "t5-inlined", "window-inlined"},
-}
-# Smoke runs of the benchmark commands whose results files are committed (bench-decode,
-# bench-models, extrapolation): each spends its time in subprocesses timing things; `bench` itself
-# stays in the default run.
-SLOW_TESTS = {"test_bench_decode_smoke", "test_bench_models_measures_each_exporter", "test_extrapolation_command_smoke"}
+# The default run's tiers are data where each test is parametrized (tests/tiers.py): a family's
+# `test_tier`, and the slow ids named at a parametrize site (checked to exist at collection).
 
 
-def _extended(item) -> bool:
-    name = item.originalname
-    if name in SLOW_TESTS:
-        return True
+def pytest_addoption(parser):
+    parser.addoption("--family", action="append", default=[], metavar="NAME",
+                     help="run every cell parametrized by this bias family, default and slow alike (repeatable)")
+
+
+def pytest_configure(config):
+    families = config.getoption("family")
+    unknown = [f for f in families if f not in pbe.BIASES]
+    if unknown:
+        raise pytest.UsageError(f"--family {unknown[0]!r}: choose from {', '.join(pbe.BIASES)}")
+    explicit = any(a == "-m" or a.startswith("-m") and len(a) > 2 for a in config.invocation_params.args)
+    if families and not explicit:
+        config.option.markexpr = ""  # a family's slow cells too (unless -m is given): the whole contract
+
+
+def item_families(item) -> set[str]:
+    """The registered families an item is parametrized by (a parameter that names one)."""
     spec = getattr(item, "callspec", None)
     if spec is None:
-        return False
-    if name in GRID_TESTS and any(isinstance(v, str) and v in EXTENDED_FAMILIES for v in spec.params.values()):
-        return True
-    return any(part == spec.id or f"-{part}" in f"-{spec.id}" for part in EXTENDED_IDS.get(name, ()))
+        return set()
+    values = [v for value in spec.params.values() for v in (value if isinstance(value, (tuple, list)) else (value,))]
+    return {v for v in values if isinstance(v, str) and v in pbe.BIASES}
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if _extended(item):
-            item.add_marker(pytest.mark.slow)
+    families = set(config.getoption("family"))
+    if families:
+        keep = [item for item in items if item_families(item) & families]
+        config.hook.pytest_deselected(items=[item for item in items if not item_families(item) & families])
+        items[:] = keep

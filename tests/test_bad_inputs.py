@@ -98,7 +98,7 @@ CLI_CASES = [
     ("quantize-float16", ["--bias", "alibi", "--quantize", "int8", "--dtype", "float16", "--out", "{d}/x.onnx"],
      "float32 weights"),
     ("quantize-block-arch", ["--bias", "alibi", "--quantize", "int8", "--arch", "block", "--out", "{d}/x.onnx"],
-     "language-model files"),
+     "next-token predictions"),
     ("quantize-gpu-target", ["--bias", "alibi", "--quantize", "int4", "--target", "cuda", "--out", "{d}/x.onnx"],
      "portable target"),
     ("validate-missing-model", ["validate", "{d}/none.onnx", "--runtimes", "ort-cpu"], "does not exist"),

@@ -12,6 +12,11 @@ from posbias_export.cli import main as cli_main
 from posbias_export.environment import environment
 
 
+
+def _timing(bias, config, length, times=(), peak_rss=None, loaded_rss=None, **kw):
+    """A Timing from positional figures (times, peak RSS, loaded RSS), as the tables read them."""
+    return bench.Timing(bias, config, length, times=list(times), peak_rss=peak_rss, loaded_rss=loaded_rss, **kw)
+
 def test_bench_command_end_to_end(tmp_path, capsys):
     out = tmp_path / "bench"
     # 300 > the 256-row block: the Loop runs (64 takes the If's one-block branch)
@@ -63,21 +68,21 @@ def test_plain_forms_are_skipped_when_they_cannot_fit(monkeypatch, tmp_path):
 
 
 def test_a_failing_worker_is_reported_not_raised(tmp_path):
-    cell = bench.run_cell(bench.Timing("alibi", "ort-blocked", 16), tmp_path / "missing.onnx", 8, 64, 1, 60)
+    cell = bench.run_cell(_timing("alibi", "ort-blocked", 16), tmp_path / "missing.onnx", 8, 64, 1, 60)
     assert not cell.ok and cell.skipped.startswith("failed (exit 1)")
 
 
 def test_targets_judge_the_measured_ratios():
     """ALiBi must reach 1x fused SDPA, other biases 1.5x; 1 GB at 16384; block and bidirectional 1.5x."""
-    cells = [bench.Timing("alibi", "ort-blocked", 8192, [1.2], 1, 1),
-             bench.Timing("kerple_log", "ort-blocked", 8192, [1.2], 1, 1),
-             bench.Timing("-", "torch-sdpa", 8192, [1.0], 1, 1),
-             bench.Timing("alibi", "ort-blocked", 16384, [4.0], 900 << 20, 1),
-             bench.Timing("kerple_log", "ort-blocked", 16384, [4.0], 1100 << 20, 1),
-             bench.Timing("-", "torch-sdpa", 16384, [4.0], 1, 1),
-             bench.Timing("alibi", "ort-blocked", 8192, [2.0], 1, 1, variant="block"),
-             bench.Timing("-", "torch-sdpa", 8192, [1.0], 1, 1, variant="block"),
-             bench.Timing("alibi", "openvino", 8192, [1.1], 1, 1)]
+    cells = [_timing("alibi", "ort-blocked", 8192, [1.2], 1, 1),
+             _timing("kerple_log", "ort-blocked", 8192, [1.2], 1, 1),
+             _timing("-", "torch-sdpa", 8192, [1.0], 1, 1),
+             _timing("alibi", "ort-blocked", 16384, [4.0], 900 << 20, 1),
+             _timing("kerple_log", "ort-blocked", 16384, [4.0], 1100 << 20, 1),
+             _timing("-", "torch-sdpa", 16384, [4.0], 1, 1),
+             _timing("alibi", "ort-blocked", 8192, [2.0], 1, 1, variant="block"),
+             _timing("-", "torch-sdpa", 8192, [1.0], 1, 1, variant="block"),
+             _timing("alibi", "openvino", 8192, [1.1], 1, 1)]
     judged = {t["target"]: t["met"] for t in bench.targets(cells) if t["measured"] is not None}
     assert judged == {
         "causal alibi L=8192: ORT time <= 1x fused causal SDPA (no bias)": False,  # 1.2x
@@ -93,7 +98,7 @@ def test_targets_judge_the_measured_ratios():
 
 def test_targets_not_measured_say_so():
     """A run on a subset of lengths has no figure for some targets: not a failed target."""
-    cells = [bench.Timing("alibi", "ort-blocked", 512, [0.01], 1, 1), bench.Timing("-", "torch-sdpa", 512, [0.01], 1, 1)]
+    cells = [_timing("alibi", "ort-blocked", 512, [0.01], 1, 1), _timing("-", "torch-sdpa", 512, [0.01], 1, 1)]
     text = bench.markdown(cells, environment(), 8, 64)
     rows = [l for l in text.splitlines() if l.startswith(f"| causal {bench.DEFAULT_BIAS} L=")]
     assert rows and all(l.endswith("| - | not measured in this run |") for l in rows)
@@ -101,7 +106,7 @@ def test_targets_not_measured_say_so():
 
 def test_without_matplotlib_tables_are_written_and_the_plot_skipped(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    cells = [bench.Timing("alibi", "ort-blocked", 512, [0.01], 1, 1)]
+    cells = [_timing("alibi", "ort-blocked", 512, [0.01], 1, 1)]
     paths = bench.write(cells, tmp_path, 8, 64)
     assert [p.name for p in paths] == ["attention.json", "attention.md"] and all(p.is_file() for p in paths)
     assert not (tmp_path / "attention.png").exists()

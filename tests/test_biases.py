@@ -253,16 +253,23 @@ def test_family_matches_its_float64_oracle(name, causal, q_len, k_len):
 
 @pytest.mark.parametrize("name", pbe.BIASES)
 def test_family_declarations(name):
-    """What a family says about itself is true of its oracle: symmetry, look-back, head axis,
-    learned tensors, and a FunctionProto per ONNX function named after the family."""
+    """What a family says about itself is true of its oracle, over a span past every
+    hyper-parameter's default (AttentionBias.reach): symmetry, relative (positions shifted by
+    twice the reach leave it unchanged), look-back, head axis, learned tensors, and a
+    FunctionProto per ONNX function named after the family."""
     cls = bias_class(name)
+    span = np.arange(cls.reach() + 1)  # past every hyper-parameter's default distance
     bias = pbe.create_bias(name, 4, causal=False)
-    square = bias.reference(np.arange(30), np.arange(30))  # [H|1, 30, 30]
+    square = bias.reference(span, span)  # [H|1, N, N]
     assert np.array_equal(square, square.transpose(0, 2, 1)) == cls.symmetric
     assert square.shape[0] == (1 if cls.head_independent else 4)
     causal = pbe.create_bias(name, 4, causal=True)
-    seen = causal.reference(np.arange(200), np.arange(200)) > FLOAT32_LOWEST / 2  # [H|1, 200, 200]
-    distance = np.arange(200)[:, None] - np.arange(200)[None, :]
+    seen = causal.reference(span, span) > FLOAT32_LOWEST / 2  # [H|1, N, N]
+    distance = span[:, None] - span[None, :]
+    if cls.relative:  # the blocked form's per-distance table relies on bias(i, j) = g(i - j)
+        shift = 2 * cls.reach()
+        for module in (bias, causal):
+            assert np.array_equal(module.reference(span + shift, span + shift), module.reference(span, span))
     if causal.lookback is None:
         assert seen.all()
     else:
@@ -274,6 +281,24 @@ def test_family_declarations(name):
     protos = cls.function_protos()
     assert protos[0].name == cls.function_name and protos[0].domain == DOMAIN
     assert [p.name for p in protos[1:]] == ([cls.key_row_name()] if cls.key_row_function else [])
+
+
+@pytest.mark.parametrize("name", pbe.BIASES)
+def test_float16_module_returns_the_float32_bias(name):
+    """The dtype rule (AttentionBias._apply): a family cast with its model to float16 keeps its
+    own tensors float32 and returns the same float32 bias; a family that computes in its
+    module's dtype fails here, before any export."""
+    ref = pbe.create_bias(name, 6, seed=2)
+    half = pbe.create_bias(name, 6, seed=2).half()
+    assert all(t.dtype == torch.float32 for t in [*half.parameters(), *half.buffers()] if t.is_floating_point())
+    for q_len, k_len in ((1, 1), (17, 17), (1, 300)):
+        got = half(q_len, k_len)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, ref(q_len, k_len), rtol=0, atol=0)
+    q = torch.stack([torch.arange(3, 8), torch.arange(0, 5)])  # [2, 5]: padded rows' positions
+    k = torch.stack([torch.arange(0, 8), torch.arange(-3, 5)])  # [2, 8]
+    assert half.from_positions(q, k).dtype == torch.float32
+    assert all(t.dtype == torch.float64 for t in half.double().parameters())  # float64 (references) still applies
 
 
 @pytest.mark.parametrize("name", [n for n in pbe.BIASES if bias_class(n).key_row_function is not None])

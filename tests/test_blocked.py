@@ -12,6 +12,7 @@ import torch
 from onnx.reference import ReferenceEvaluator
 
 import posbias_export as pbe
+import tiers
 from posbias_export.export import functions
 from posbias_export.biases import bias_class
 from posbias_export.nn import DEFAULT_BLOCK, block_plan
@@ -47,18 +48,6 @@ def test_torch_blocked_equals_plain_float64(bias, block, causal):
     plain = attention_heads(q, k, v, q_pos, k_pos, key_mask, module, causal, AttentionSettings(form="plain"))
     blocked = attention_heads(q, k, v, q_pos, k_pos, key_mask, module, causal, AttentionSettings(form="blocked", block=block))
     torch.testing.assert_close(blocked, plain, rtol=0, atol=1e-12)
-
-
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("bias", pbe.BIASES)
-def test_relative_families_depend_on_the_distance_alone(bias, causal):
-    """What `relative` promises (the distance table relies on it), checked on the float64
-    oracle: shifting every position leaves the bias unchanged, so bias(i, j) = g(i - j)."""
-    module = layer_bias(pbe.ModelConfig(bias=bias, causal=causal, **SMALL))
-    if not module.relative:
-        pytest.skip(f"{bias} does not claim to be relative")
-    q_pos, k_pos = np.arange(30, 45), np.arange(0, 45)
-    np.testing.assert_array_equal(module.reference(q_pos + 1000, k_pos + 1000), module.reference(q_pos, k_pos))
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
@@ -169,7 +158,7 @@ def _reference(core, q, k, v, block):
     return ref64, torch32
 
 
-@pytest.mark.parametrize("bias", pbe.BIASES)
+@pytest.mark.parametrize("bias", tiers.families())
 def test_exported_loop_matches_reference_across_block_boundaries(tmp_path, bias):
     """Block 16: lengths 1, 16 (one full block), 17 and 300 (a partial last block)."""
     core, path = _export_core(tmp_path, bias, 16)
@@ -235,7 +224,7 @@ def test_bad_attention_options(tmp_path, kwargs, message):
     assert not (tmp_path / "x.onnx").exists()
 
 
-@pytest.mark.parametrize("bias", pbe.BIASES)
+@pytest.mark.parametrize("bias", tiers.families())
 def test_bidirectional_blocked_export_matches_plain_float64(tmp_path, bias):
     """--bidirectional --attention blocked: every query block sees every key (a symmetric
     window only its reach), no causal mask. Judged against the PLAIN float64 form (an
@@ -319,7 +308,7 @@ def _long_parity(tmp_path, bias, length):
     assert np.isfinite(got).all()
 
 
-@pytest.mark.parametrize("bias", pbe.BIASES)
+@pytest.mark.parametrize("bias", tiers.families())
 def test_ort_blocked_at_4096_bench_shape(tmp_path, bias):
     """H=8, d=64 at 4096 (256x the trace length) vs the float64 blocked reference."""
     _long_parity(tmp_path, bias, 4096)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import posbias_export as pbe
+import tiers
 from conftest import SMALL
 
 
@@ -42,14 +43,19 @@ def test_help_has_examples():
     assert proc.returncode == 0 and "examples:" in proc.stdout and "--checkpoint" in proc.stdout
 
 
-@pytest.mark.parametrize("args,pattern", [
+# the CLI's one-line errors as a real process: two by default, all of them in-process in test_bad_inputs.py
+ERRORS = [
     (["--bias", "alibx"], "unknown bias 'alibx'; choose one of: " + ", ".join(pbe.BIASES)),
     (["--bias", "alibi", "--heads", "0"], "--heads: expected a positive integer, got 0"),
     (["--bias", "alibi", "--heads", "3", "--dim", "128"], "dim (128) must be divisible by num_heads (3)"),
     (["--bias", "alibi", "--opset", "17"], "--opset: invalid choice"),
     (["--bias", "alibi", "--checkpoint", "missing.safetensors"], "checkpoint missing.safetensors does not exist"),
     (["--out", "x.onnx"], "--bias is required"),
-])
+]
+
+
+@pytest.mark.parametrize("args,pattern", tiers.cases(ERRORS, [f"args{i}" for i in range(len(ERRORS))],
+                                                     slow={"args2", "args3", "args4", "args5"}))
 def test_errors_are_one_line_exit_2_and_leave_no_file(tmp_path, args, pattern):
     argv = args if "--out" in args else args + ["--out", "out.onnx"]
     proc = run_cli(*argv, cwd=tmp_path)

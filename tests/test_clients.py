@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import tiers
 import torch
 
 transformers = pytest.importorskip("transformers")
@@ -28,7 +29,7 @@ from posbias_export.hf.ship import ship  # noqa: E402
 from posbias_export.parity import load_runner  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-JS = ROOT / "tests" / "clients"
+JS = ROOT / "posbias_export" / "bench" / "clients_js"
 PROMPTS = [[5, 60, 7, 81, 9, 100, 11, 12, 140, 33], [20, 210, 22]]  # no special token among them
 NEW = 12
 
@@ -77,7 +78,7 @@ def _varied(tokens: list[list[int]]) -> None:
 
 
 @pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir(),
-                    reason="transformers.js not installed (cd tests/clients && npm install --ignore-scripts)")
+                    reason="transformers.js not installed (cd posbias_export/bench/clients_js && npm install --ignore-scripts)")
 @pytest.mark.parametrize("batch", [1, 2], ids=["single", "padded-batch"])
 @pytest.mark.parametrize("kind", CLIENT_KINDS)
 def test_transformers_js_generates_transformers_tokens(shipped, kind, batch):
@@ -95,7 +96,7 @@ def test_transformers_js_generates_transformers_tokens(shipped, kind, batch):
 
 
 @pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir(),
-                    reason="transformers.js not installed (cd tests/clients && npm install --ignore-scripts)")
+                    reason="transformers.js not installed (cd posbias_export/bench/clients_js && npm install --ignore-scripts)")
 @pytest.mark.parametrize("kind", ["bloom", "falcon"])
 def test_transformers_js_takes_a_last_logits_folder(shipped, tmp_path, kind):
     """--out-dir --logits last: the decoder returns [B, 1, V]; transformers.js reads only the
@@ -112,7 +113,7 @@ def test_transformers_js_takes_a_last_logits_folder(shipped, tmp_path, kind):
 
 
 WEB = pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "onnxruntime-web").is_dir(),
-                         reason="onnxruntime-web not installed (cd tests/clients && npm install --ignore-scripts)")
+                         reason="onnxruntime-web not installed (cd posbias_export/bench/clients_js && npm install --ignore-scripts)")
 
 
 def _web_tokens(folder: Path, prompt: list[int]) -> list[int]:
@@ -123,8 +124,11 @@ def _web_tokens(folder: Path, prompt: list[int]) -> list[int]:
     return json.loads(proc.stdout.strip().splitlines()[-1])["tokens"]
 
 
+WEB_KINDS = [k for k in CLIENT_KINDS if k != "t5"]
+
+
 @WEB
-@pytest.mark.parametrize("kind", [k for k in CLIENT_KINDS if k != "t5"])
+@pytest.mark.parametrize("kind", tiers.cases(WEB_KINDS, WEB_KINDS, slow={"mpt", "falcon"}))  # bloom by default
 def test_onnxruntime_web_generates_transformers_tokens(shipped, kind):
     """The browser's runtime (WebAssembly, one thread) runs the folder's model.onnx with its
     cache: transformers' greedy tokens."""
@@ -368,7 +372,7 @@ def _greedy_consistent(model_path: Path, tokens: list[int], start: int) -> list[
 
 
 @pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir(),
-                    reason="transformers.js not installed (cd tests/clients && npm install --ignore-scripts)")
+                    reason="transformers.js not installed (cd posbias_export/bench/clients_js && npm install --ignore-scripts)")
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_quantized_folder_runs_in_the_clients(shipped, tmp_path, scheme):
     """--out-dir --quantize: transformers.js (onnxruntime-node), onnxruntime-web and

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import posbias_export as pbe
+import tiers
 from posbias_export.export import checks
 from posbias_export.export import read_metadata
 from posbias_export.export.checks import initializer_signature
@@ -19,7 +20,7 @@ CASES = [(b, arch, causal) for b in pbe.BIASES for arch in ("lm", "block") for c
 ids = [f"{b}-{arch}-{'causal' if c else 'bidir'}" for b, arch, c in CASES]
 
 
-@pytest.mark.parametrize("bias,arch,causal", CASES, ids=ids)
+@pytest.mark.parametrize("bias,arch,causal", tiers.cases(CASES, ids))
 def test_cli_export_passes_checks(exports, bias, arch, causal):
     path = exports.cli(bias, arch, causal)
     model = onnx.load(str(path))
@@ -40,7 +41,7 @@ def test_cli_export_passes_checks(exports, bias, arch, causal):
     assert (cfg.bias, cfg.causal, meta["arch"], meta["trace_len"]) == (bias, causal, arch, str(TRACE_LEN))
 
 
-@pytest.mark.parametrize("bias", pbe.BIASES)
+@pytest.mark.parametrize("bias", tiers.families())
 def test_file_independent_of_trace_length(tmp_path, bias):
     """Traced at 8 and at 256: the same initializers (dtype and shape), and file sizes within a
     few bytes (the metadata records the trace length). A baked [L] table of float32 would add

@@ -10,6 +10,7 @@ import torch
 from onnx import helper, numpy_helper
 
 import posbias_export as pbe
+import tiers
 from posbias_export.export import checks, functions
 from posbias_export.biases import bias_class
 from posbias_export.parity import run_matrix
@@ -83,7 +84,7 @@ def test_function_with_batched_positions(name):
 
 
 @pytest.mark.parametrize("arch", ["lm", "block"])
-@pytest.mark.parametrize("name", pbe.BIASES)
+@pytest.mark.parametrize("name", tiers.families())
 def test_default_export_has_functions_inline_export_has_none(exports, name, arch):
     """Causal exports are blocked: exactly one posbias.BlockedAttention<Family> node per layer
     (its Loop calls the family's function per block); the inlined file has no function at all."""
@@ -105,8 +106,12 @@ def test_default_export_has_functions_inline_export_has_none(exports, name, arch
     onnx.checker.check_model(flat, full_check=True)
 
 
-@pytest.mark.parametrize("form", ["functions", "inlined"])
-@pytest.mark.parametrize("name", pbe.BIASES)
+# the inlined form on every runtime: alibi by default, every family with -m slow
+FORMS = [(b, f) for b in pbe.BIASES for f in ("functions", "inlined")]
+
+
+@pytest.mark.parametrize("name,form", tiers.cases(
+    FORMS, [f"{b}-{f}" for b, f in FORMS], slow={f"{b}-inlined" for b in pbe.BIASES if b != "alibi"}))
 def test_runtimes_run_both_forms(exports, name, form):
     extra = () if form == "functions" else ("--inline-functions",)
     matrix = run_matrix(exports.cli(name, "lm", True, extra), ("ort-cpu", "reference", "openvino"), (1, 17, 300), batch=2,
@@ -136,7 +141,7 @@ def test_script_block_matches_exported_block_and_pytorch(exports, name, causal):
         np.testing.assert_allclose(script_out, export_out, rtol=1e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("name", pbe.BIASES)
+@pytest.mark.parametrize("name", tiers.families())
 def test_plain_export_shares_fixed_bias_nodes(exports, name):
     """In the plain form a learned bias is one posbias node per layer (its own tensors), a
     fixed one a single node the exporter's common-subexpression pass shares."""

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import posbias_export as pbe
+import tiers
 from torch_generation import greedy_generate
 from posbias_export.parity import load_runner
 from posbias_export.parity import compare, torch_outputs
@@ -35,11 +36,13 @@ def decoders(exports):
 
 # 300 + 64 tokens = 364 > 8 x the trace length (128); the long prompt for a key-row family and
 # the window (its decode steps read only their reach) by default, every family with -m slow
-GREEDY = [(b, n) if n < 300 or b in ("alibi", "window") else pytest.param(b, n, marks=pytest.mark.slow)
-          for b in pbe.BIASES for n in (1, 7, 300)]
+# (each prompt-1 case exports a file of its own: kerple_log's and sandwich's run with -m slow)
+GREEDY = [(b, n) for b in pbe.BIASES for n in (1, 7, 300)]
+GREEDY_SLOW = {f"{b}-prompt300" for b in pbe.BIASES if b not in ("alibi", "window")} | {"kerple_log-prompt1",
+                                                                                        "sandwich-prompt1"}
 
 
-@pytest.mark.parametrize("bias,length", GREEDY, ids=[f"{b}-prompt{n}" for b in pbe.BIASES for n in (1, 7, 300)])
+@pytest.mark.parametrize("bias,length", tiers.cases(GREEDY, [f"{b}-prompt{n}" for b, n in GREEDY], slow=GREEDY_SLOW))
 def test_greedy_tokens_equal_pytorch(decoders, bias, length):
     """64 new tokens; the 300-byte prompt takes the context to 364 > 8x the trace length."""
     p = prompt(length, seed=length)
@@ -126,6 +129,7 @@ def test_generate_command_errors_are_one_line(exports):
     assert proc.returncode == 2 and proc.stderr.strip() == "generate: error: prompt 0 is empty: generation needs at least one token of context"
 
 
+@pytest.mark.slow  # a smoke run of a benchmark command: its time goes to subprocesses timing things
 def test_bench_decode_smoke(tmp_path):
     """The decode benchmark end to end at toy sizes (no timing thresholds: timings are noisy)."""
     cmd = [sys.executable, "-m", "posbias_export", "bench-decode", "--biases", "kerple_log", "--contexts", "20",

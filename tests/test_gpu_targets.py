@@ -11,6 +11,7 @@ import torch
 from onnx.reference import ReferenceEvaluator
 
 import posbias_export as pbe
+import tiers
 from posbias_export.export import functions, read_metadata
 from posbias_export.nn.attention import AttentionSettings
 from posbias_export.biases import bias_class
@@ -34,9 +35,13 @@ def _export(tmp_path, bias, target, block=16, causal=True, **kwargs):
     return core, path
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("target", ["cuda", "cuda-ort"])
-@pytest.mark.parametrize("bias", pbe.BIASES)
+# cuda-ort keeps the bidirectional cells by default; cuda's run with -m slow
+GPU_CASES = [(b, t, c) for b in pbe.BIASES for t in ("cuda", "cuda-ort") for c in (True, False)]
+GPU_IDS = [f"{b}-{t}-{'causal' if c else 'bidirectional'}" for b, t, c in GPU_CASES]
+
+
+@pytest.mark.parametrize("bias,target,causal", tiers.cases(
+    GPU_CASES, GPU_IDS, slow={f"{b}-cuda-bidirectional" for b in pbe.BIASES}))
 def test_gpu_target_matches_plain_float64(tmp_path, bias, target, causal):
     """Block 16: L=1 and 16 take the one-block branch, 17 and 300 the Loop (partial last block)."""
     core, path = _export(tmp_path, bias, target, causal=causal)

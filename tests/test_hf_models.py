@@ -14,7 +14,7 @@ from hf_folders import KINDS, MPT_MAX_SEQ_LEN, VOCAB, model_type, save_tiny_mode
 from posbias_export.hf import load_model  # noqa: E402
 from posbias_export.hf.baselines import dynamo_export  # noqa: E402
 from posbias_export.hf.export import export_model  # noqa: E402
-from posbias_export.hf.falcon import round_to_bfloat16  # noqa: E402
+from posbias_export.hf.architectures.falcon import round_to_bfloat16  # noqa: E402
 from posbias_export.hf.validate import left_padded, run_hf_matrix, transformers_model  # noqa: E402
 from posbias_export.nn import AttentionSettings  # noqa: E402
 from posbias_export.parity import FLOAT32, compare, load_runner  # noqa: E402
@@ -274,15 +274,15 @@ def test_export_onnx_points_transformers_models_to_the_folder_path(folders):
         pbe.export_onnx(transformers_model(folders["bloom"], "bloom"), "unused.onnx")
 
 
-def test_readme_folder_example_runs(tmp_path, monkeypatch):
+def test_docs_folder_example_runs(tmp_path, monkeypatch):
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = re.search(r"### From a Hugging Face folder\n\n```python\n(.*?)```", readme, re.S).group(1)
+    page = (Path(__file__).resolve().parents[1] / "docs" / "python-api.md").read_text()
+    block = re.search(r"## From a Hugging Face folder\n\n```python\n(.*?)```", page, re.S).group(1)
     save_tiny_model("bloom", tmp_path / "bloom-560m")
     monkeypatch.chdir(tmp_path)
-    exec(compile(block, "README.md", "exec"), {})
+    exec(compile(block, "docs/python-api.md", "exec"), {})
     assert (tmp_path / "bloom.onnx").stat().st_size > 0
 
 
@@ -299,6 +299,7 @@ def test_validate_refuses_a_folder_with_other_weights(folders, exported, tmp_pat
         run_hf_matrix(exported("bloom"), other, ("ort-cpu",), (5,))
 
 
+@pytest.mark.slow  # a smoke run of a benchmark command: its time goes to subprocesses timing things
 def test_bench_models_measures_each_exporter(tmp_path):
     """One small cell per exporter: ours and dynamo run and are compared with transformers;
     Optimum is either measured or says why not (not installed here, or no encoder file)."""

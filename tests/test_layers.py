@@ -1,4 +1,4 @@
-"""The folders are the layers (README, Layout): a module imports only from its own layer and
+"""The folders are the layers (docs/layout.md): a module imports only from its own layer and
 those below it, and the runners under runtimes/ import neither torch nor this package. Read
 from the source with ast, so a lazy import inside a function counts too."""
 from __future__ import annotations
@@ -48,7 +48,7 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 @pytest.mark.parametrize("path", MODULES, ids=[str(p.relative_to(PACKAGE)) for p in MODULES])
 def test_no_upward_import(path):
     room = _room(path)
-    assert room in RANK, f"{room} is in no layer: add it to README's Layout and LAYERS"
+    assert room in RANK, f"{room} is in no layer: add it to docs/layout.md and LAYERS"
     upward = sorted(r for r in _imported_rooms(path) if r in RANK and RANK[r] > RANK[room])
     assert not upward, f"{path.relative_to(ROOT)} ({room}) imports from higher layers: {upward}"
 

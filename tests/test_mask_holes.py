@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import posbias_export as pbe  # noqa: E402
+import tiers
 from conftest import cli_model, lm_inputs, ort_run, ort_session  # noqa: E402
 from hf_folders import VOCAB, save_tiny_model  # noqa: E402
 from posbias_export.hf import load_model  # noqa: E402
@@ -52,8 +53,11 @@ def _judge_at_real_tokens(got, ref64, same32, mask, tol=FLOAT32):
     assert parity.passed, str(parity)
 
 
-@pytest.mark.parametrize("form", ["blocked", "plain"])
-@pytest.mark.parametrize("kind", ["bloom", "mpt", "falcon", "t5"])
+HOLES = [(k, form) for k in ("bloom", "mpt", "falcon", "t5") for form in ("blocked", "plain")]
+
+
+@pytest.mark.parametrize("kind,form", tiers.cases(HOLES, [f"{k}-{form}" for k, form in HOLES],
+                                                  slow={"mpt-plain", "falcon-plain", "t5-plain"}))
 def test_imported_file_and_transformers_agree_under_holes(folders, tmp_path, kind, form):
     folder = folders[kind]
     path = tmp_path / f"{kind}.onnx"
@@ -104,12 +108,11 @@ def test_cached_decoder_after_right_padding_gives_transformers_logits(folders, t
 
 # every family blocked (each block plan path); the plain form, where every family shares one
 # masked attention, for a key-row and a table family in the default run, all with -m slow
-OWN = [(b, "blocked") for b in pbe.BIASES] + [
-    (b, "plain") if b in ("alibi", "kerple_log") else pytest.param(b, "plain", marks=pytest.mark.slow)
-    for b in pbe.BIASES]
+OWN = [(b, form) for form in ("blocked", "plain") for b in pbe.BIASES]
 
 
-@pytest.mark.parametrize("bias,form", OWN)
+@pytest.mark.parametrize("bias,form", tiers.cases(
+    OWN, [f"{b}-{form}" for b, form in OWN], slow={f"{b}-plain" for b in pbe.BIASES if b not in ("alibi", "kerple_log")}))
 def test_own_attention_mask_exports_see_no_holes(exports, bias, form):
     """Positions come from cumsum(mask) - 1: every row's real tokens give, through the file,
     what the model gives for those tokens alone (float64 reference, the parity policy)."""

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import posbias_export as pbe
+import tiers
 from posbias_export.parity import FLOAT16, FLOAT32, compare, torch_outputs
 from conftest import SMALL, TRACE_LEN, lm_inputs, ort_run, ort_session, cli_model
 
@@ -24,14 +25,14 @@ def _judge(session, model, inputs, tol=FLOAT32, dtype=torch.float32):
 
 @pytest.mark.parametrize("length", LENGTHS, ids=lambda n: f"L{n}")
 @pytest.mark.parametrize("batch", [1, 3], ids=lambda b: f"B{b}")
-@pytest.mark.parametrize("bias", pbe.BIASES)
+@pytest.mark.parametrize("bias", tiers.families())
 def test_ort_cpu_lm_causal(exports, bias, batch, length):
     session = ort_session(exports.cli(bias, "lm", True))
     _judge(session, cli_model(bias), (lm_inputs(batch, length, seed=length),))
 
 
 @pytest.mark.parametrize("length", [1, 3 * TRACE_LEN + 1, 64 * TRACE_LEN], ids=lambda n: f"L{n}")
-@pytest.mark.parametrize("bias", pbe.BIASES)
+@pytest.mark.parametrize("bias", tiers.families())
 def test_ort_cpu_lm_bidirectional(exports, bias, length):
     session = ort_session(exports.cli(bias, "lm", False))
     _judge(session, cli_model(bias, causal=False), (lm_inputs(3, length, seed=length),))
@@ -39,7 +40,7 @@ def test_ort_cpu_lm_bidirectional(exports, bias, length):
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("length", [1, 3 * TRACE_LEN + 1, 64 * TRACE_LEN], ids=lambda n: f"L{n}")
-@pytest.mark.parametrize("bias", pbe.BIASES)
+@pytest.mark.parametrize("bias", tiers.families())
 def test_ort_cpu_block(exports, bias, length, causal):
     session = ort_session(exports.cli(bias, "block", causal))
     x = torch.randn(3, length, SMALL["dim"], generator=torch.Generator().manual_seed(length))
@@ -47,7 +48,7 @@ def test_ort_cpu_block(exports, bias, length, causal):
 
 
 @pytest.mark.parametrize("length", [1, 3 * TRACE_LEN + 1, 64 * TRACE_LEN], ids=lambda n: f"L{n}")
-@pytest.mark.parametrize("bias", pbe.BIASES)
+@pytest.mark.parametrize("bias", tiers.families())
 def test_ort_cpu_opset23_attention_op(exports, bias, length):
     session = ort_session(exports.cli(bias, "lm", True, ("--opset", "23")))
     _judge(session, cli_model(bias), (lm_inputs(3, length, seed=length),))
@@ -64,7 +65,7 @@ def test_ort_cpu_float16_at_2048(exports, bias):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("bias", pbe.BIASES)
+@pytest.mark.parametrize("bias", tiers.families())
 def test_padded_rows(exports, bias, dtype):
     """A batch with a fully padded row and a left-padded one: everything finite (a padded query
     sees no key: masks are finite, never -inf), and every row that holds tokens equals what the

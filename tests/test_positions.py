@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import posbias_export as pbe
+import tiers
 from posbias_export.nn.positions import RotaryEmbedding, logn_scale, resize_learned_table, sinusoidal_embedding
 from posbias_export.parity import compare, torch_outputs
 from conftest import SMALL, lm_inputs, ort_session
@@ -61,11 +62,11 @@ def test_learned_positions_refuse_beyond_table():
     assert cfg.max_positions == 32 and sibling.cfg.max_positions == 32
 
 
-@pytest.mark.parametrize("kwargs", [
+@pytest.mark.parametrize("kwargs", tiers.cases([
     dict(position="sinusoidal"), dict(position="learned", max_positions=128),
     dict(rope=True, rope_scaling="ntk", rope_factor=4.0), dict(rope=True, rope_scaling="linear", rope_factor=2.0),
     dict(bias="alibi", logn_train_len=16),
-], ids=["sinusoidal", "learned", "rope-ntk", "rope-linear", "alibi-logn"])
+], ["sinusoidal", "learned", "rope-ntk", "rope-linear", "alibi-logn"], slow={"sinusoidal", "rope-linear"}))
 def test_position_schemes_export_and_match(tmp_path, kwargs):
     cfg = pbe.ModelConfig(**{"bias": "none", **SMALL, **kwargs})
     model = pbe.build_model(cfg, seed=0)

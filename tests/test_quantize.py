@@ -10,6 +10,7 @@ import pytest
 from onnx import numpy_helper
 
 import posbias_export as pbe
+import tiers
 from posbias_export.export import checkpoint_metadata, export_onnx
 from posbias_export.export.quantize import QuantizeSpec
 from posbias_export.export.metadata import read_metadata
@@ -33,11 +34,19 @@ def _cells(matrix) -> list:
     return [c for c in matrix.cells if c.case.startswith("L=")]
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int4"])
-@pytest.mark.parametrize("bias", FAMILY_CHECKPOINTS)
+# int8 and int4 of ALiBi, int4 of a table and a learned family by default (quantization touches the
+# linear layers only, the same in every family); every family and scheme with -m slow
+CHECKPOINT_CASES = [(b, s) for b in pbe.BIASES for s in ("int8", "int4")]
+
+
+@pytest.mark.parametrize("bias,scheme", tiers.cases(
+    CHECKPOINT_CASES, [f"{b}-{s}" for b, s in CHECKPOINT_CASES],
+    slow={f"{b}-{s}" for b, s in CHECKPOINT_CASES if b != "alibi" and (s == "int8" or b not in ("kerple_log", "t5"))}))
 def test_quantized_checkpoint_passes_policy(tmp_path, bias, scheme):
     """Each family's trained checkpoint, quantized, passes the policy on ORT CPU at 1, 17 and
     16x the training length, in fresh sessions and in one session serving every length."""
+    if bias not in FAMILY_CHECKPOINTS:
+        pytest.skip(f"no trained checkpoint for {bias} in models/")
     path = _export(bias, scheme, tmp_path / "q.onnx")
     meta = read_metadata(onnx.load(str(path), load_external_data=False))
     assert meta["quantized"] == scheme and int(meta["quantized_nodes"]) >= 5
@@ -155,7 +164,11 @@ def test_policy_measures_against_the_formula():
     assert POLICIES["int8"].max_kl == pytest.approx(np.log(1.01))
 
 
-@pytest.mark.parametrize("kind", ["bloom", "mpt", "falcon", "falcon_grouped"])
+# quantized imported files: BLOOM by default, every architecture with -m slow
+IMPORTED = ["bloom", "mpt", "falcon", "falcon_grouped"]
+
+
+@pytest.mark.parametrize("kind", tiers.cases(IMPORTED, IMPORTED, slow={"mpt", "falcon", "falcon_grouped"}))
 def test_quantized_imported_model_passes_validate(tmp_path, kind):
     """Imported folders, --kv-cache --quantize int8 and int4: validate --model judges them by the
     policy against the folder's model (left-padded batches, real tokens), every length in one
@@ -186,3 +199,91 @@ def test_validate_defaults_skip_the_reference_evaluator_for_quantized_files(tmp_
     assert result.ok and not [c for c in result.matrices[0].cells if c.runtime == "reference"]
     named = validate([path], ("reference",), (17,), batch=2, order=False)
     assert not named.ok and named.matrices[0].cells[0].verdict.startswith("error")
+
+
+@pytest.fixture(scope="module")
+def t5_folder(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from hf_folders import save_initialized_t5
+
+    return save_initialized_t5(tmp_path_factory.mktemp("t5") / "t5")
+
+
+@pytest.mark.parametrize("scheme", tiers.cases(["int8", "int4"], ["int8", "int4"], slow={"int8"}))  # int4: the stricter
+def test_quantized_t5_folder_passes_validate(tmp_path, t5_folder, scheme):
+    """A T5 folder shipped with --quantize: both files quantized (the encoder's and decoder's
+    linear layers, the embedding, the head), the relative-position bias left float; validate
+    --model judges the decoder on the reference encoder's states, the encoder through the
+    reference decoder, and the pair as a client runs it, each by the policy."""
+    from posbias_export.hf.ship import ship
+    from posbias_export.validation import validate
+
+    out = tmp_path / "out"
+    ship(t5_folder, out, quantize=QuantizeSpec(scheme), check_growth=False)
+    files = [out / "encoder_model.onnx", out / "decoder_model_merged.onnx"]
+    for path in files:
+        proto = onnx.load(str(path))
+        assert read_metadata(proto)["quantized"] == scheme
+        inits = {t.name for t in proto.graph.initializer}
+        assert not [n for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+        bias_tables = [t for t in proto.graph.initializer if "relative_attention_bias" in t.name]
+        assert bias_tables and all(t.data_type == onnx.TensorProto.FLOAT for t in bias_tables)
+    result = validate(files, ("ort-cpu",), (1, 17, 300), batch=2, model_dir=t5_folder)
+    assert len(result.matrices) == 3 and "encoder file + decoder file" in result.matrices[2].arch
+    assert result.ok, [(m.arch, c.runtime, c.case, c.verdict) for m in result.matrices for c in m.cells if not c.ok]
+    judged = [c for m in result.matrices for c in m.cells if c.runtime == "ort-cpu" and c.case.startswith("L=")]
+    assert all(c.dtype == f"float32 {scheme}" for c in judged)
+    assert sum(c.parity["decided_positions"] for c in judged) > 20  # the top-1 criterion is exercised
+
+
+@pytest.mark.slow  # the default run's sabotage cases: the ALiBi ones above and the float T5 decoder's below
+def test_a_t5_decoder_scale_off_by_two_fails_the_policy(tmp_path, t5_folder):
+    """Sabotage: the quantized decoder's weight scales doubled fail its matrix and the pair's; the
+    encoder, untouched, still passes."""
+    from posbias_export.hf.ship import ship
+    from posbias_export.validation import validate
+
+    out = tmp_path / "out"
+    ship(t5_folder, out, quantize=QuantizeSpec("int4"), check_growth=False)
+    proto = onnx.load(str(out / "decoder_model_merged.onnx"))
+    for t in _scale_initializers(proto):
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * 2, t.name))
+    onnx.save(proto, str(out / "bad.onnx"))
+    result = validate([out / "encoder_model.onnx", out / "bad.onnx"], ("ort-cpu",), (17, 300), batch=2,
+                      model_dir=t5_folder, order=False)
+    verdicts = {m.arch.split(": ")[1]: [c.verdict for c in m.cells if c.runtime == "ort-cpu"] for m in result.matrices}
+    assert set(verdicts["encoder file (logits)"]) == {"pass"}
+    assert all(v.startswith("FAIL") for v in verdicts["decoder file (logits)"] + verdicts["encoder file + decoder file "
+                                                                                          "(logits)"]), verdicts
+
+
+def test_float_t5_decoder_is_judged_by_validate(tmp_path, t5_folder):
+    """validate --model on a float T5 decoder file (once refused): the float policy against the
+    float64 reference, transformers' T5ForConditionalGeneration as a row, every length in one
+    session too; a decoder whose relative-position table is off fails it."""
+    from posbias_export.hf.export import export_model
+    from posbias_export.hf.validate import run_hf_matrix
+
+    path = tmp_path / "decoder.onnx"
+    export_model(t5_folder, path, part="decoder", check_growth=False)
+    matrix = run_hf_matrix(path, t5_folder, ("ort-cpu",), (1, 17, 300), batch=2)
+    assert matrix.ok and {c.runtime for c in matrix.cells} == {"transformers", "ort-cpu"}
+    assert any(c.case.startswith("one session") for c in matrix.cells)
+    proto = onnx.load(str(path))
+    table = next(t for t in proto.graph.initializer if "relative_attention_bias" in t.name)
+    table.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(table)[::-1].copy(), table.name))  # buckets reversed
+    onnx.save(proto, str(tmp_path / "bad.onnx"))
+    bad = run_hf_matrix(tmp_path / "bad.onnx", t5_folder, ("ort-cpu",), (17,), batch=2, order=False)
+    assert [c.verdict[:4] for c in bad.cells if c.runtime == "ort-cpu"] == ["FAIL"]
+
+
+def test_quantizing_an_encoder_alone_is_refused(tmp_path):
+    """A T5EncoderModel folder: its features lead to no prediction the policy could judge."""
+    pytest.importorskip("transformers")
+    from hf_folders import save_tiny_model
+    from posbias_export.hf.export import export_model
+
+    folder = save_tiny_model("t5", tmp_path / "t5")
+    with pytest.raises(ValueError, match="leads to none"):
+        export_model(folder, tmp_path / "e.onnx", quantize=QuantizeSpec("int8"), check_growth=False)
+    assert not (tmp_path / "e.onnx").exists()

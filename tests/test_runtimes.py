@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import posbias_export as pbe
+import tiers
 from posbias_export.parity import RUNTIMES_DIR, load_runner, run_matrix
 from conftest import TRACE_LEN
 
@@ -40,10 +41,11 @@ def _cell(matrix, runtime, length):
 
 
 def _params(lengths, marks=()):
-    return [pytest.param(b, r, n, id=f"{b}-{r}-L{n}", marks=marks) for b in pbe.BIASES for r in RUNTIME_NAMES for n in lengths]
+    return [pytest.param(b, r, n, id=f"{b}-{r}-L{n}", marks=(*marks, *([tiers.SLOW] if tiers.extended(b) else [])))
+            for b in pbe.BIASES for r in RUNTIME_NAMES for n in lengths]
 
 
-@pytest.mark.parametrize("bias,runtime,length", _params(LENGTHS) + _params(SLOW_LENGTHS, pytest.mark.slow))
+@pytest.mark.parametrize("bias,runtime,length", _params(LENGTHS) + _params(SLOW_LENGTHS, (pytest.mark.slow,)))
 def test_runtime_matches_pytorch(matrices, bias, runtime, length):
     lengths = tuple(LENGTHS) if length in LENGTHS else tuple(SLOW_LENGTHS)
     cell = _cell(matrices(bias, lengths), runtime, length)

@@ -16,7 +16,8 @@ from posbias_export.study.evaluate import evaluate, mean_nll
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
-SCHEMES = ["alibi", "kerple_log", "kerple_power", "sandwich", "t5", "window", "rope", "sinusoidal", "learned", "none"]
+SHIPPED = ["alibi", "kerple_log", "kerple_power", "sandwich", "t5", "window", "rope", "sinusoidal", "learned", "none"]
+SCHEMES = [*SHIPPED, *(b for b in pbe.BIASES if b not in SHIPPED)]  # a family added later: its cell skips until trained
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +76,8 @@ def test_mean_nll_matches_cross_entropy():
                                     for s in SCHEMES])
 def test_shipped_checkpoint_exports_with_no_other_flag(tmp_path, scheme):
     ckpt = MODELS / f"{scheme}.safetensors"
+    if scheme not in SHIPPED and not ckpt.is_file():
+        pytest.skip(f"no trained checkpoint for {scheme} in models/ (python -m posbias_export train)")
     assert ckpt.is_file() and (MODELS / f"{scheme}.md").is_file()
     assert ckpt.stat().st_size < 4_000_000
     proc = subprocess.run([sys.executable, "-m", "posbias_export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "m.onnx")],
@@ -106,6 +109,7 @@ def test_evaluate_command(tmp_path, corpus):
     assert [r["length"] for r in rows] == [16, 64] and all(r["rel_diff"] < 1e-4 for r in rows)
 
 
+@pytest.mark.slow  # a smoke run of a benchmark command: its time goes to subprocesses timing things
 def test_extrapolation_command_smoke(tmp_path, corpus):
     (tmp_path / "models").mkdir()
     for scheme in ("alibi", "learned"):

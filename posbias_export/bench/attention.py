@@ -10,11 +10,10 @@ block in PyTorch with the fused causal kernel and no bias.
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..biases import BIASES, DEFAULT_BIAS, bias_class
@@ -22,6 +21,7 @@ from ..environment import describe, environment
 from ..export.files import write_text_atomic
 from ..plots import pyplot_for
 from ..runners import atomic
+from .cells import Measured
 
 LENGTHS = (512, 2048, 8192, 16384)
 CONFIGS = ("ort-blocked", "ort-plain", "openvino", "torch-eager", "torch-sdpa")
@@ -44,29 +44,14 @@ TARGET_OTHER_RATIO = 1.5  # every other bias; a block; bidirectional
 
 
 @dataclass
-class Timing:
+class Timing(Measured):
     """One (bias, config, length) measurement, or why it was not made."""
 
     bias: str
     config: str
     length: int
-    times: list[float] = field(default_factory=list)
-    peak_rss: int | None = None
     loaded_rss: int | None = None
-    skipped: str | None = None  # why it did not run (predicted memory) or how it failed
     variant: str = "causal"
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.times)
-
-    @property
-    def min(self) -> float | None:
-        return min(self.times) if self.times else None
-
-    @property
-    def median(self) -> float | None:
-        return statistics.median(self.times) if self.times else None
 
     def as_dict(self) -> dict:
         return {**asdict(self), "min": self.min, "median": self.median}

@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,7 @@ from ..environment import describe, environment
 from ..export.files import write_text_atomic
 from ..hf.models import SUPPORTED as KINDS
 from .attention import memory_budget
+from .cells import Measured
 
 LENGTHS = (2048, 8192, 16384)
 EXPORTERS = ("posbias", "dynamo", "optimum")
@@ -31,18 +32,11 @@ COMMAND = "python -m posbias_export bench-models"
 
 
 @dataclass
-class ModelCell:
+class ModelCell(Measured):
     kind: str
     exporter: str
     length: int
-    times: list[float] = field(default_factory=list)
-    peak_rss: int | None = None
     error_vs_torch: float | None = None
-    skipped: str | None = None  # why it did not run, or how it failed
-
-    @property
-    def seconds(self) -> float | None:
-        return min(self.times) if self.times else None
 
 
 def make_folder(kind: str, folder: Path, hidden: int = 256, heads: int = 4, layers: int = 2,
@@ -157,9 +151,9 @@ def run(kinds=KINDS, lengths=LENGTHS, exporters=EXPORTERS, repeats: int = 2, tim
 def _fmt(cell: ModelCell | None) -> str:
     if cell is None:
         return "-"
-    if cell.seconds is None:
+    if cell.min is None:
         return cell.skipped or "-"
-    return f"{cell.seconds:.2f} s, {cell.peak_rss / 1e9:.2f} GB, err {cell.error_vs_torch:.1e}"
+    return f"{cell.min:.2f} s, {cell.peak_rss / 1e9:.2f} GB, err {cell.error_vs_torch:.1e}"
 
 
 def markdown(cells: list[ModelCell], env: dict) -> str:

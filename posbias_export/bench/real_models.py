@@ -91,7 +91,7 @@ def _folder_bytes(folder: Path) -> int:
 
 
 def optimum_cli() -> Path | None:
-    """optimum-cli of the side environment benchmarks/optimum_env.sh makes (it pins transformers
+    """optimum-cli of the side environment bench/optimum_env.sh makes (it pins transformers
     < 4.58), if it has been made; None otherwise."""
     import os
 
@@ -170,6 +170,44 @@ def encoder_worker(model_path: str, prompt: int, threads: int) -> dict:
     start = time.perf_counter()
     session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
     return {"prefill_s": time.perf_counter() - start}
+
+
+def seq2seq_worker(folder: str, prompt: int, new_tokens: int) -> dict:
+    """A folder written with --out-dir (encoder_model.onnx, decoder_model_merged.onnx) on ORT
+    CPU: the encoder over `prompt` tokens, then greedy decoder steps with the cache."""
+    from ..parity.runtimes import load_runner
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    ids = _prompt(prompt) % min(32000, config["vocab_size"])
+    timings: dict = {}
+    tokens = load_runner("ort/seq2seq.py").greedy_generate(
+        str(Path(folder) / "encoder_model.onnx"), str(Path(folder) / "decoder_model_merged.onnx"), ids,
+        np.ones_like(ids), new_tokens, timings=timings)
+    return {"prefill_s": timings["encoder_s"], "decode_ms": timings["steps_ms"][1:],  # the first step: no cache yet
+            "tokens": tokens[0].tolist()}
+
+
+def transformers_seq2seq_worker(folder: str, prompt: int, new_tokens: int, threads: int) -> dict:
+    """transformers' T5ForConditionalGeneration, eager, the same steps as seq2seq_worker."""
+    import torch
+    import transformers as tf
+
+    torch.set_num_threads(threads)
+    model = tf.T5ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.from_numpy(_prompt(prompt) % min(32000, model.config.vocab_size))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        start = time.perf_counter()
+        states = model.get_encoder()(input_ids=ids, attention_mask=mask)
+        prefill = time.perf_counter() - start
+        token, past, times = torch.zeros(1, 1, dtype=torch.int64), None, []
+        for _ in range(new_tokens):
+            start = time.perf_counter()
+            out = model(encoder_outputs=states, attention_mask=mask, decoder_input_ids=token, past_key_values=past,
+                        use_cache=True)
+            times.append(time.perf_counter() - start)
+            past, token = out.past_key_values, out.logits[:, -1].argmax(-1)[:, None]
+    return {"prefill_s": prefill, "decode_ms": [1e3 * t for t in times[1:]]}
 
 
 def transformers_encoder_worker(folder: str, prompt: int, threads: int) -> dict:
@@ -462,6 +500,10 @@ def main_worker(argv: list[str]) -> None:
         print(json.dumps(worker(target, int(prompt), int(new), int(threads), lean == ["lean"])))
     elif kind == "encoder":
         print(json.dumps(encoder_worker(target, int(prompt), int(threads))))
+    elif kind == "seq2seq":
+        print(json.dumps(seq2seq_worker(target, int(prompt), int(new))))
+    elif kind == "transformers-seq2seq":
+        print(json.dumps(transformers_seq2seq_worker(target, int(prompt), int(new), int(threads))))
     elif kind == "transformers-encoder":
         print(json.dumps(transformers_encoder_worker(target, int(prompt), int(threads))))
     else:

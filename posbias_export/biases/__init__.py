@@ -71,6 +71,16 @@ def create_bias(name: str, num_heads: int, causal: bool = True, seed: int = 0, *
     return bias_class(name)(num_heads, causal=causal, params=make_params(name, params), seed=seed)
 
 
+def family_table() -> str:
+    """The registered families as a markdown table (README's, checked by tests/test_docs.py)."""
+    rows = ["| `--bias` | adds to each score | learned | hyper-parameters (default) | paper |", "|---|---|---|---|---|"]
+    for name in BIASES:
+        cls = FAMILIES[name]
+        params = ", ".join(f"`{f.name}` ({f.default})" for f in dataclasses.fields(cls.Params)) or "-"
+        rows.append(f"| `{name}` | {cls.summary} | {'yes' if cls.learned else 'no'} | {params} | {cls.paper or '-'} |")
+    return "\n".join(rows) + "\n"
+
+
 __all__ = [
     "BIASES",
     "DEFAULT_BIAS",
@@ -82,6 +92,7 @@ __all__ = [
     "alibi_slopes",
     "bias_class",
     "create_bias",
+    "family_table",
     "hyper_parameter_fields",
     "make_params",
     "mask_value",

@@ -73,6 +73,8 @@ def AlibiKeyRow(q_pos_b: INT64, k_pos_b: INT64, slopes: FLOAT) -> FLOAT:
 
 class AlibiBias(AttentionBias):
     name = "alibi"
+    summary = "`-m_h * abs(i - j)`, `m_h = 2^(-8h/H)` (for H not a power of two the paper's interleave, as BLOOM)"
+    paper = "Press et al., *Train Short, Test Long*, ICLR 2022"
     rank = 10
     function = Alibi
     relative = True

@@ -120,6 +120,9 @@ class AttentionBias(nn.Module):
     """
 
     name: ClassVar[str] = ""  # registry key, CLI choice, metadata value; "" for an abstract base
+    summary: ClassVar[str] = ""  # what it adds to a score, one line (README's generated family table)
+    paper: ClassVar[str] = ""  # where it comes from
+    test_tier: ClassVar[str] = "default"  # "extended": its cells in the grid tests run under -m slow only
     Params: ClassVar[type[BiasParams]] = BiasParams  # hyper-parameters (none by default)
     learned: ClassVar[bool] = False  # trained tensors: a per-layer init seed, one function node per layer
     symmetric: ClassVar[bool] = True  # bidirectional form: bias(i, j) == bias(j, i)
@@ -156,6 +159,8 @@ class AttentionBias(nn.Module):
             cls.function_name = _camel(cls.name)
         if cls.function is None:
             raise TypeError(f"bias family {cls.name!r} declares no ONNX Script function")
+        if cls.test_tier not in ("default", "extended"):
+            raise TypeError(f"bias family {cls.name!r}: test_tier must be 'default' or 'extended', got {cls.test_tier!r}")
         if not family:
             return
         check_unique(cls)
@@ -241,6 +246,14 @@ class AttentionBias(nn.Module):
         return self.key_row_function is not None and (self.causal or self.key_row_exact)
 
     @classmethod
+    def reach(cls) -> int:
+        """A distance past everything the family's defaults name (a window, a last bucket, a
+        sinusoid period): twice the largest hyper-parameter default, at least 64. Declarations
+        (symmetric, relative, lookback) are judged over spans this long, where a short span
+        could make any variant look symmetric or relative."""
+        return max([64] + [2 * f.default for f in dataclasses.fields(cls.Params)])
+
+    @classmethod
     def params_for_training(cls, train_len: int) -> dict:
         """Hyper-parameters a model trained at `train_len` should get (default: none)."""
         return {}
@@ -249,3 +262,20 @@ class AttentionBias(nn.Module):
         for t in list(self.parameters()) + list(self.buffers()):
             return t.device
         return None
+
+    def _apply(self, fn, recurse: bool = True):
+        """The dtype rule: a family's own tensors stay float32 when the model is cast below it
+        (model.half() for a float16 export casts every module), so a family always computes
+        from float32 tensors and returns a float32 bias (tests/test_biases.py checks each one at
+        float16). Device moves, and float64 for the reference, apply as usual."""
+        def keep_float32(t: torch.Tensor) -> torch.Tensor:
+            out = fn(t)
+            if t.is_floating_point() and not _below_float32(t.dtype) and _below_float32(out.dtype):
+                return t.to(out.device)  # the move applies, the cast does not (no float16 rounding)
+            return out
+
+        return super()._apply(keep_float32, recurse)
+
+
+def _below_float32(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point and torch.finfo(dtype).bits < 32

@@ -141,6 +141,9 @@ def _natural_load_pre_hook(module, state_dict, prefix, local_metadata, strict, m
 
 class KerplePowerBias(_KerpleBase):
     name = "kerple_power"
+    test_tier = "extended"  # the grid tests run its cells under -m slow: it takes kerple_log's per-distance table path
+    summary = "`-r1 * abs(i - j)^r2`, learned per head, `r1 > 0`, `0 < r2 <= 2`"
+    paper = "Chi et al., *KERPLE*, NeurIPS 2022"
     rank = 20
     function = KerplePower
     r2_max = 2.0
@@ -165,6 +168,8 @@ class KerplePowerBias(_KerpleBase):
 
 class KerpleLogBias(_KerpleBase):
     name = "kerple_log"
+    summary = "`-r1 * log(1 + r2 * abs(i - j))`, learned per head, `r1, r2 > 0`"
+    paper = "Chi et al., *KERPLE*, NeurIPS 2022"
     rank = 30
     function = KerpleLog
 

@@ -37,6 +37,8 @@ def NoBiasKeyRow(q_pos_b: INT64, k_pos_b: INT64) -> FLOAT:
 
 class NoPositionalBias(AttentionBias):
     name = "none"
+    test_tier = "extended"  # the grid tests run its cells under -m slow: it takes the baseline every family's path is built on
+    summary = "nothing (NoPE)"
     rank = 1000  # last: the baseline every other family is compared with
     function = NoBias
     function_name = "NoBias"

@@ -80,6 +80,9 @@ def Sandwich(q_pos: INT64, k_pos: INT64, frequencies: FLOAT, head_scales: FLOAT)
 
 class SandwichBias(AttentionBias):
     name = "sandwich"
+    test_tier = "extended"  # the grid tests run its cells under -m slow: it takes kerple_log's per-distance table path
+    summary = "`lambda_h * (<p_i, p_j> - d'/2)`, `p` sinusoidal of width `d'`, `lambda_h = H / (8h)`"
+    paper = "Chi et al., *Dissecting Transformer Length Extrapolation via the Lens of Receptive Field Analysis*, ACL 2023"
     rank = 40
     Params = SandwichParams
     function = Sandwich

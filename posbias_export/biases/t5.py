@@ -98,6 +98,8 @@ def T5(q_pos: INT64, k_pos: INT64, bucket_of_offset: INT64, weight: FLOAT, max_d
 
 class T5Bias(AttentionBias):
     name = "t5"
+    summary = "a learned scalar per (bucket of `j - i`, head), log-spaced buckets, Hugging Face's bucket function"
+    paper = "Raffel et al., *T5*, JMLR 2020"
     rank = 50
     Params = T5Params
     function = T5

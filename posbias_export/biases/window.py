@@ -48,6 +48,8 @@ def Window(q_pos: INT64, k_pos: INT64, window: int, causal: int) -> FLOAT:
 
 class WindowBias(AttentionBias):
     name = "window"
+    summary = "RoPE on q and k, and `0` if `0 <= i - j < w` else masked (`w` counts the query; bidirectional `abs(i - j) < w`)"
+    paper = "Su, \"super-baseline\" (kexue.fm, 2023)"
     rank = 60
     Params = WindowParams
     function = Window

@@ -152,7 +152,8 @@ def build_bench_quant_parser() -> argparse.ArgumentParser:
     p = parser("bench-quant", "Quantized files beside the float32 ones: held-out perplexity of the trained checkpoints "
                 "(training length and 16x it) float32 / int8 / int4 and the int4 choices; at real size (published "
                 "configurations, random weights) file size, export memory, prefill 512 and decode on ONNX Runtime "
-                "CPU beside the bandwidth floor and transformers eager; writes quantized.md/.json/.png.",
+                "CPU beside the bandwidth floor and transformers eager (T5: the encoder-decoder pair and its policy); "
+                "writes quantized.md/.json/.png.",
                "example:\n  python -m posbias_export bench-quant --corpus ../shared/data/tinyshakespeare.txt "
                "--real bloom-560m --work /tmp/real")
     p.add_argument("--models", default="models", help="folder of trained checkpoints (default models; '' skips them)")
@@ -169,11 +170,11 @@ def run_bench_quant(args) -> int:
     from pathlib import Path
 
     from ..bench import quantized
-    from ..bench.real_models import PUBLISHED, SEQ2SEQ
+    from ..bench.real_models import PUBLISHED
 
-    wrong = [m for m in args.real if m not in PUBLISHED or m in SEQ2SEQ]
+    wrong = [m for m in args.real if m not in PUBLISHED]
     if wrong:
-        raise ValueError(f"--real {wrong[0]!r}: choose causal LMs from {', '.join(m for m in PUBLISHED if m not in SEQ2SEQ)}")
+        raise ValueError(f"--real {wrong[0]!r}: choose from {', '.join(PUBLISHED)}")
     if args.real and not args.work:
         raise ValueError("--real needs --work (a folder for the random-weight models)")
     if args.models and not args.corpus:
@@ -191,8 +192,8 @@ def build_bench_clients_parser() -> argparse.ArgumentParser:
     from ..hf.models import SUPPORTED
 
     p = parser("bench-clients", "The serving folder (--model DIR --out-dir OUT) in the clients people run: our "
-               "generate, transformers.js and onnxruntime-web (tests/clients), onnxruntime-genai, Optimum (its own "
-               "environment, benchmarks/optimum_env.sh; also Optimum's own export): tokens and logits vs transformers at "
+               "generate, transformers.js and onnxruntime-web (posbias_export/bench/clients_js), onnxruntime-genai, Optimum (its own "
+               "environment, posbias_export/bench/optimum_env.sh; also Optimum's own export): tokens and logits vs transformers at "
                "a short and a 1024-token prompt; the same clients on --quantize int8/int4 folders; writes clients.md/.json.")
     p.add_argument("--models", type=name_list, default=SUPPORTED, help=f"from: {', '.join(SUPPORTED)}")
     p.add_argument("--no-optimum", action="store_true", help="skip Optimum (it builds a side environment once)")

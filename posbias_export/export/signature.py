@@ -131,15 +131,20 @@ class ExportSpec:
             raise ValueError("logits='last' is for generation files (a KV cache); a file for scoring keeps every "
                              "position's logits")
         if self.quantize is not None:
-            if self.arch not in ("lm", "causal_lm") and "lm" not in self.arch:
-                raise ValueError(f"quantize is for language-model files (their linear layers and embedding); "
-                                 f"this is a {self.arch!r} export")
+            if not self.predicts_tokens():
+                raise ValueError(f"quantize is for files judged by their next-token predictions (language models, "
+                                 f"a T5's encoder and decoder); this is a {self.arch!r} export")
             if request.dtype != "float32":
                 raise ValueError("quantize starts from float32 weights (the quantizers write their own scales); "
                                  "drop --dtype float16")
             if request.target != "portable":
                 raise ValueError("quantize is for the portable target (ONNX Runtime's CPU kernels for quantized "
                                  "MatMul); the GPU targets keep float weights")
+
+    def predicts_tokens(self) -> bool:
+        """Whether the file's outputs lead to next-token predictions (what the quantized policy,
+        parity/quantized.py, judges)."""
+        return "lm" in self.arch
 
     def signature(self, model: nn.Module, trace_len: int, dtype: torch.dtype, settings: AttentionSettings,
                   batch: int = 2) -> Signature:

@@ -18,7 +18,7 @@ from ..export.signature import ExportSpec, Signature, cached_signature, last_log
 from ..nn import DEFAULT_BLOCK, file_sha256
 from .folder import folder_files
 from .layers import ImportedModel
-from .models import load_model
+from .models import has_decoder, load_model
 
 
 @dataclass
@@ -70,6 +70,11 @@ class ImportedSpec(ExportSpec):
     def trailing_metadata(self) -> dict[str, str]:
         return {}
 
+    def predicts_tokens(self) -> bool:
+        """A T5 encoder's features lead to predictions through its decoder (export_model refuses
+        an encoder alone, whose features have none)."""
+        return self.model.arch in ("lm", "decoder", "encoder")
+
 
 class CachedT5Decoder(torch.nn.Module):
     """Flat tensors in and out for the T5 decoder file (as KVCacheLM, with the encoder's output)."""
@@ -102,7 +107,7 @@ class CachedT5DecoderNoMask(torch.nn.Module):
 
 @dataclass
 class T5DecoderSpec(ImportedSpec):
-    """The cached T5 decoder (hf/t5_decoder.py): input_ids, attention_mask (unless with_mask is
+    """The cached T5 decoder (hf/architectures/t5_decoder.py): input_ids, attention_mask (unless with_mask is
     off), encoder_hidden_states, encoder_attention_mask and the past pairs in; logits and the
     present pairs out."""
 
@@ -160,11 +165,15 @@ def export_model(
     a failed check; nothing is written then. names="huggingface": the clients' names
     (export/naming.py); shipped: the metadata keeps the folder's name, not its path.
     logits="last" (with kv_cache): the last position's logits only, [B, 1, V]. quantize: a
-    quantize.QuantizeSpec (causal LMs): int8 / int4 weights through ONNX Runtime's quantizers."""
+    quantize.QuantizeSpec (causal LMs, a T5's encoder or decoder): int8 / int4 weights through
+    ONNX Runtime's quantizers."""
     check_outputs([path], folder_files(model_dir))  # never write over what the folder holds
     model = load_model(model_dir, part, lazy=True)  # weights streamed into the file as it is written
     if names not in NAMINGS:
         raise ValueError(f"names must be one of {', '.join(NAMINGS)}, got {names!r}")
+    if quantize is not None and model.arch == "encoder" and not has_decoder(model_dir):
+        raise ValueError(f"quantize judges a file by the next-token predictions it leads to; {model.model_type}'s "
+                         "encoder alone (feature extraction, no decoder in the folder) leads to none")
     spec = ImportedSpec.of(model, kv_cache, NAMINGS[names], shipped)
     spec.last_logits = last_logits(logits)
     spec.quantize = quantize

@@ -1,10 +1,10 @@
-"""The imported architectures (each registers itself: hf/layers.py ARCHITECTURES) and
-load_model, which builds one from a folder."""
+"""The imported architectures (hf/architectures/, discovered and registered on import:
+hf/layers.py ARCHITECTURES) and load_model, which builds one from a folder."""
 from __future__ import annotations
 
 import os
 
-from . import bloom, falcon, mpt, t5, t5_decoder  # noqa: F401  (each module registers its architecture)
+from . import architectures  # noqa: F401  (every module there registers its architecture)
 from .folder import FolderError, read_folder
 from .layers import ARCHITECTURES, PARTS, ImportedModel
 from ..nn.lazy_weights import parameters_on_meta
@@ -39,3 +39,12 @@ def load_model(folder: str | os.PathLike, part: str = "encoder", lazy: bool = Fa
         load_weights(model, source.path)
     model.source_dir = source.path.resolve()
     return model.float().eval()
+
+
+def has_decoder(folder: str | os.PathLike) -> bool:
+    """An encoder-decoder folder (T5ForConditionalGeneration), not an encoder alone."""
+    try:
+        load_model(folder, "decoder", lazy=True)
+    except FolderError:
+        return False
+    return True

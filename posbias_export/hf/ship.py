@@ -31,7 +31,7 @@ from ..export.pipeline import ExportReport
 from ..runners import atomic
 from .export import export_model
 from .folder import FolderError, check_token_ids, read_json_object, resolves_inside
-from .models import load_model
+from .models import has_decoder, load_model
 
 COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
           "vocab.json", "merges.txt", "vocab.txt", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json")
@@ -168,15 +168,6 @@ def _position_limit(config: dict) -> int | None:
                  if isinstance(config.get(k), int)), None)
 
 
-def _has_decoder(source: Path) -> bool:
-    """An encoder-decoder folder (T5ForConditionalGeneration), not an encoder alone."""
-    try:
-        load_model(source, "decoder", lazy=True)
-    except FolderError:
-        return False
-    return True
-
-
 def ship(model_dir, out_dir, *, opset: int | None = None, trace_len: int = 16, block: int | None = None,
          inline_functions: bool = False, check_growth: bool = True, dtype: str = "float32",
          target: str = "portable", logits: str = "all", quantize=None, context_length: int | None = None) -> ShipReport:
@@ -186,8 +177,9 @@ def ship(model_dir, out_dir, *, opset: int | None = None, trace_len: int = 16, b
     tensor for a long prompt; Optimum, transformers.js and our generate read only that, but
     onnxruntime-genai reads each row's last real token of a right-padded batch, which the last
     position is not: it generates other tokens for such a batch). dtype, target: as export_model's; a GPU target makes the folder GPU-ready (onnxruntime-genai
-    on the CUDA provider, Triton instances KIND_GPU). quantize: a quantize.QuantizeSpec for a
-    causal LM's model.onnx (int8 / int4 weights). context_length: genai_config's (default
+    on the CUDA provider, Triton instances KIND_GPU). quantize: a quantize.QuantizeSpec for the
+    folder's files (int8 / int4 weights: a causal LM's model.onnx, a T5's encoder and decoder;
+    an encoder alone is refused by export_model). context_length: genai_config's (default
     DEFAULT_CONTEXT, not the config's position limit: see there). Everything the folder supplies
     is checked before the first export starts."""
     source, out = Path(model_dir), Path(out_dir)
@@ -197,9 +189,6 @@ def ship(model_dir, out_dir, *, opset: int | None = None, trace_len: int = 16, b
                                        or not 0 < context_length <= MAX_CONTEXT):
         raise ValueError(f"context_length must be an integer in [1, {MAX_CONTEXT}], got {context_length!r}")
     model = load_model(source, lazy=True)
-    if quantize is not None and model.arch != "lm":
-        raise ValueError(f"quantize is for causal language models; {source.name} is a {model.model_type} "
-                         f"{model.arch}")
     kwargs = dict(opset=opset, trace_len=trace_len, block=block, inline_functions=inline_functions,
                   check_growth=check_growth, names="huggingface", shipped=True, dtype=dtype, target=target)
     gpu = target != "portable"
@@ -225,13 +214,14 @@ def ship(model_dir, out_dir, *, opset: int | None = None, trace_len: int = 16, b
                                    "the default; --context-length sets it")
                                 + (f"; the config's position limit {limit} is not a cap: these files extrapolate"
                                    if (limit := _position_limit(config)) else "") + ")")
-        elif _has_decoder(source):
-            report.exports.append(export_model(source, stage / "encoder_model.onnx", **kwargs))
-            report.exports.append(export_model(source, stage / "decoder_model_merged.onnx", part="decoder", **kwargs))
+        elif has_decoder(source):
+            report.exports.append(export_model(source, stage / "encoder_model.onnx", quantize=quantize, **kwargs))
+            report.exports.append(export_model(source, stage / "decoder_model_merged.onnx", part="decoder",
+                                               quantize=quantize, **kwargs))
             files = {"encoder_model.onnx": _triton_name(source.name + "_encoder"),
                      "decoder_model_merged.onnx": _triton_name(source.name + "_decoder")}
         else:  # an encoder alone (T5EncoderModel): feature extraction
-            report.exports.append(export_model(source, stage / "model.onnx", **kwargs))
+            report.exports.append(export_model(source, stage / "model.onnx", quantize=quantize, **kwargs))
             files = {"model.onnx": _triton_name(source.name)}
         for name, triton in files.items():
             _link(stage / name, stage / "onnx" / name)

@@ -33,14 +33,18 @@ TRANSFORMERS_ROW = "transformers"
 BLOCKED = AttentionSettings(form="blocked")
 
 
-def file_inputs(proto: onnx.ModelProto, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+def file_inputs(proto: onnx.ModelProto, ids: np.ndarray, mask: np.ndarray,
+                extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Feeds for whatever the file asks: input_ids, attention_mask, position_ids (from the
-    mask), and empty past tensors for a cached decoder (past length 0: a prefill)."""
+    mask), empty past tensors for a cached decoder (past length 0: a prefill), and the named
+    `extra` tensors (a T5 decoder's encoder_hidden_states and encoder_attention_mask)."""
     feeds = {}
     batch = ids.shape[0]
     for value in proto.graph.input:
         name = value.name
-        if name == "input_ids":
+        if extra and name in extra:
+            feeds[name] = extra[name]
+        elif name == "input_ids":
             feeds[name] = ids
         elif name == "attention_mask":
             feeds[name] = mask
@@ -143,9 +147,12 @@ def run_hf_matrix(model_path: str | Path, model_dir: str | Path | None = None,
     model_dir = model_dir or meta.get("model_dir")
     if not model_dir:
         raise ParityInputError(f"{model_path} does not say which model it holds: pass --model DIR")
-    if any(i.name == "encoder_hidden_states" for i in proto.graph.input):
-        raise ParityInputError(f"{model_path} is a T5 decoder: validate --model judges files of one input sequence "
-                               "(the decoder is checked against transformers.generate by the test suite)")
+    from .validate_seq2seq import run_seq2seq_matrix, seq2seq_role
+
+    role = seq2seq_role(proto)
+    if role == "decoder" or (role == "encoder" and meta.get("quantized")):  # judged by the logits they lead to
+        return run_seq2seq_matrix(model_path if role == "encoder" else None, model_path if role == "decoder" else None,
+                                  model_dir, runtimes, lengths, batch, timeout, progress, ignore_size_limits, order)
     ours = load_model(model_dir)
     check_weights(meta, ours.source_dir, model_path)
     for n in lengths:  # transformers' eager attention holds [B, H, L, L] scores; our float64 run blocks of them

@@ -15,6 +15,7 @@ step feeds the decoder one token and its cache; a row stops at the end-of-sequen
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,9 +36,10 @@ create_session = load_runner("ort/run.py").create_session
 
 def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray, attention_mask: np.ndarray,
                     max_new_tokens: int, start_token: int = 0, min_new_tokens: int = 0, eos_token: int | None = None,
-                    provider: str = "cpu") -> np.ndarray:
+                    provider: str = "cpu", timings: dict | None = None) -> np.ndarray:
     """input_ids, attention_mask [B, Le] int64 -> generated tokens [B, max_new_tokens] (greedy;
-    `eos_token` is forbidden for the first `min_new_tokens` steps, as transformers does)."""
+    `eos_token` is forbidden for the first `min_new_tokens` steps, as transformers does).
+    timings: a dict to receive encoder_s and steps_ms (each decoder step's wall time)."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
         raise RunnerError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     encoder, decoder = create_session(encoder_path, provider), create_session(decoder_path, provider)
@@ -71,7 +73,10 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
         return np.zeros((ids.shape[0], 0), np.int64)
     outputs = [decoder.get_outputs()[0].name, *layout.present]
     batch = input_ids.shape[0]
+    timings = {} if timings is None else timings
+    started = time.perf_counter()
     states = _run(encoder, None, {"input_ids": input_ids, "attention_mask": attention_mask}, encoder_path)[0]
+    timings["encoder_s"], timings["steps_ms"] = time.perf_counter() - started, []
     cache_dtype = np.dtype(ONNX_TYPE_TO_NUMPY[first.type])  # float16 for a float16 decoder
     past = [np.zeros((batch, heads, 0, head_dim), cache_dtype) for _ in range(2 * layers)]
     step = np.full((batch, 1), start_token, np.int64)
@@ -81,7 +86,9 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
                  **dict(zip(layout.past, past))}
         if "attention_mask" in names:  # the decoder's own mask (a file shipped for clients has none: all ones)
             feeds["attention_mask"] = np.ones((batch, index + 1), np.int64)
+        started = time.perf_counter()
         logits, *past = _run(decoder, outputs, feeds, decoder_path)
+        timings["steps_ms"].append(1e3 * (time.perf_counter() - started))
         last = logits[:, -1]
         if eos_token is not None and index < min_new_tokens:
             last[:, eos_token] = -np.inf

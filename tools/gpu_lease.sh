@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# One call of a GPU lease (device tool): `bash benchmarks/gpu_lease.sh ort|torch OUT`.
+# One call of a GPU lease (device tool): `bash tools/gpu_lease.sh ort|torch OUT`.
 # Expects onnxruntime-gpu on PYTHONPATH (../shared/tools/gpu-ort-wheel.sh) and the files
 # exported beforehand under .gpu/models (attention) and .gpu/lm (LM files), see gpu_session.py.
 set -u
 part=$1; out=$2; mkdir -p "$out/par"
-biases="alibi kerple_power kerple_log sandwich t5 window none"
+biases=$(python3 -c "import posbias_export as p; print(*p.BIASES)")  # the registry, not a list to keep
 val() { python3 -m posbias_export validate "$@"; }
 if [ "$part" = ort ]; then
-  timeout 230 python3 benchmarks/gpu_session.py ort "$out" .gpu/models > "$out/ort.log" 2>&1
+  timeout 230 python3 tools/gpu_session.py ort "$out" .gpu/models > "$out/ort.log" 2>&1
   jobs_file=$(mktemp)
   for b in $biases; do
     echo "$b lm .gpu/lm/${b}_lm.onnx ort-cpu,ort-cuda,ort-cuda-tf32 1,17,1024,4096 3" >> "$jobs_file"
@@ -24,7 +24,7 @@ if [ "$part" = ort ]; then
   grep -h -- "->" "$out"/par/*.txt > "$out/parity_summary.txt"
   tar -czf "$out/parity.tar.gz" -C "$out" par && rm -rf "$out/par"
 else
-  timeout 300 python3 benchmarks/gpu_session.py torch "$out" > "$out/torch.log" 2>&1
+  timeout 300 python3 tools/gpu_session.py torch "$out" > "$out/torch.log" 2>&1
   timeout 150 python3 -m posbias_export bench-decode --device cuda --steps 32 --out-dir "$out/dec" > "$out/decode.log" 2>&1
   timeout 60 python3 -m posbias_export bench-decode --device cuda --target cuda-ort --biases alibi,sandwich --steps 32 --out-dir "$out/dec_ort" >> "$out/decode.log" 2>&1
   TIMEFORMAT="%R s"

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..biases import create_bias
-from ..nn.attention import EAGER
-from .layers import CausalLM, Shape, merge_heads, scale_queries, self_attention, split_heads
+from ...biases import create_bias
+from ...nn.attention import EAGER
+from ..layers import CausalLM, Shape, merge_heads, scale_queries, self_attention, split_heads
 
 
 TRANSFORMERS_ALIBI_BIAS_MAX = 8  # what transformers' MPT passes, whatever the config holds

@@ -21,10 +21,10 @@ from onnxscript import FLOAT, INT64, script
 from onnxscript import opset18 as op
 from torch import nn
 
-from ..biases import AttentionBias
-from ..biases.onnx_domain import posbias
-from ..nn.attention import EAGER
-from .layers import CausalLM, Shape, bloom_style_slopes, merge_heads, self_attention
+from ...biases import AttentionBias
+from ...biases.onnx_domain import posbias
+from ...nn.attention import EAGER
+from ..layers import CausalLM, Shape, bloom_style_slopes, merge_heads, self_attention
 
 BF16_SPLIT = 65537.0  # 2^16 + 1: keeps 24 - 16 = 8 significant bits
 

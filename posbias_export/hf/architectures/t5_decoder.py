@@ -15,24 +15,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..biases import MASK_PENALTY, create_bias
-from ..nn.attention import EAGER
-from .folder import FolderError
-from .layers import ImportedModel, RMSNorm, Shape, merge_heads, scale_queries, self_attention, split_heads
-from .t5 import T5FeedForwardLayer, t5_bias_params
+from ...biases import MASK_PENALTY, create_bias
+from ...nn.attention import EAGER
+from ..folder import FolderError
+from ..layers import ImportedModel, RMSNorm, Shape, merge_heads, scale_queries, self_attention, split_heads
+from .t5 import T5FeedForward, T5Projections, normed_sublayer, t5_bias_params
 
 BIAS_KEY = "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
-
-
-class T5Projections(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        inner = config.num_heads * config.d_kv
-        self.num_heads = config.num_heads
-        self.q = nn.Linear(config.d_model, inner, bias=False)
-        self.k = nn.Linear(config.d_model, inner, bias=False)
-        self.v = nn.Linear(config.d_model, inner, bias=False)
-        self.o = nn.Linear(inner, config.d_model, bias=False)
 
 
 def cross_attention(attn: T5Projections, x, encoder_states, encoder_mask):
@@ -60,17 +49,12 @@ class T5DecoderSelfLayer(nn.Module):
         return x + attn.o(merge_heads(y)), present
 
 
-class T5CrossLayer(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.EncDecAttention = T5Projections(config)
-        self.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
-
-
 class T5DecoderBlock(nn.Module):
     def __init__(self, config, bias):
         super().__init__()
-        self.layer = nn.ModuleList([T5DecoderSelfLayer(config, bias), T5CrossLayer(config), T5FeedForwardLayer(config)])
+        self.layer = nn.ModuleList([T5DecoderSelfLayer(config, bias),
+                                    normed_sublayer(config, EncDecAttention=T5Projections(config)),
+                                    normed_sublayer(config, DenseReluDense=T5FeedForward(config))])
 
     def forward(self, x, attention_mask, encoder_states, encoder_mask, past, settings):
         own, cross, ff = self.layer

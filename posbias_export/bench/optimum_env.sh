@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The side environment Optimum needs (it pins transformers < 4.58, which the project's own
 # environment is past): made once at $OPTIMUM_VENV (default .optimum-venv, git-ignored), then
-# benchmarks/optimum_client.py runs in it. Used by `python -m posbias_export bench-clients`.
+# optimum_client.py (beside this file) runs in it. Used by `python -m posbias_export bench-clients`.
 set -euo pipefail
 venv="${OPTIMUM_VENV:-.optimum-venv}"
 if [ ! -x "$venv/bin/python" ]; then

@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..biases import create_bias
-from ..nn.attention import EAGER
-from .layers import CausalLM, Shape, bloom_style_slopes, merge_heads, self_attention
+from ...biases import create_bias
+from ...nn.attention import EAGER
+from ..layers import CausalLM, Shape, bloom_style_slopes, merge_heads, self_attention
 
 
 def bloom_gelu(x: torch.Tensor) -> torch.Tensor:

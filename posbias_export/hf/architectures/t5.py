@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..biases import create_bias
-from ..nn.attention import EAGER
-from .layers import ImportedModel, RMSNorm, Shape, merge_heads, scale_queries, self_attention, split_heads
+from ...biases import create_bias
+from ...nn.attention import EAGER
+from ..layers import ImportedModel, RMSNorm, Shape, merge_heads, scale_queries, self_attention, split_heads
 
 BIAS_KEY = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
 
@@ -20,8 +20,10 @@ def t5_bias_params(config) -> dict:
             "max_distance": config.relative_attention_max_distance}
 
 
-class T5SelfAttention(nn.Module):
-    def __init__(self, config, bias):
+class T5Projections(nn.Module):
+    """q, k, v, o of a T5 attention (self or cross), named as transformers names them."""
+
+    def __init__(self, config):
         super().__init__()
         inner = config.num_heads * config.d_kv
         self.num_heads = config.num_heads
@@ -29,6 +31,11 @@ class T5SelfAttention(nn.Module):
         self.k = nn.Linear(config.d_model, inner, bias=False)
         self.v = nn.Linear(config.d_model, inner, bias=False)
         self.o = nn.Linear(inner, config.d_model, bias=False)
+
+
+class T5SelfAttention(T5Projections):
+    def __init__(self, config, bias):
+        super().__init__(config)
         self.position_bias = bias  # the first block's, shared by all
 
     def forward(self, x, attention_mask, settings):
@@ -56,24 +63,21 @@ class T5FeedForward(nn.Module):
         return self.wo(h)
 
 
-class T5AttentionLayer(nn.Module):
-    def __init__(self, config, bias):
-        super().__init__()
-        self.SelfAttention = T5SelfAttention(config, bias)
-        self.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
-
-
-class T5FeedForwardLayer(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.DenseReluDense = T5FeedForward(config)
-        self.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+def normed_sublayer(config, **child: nn.Module) -> nn.Module:
+    """A T5 sublayer as transformers names its weights (layer.N.<Child>, layer.N.layer_norm): one
+    named child and the RMS norm before it. The caller runs them (each block's forward)."""
+    (name, module), = child.items()
+    layer = nn.Module()
+    setattr(layer, name, module)
+    layer.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+    return layer
 
 
 class T5Block(nn.Module):
     def __init__(self, config, bias):
         super().__init__()
-        self.layer = nn.ModuleList([T5AttentionLayer(config, bias), T5FeedForwardLayer(config)])
+        self.layer = nn.ModuleList([normed_sublayer(config, SelfAttention=T5SelfAttention(config, bias)),
+                                    normed_sublayer(config, DenseReluDense=T5FeedForward(config))])
 
     def forward(self, x, attention_mask, settings):
         attn, ff = self.layer
