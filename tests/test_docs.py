@@ -53,3 +53,25 @@ def test_every_page_is_linked_and_every_link_resolves():
     for path, text in TEXTS.items():
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
             assert (path.parent / target).exists(), f"{path.name} links to {target}, which does not exist"
+
+
+def test_readme_examples_parse():
+    """Every command line README shows is accepted by that command's parser (options exist, values parse)."""
+    import shlex
+
+    from posbias_export.cli import parser_of
+
+    readme = README.read_text()
+    lines = re.findall(r"`python -m posbias_export ([^`]*)`", readme)
+    lines += [line.split("#")[0].removeprefix("python -m posbias_export ").strip() for line in readme.splitlines()
+              if line.startswith("python -m posbias_export ")]
+    named = {c.name: c for c in COMMANDS}
+    checked = 0
+    for line in lines:
+        argv = shlex.split(line)
+        command = named.get(argv[0], named[""])
+        if command.parser is None:
+            continue  # generate parses its own arguments (its runner's parser)
+        parser_of(command).parse_args(argv[1:] if command.name else argv)
+        checked += 1
+    assert checked >= len(COMMAND_NAMES)
