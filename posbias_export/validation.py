@@ -113,15 +113,10 @@ def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=Non
     if feeds:
         check_input_sizes(models, feeds, ignore_size_limits)
     result = Validation(runtimes=chosen, skipped=skipped)
-    quantized = False
     for model in models:
         meta = read_metadata(read_onnx(model))
         model_lengths = lengths or default_lengths(meta)
-        model_runtimes = chosen
-        if runtimes is None and meta.get("quantized") and "reference" in chosen:  # a default the file cannot run
-            model_runtimes, quantized = tuple(r for r in chosen if r != "reference"), True
-            result.skipped["reference"] = ("the ONNX reference evaluator implements no quantized op "
-                                           "(GatherBlockQuantized, int8 DequantizeLinear at opset 18)")
+        model_runtimes = runnable(chosen, runtimes is None, [meta], result)
         if is_imported(meta, model_dir):
             from .hf.validate import run_hf_matrix
 
@@ -134,17 +129,29 @@ def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=Non
     for encoder, decoder, folder in seq2seq_pairs(models, model_dir):  # as a client runs them: one into the other
         from .hf.validate_seq2seq import run_seq2seq_matrix
 
-        pair_runtimes = tuple(r for r in chosen if r != "reference") if quantized else chosen
-        result.matrices.append(run_seq2seq_matrix(encoder, decoder, folder, pair_runtimes, lengths or default_lengths(
-            read_metadata(read_onnx(decoder))), batch, progress=progress, ignore_size_limits=ignore_size_limits,
+        metas = [read_metadata(read_onnx(encoder)), read_metadata(read_onnx(decoder))]
+        result.matrices.append(run_seq2seq_matrix(
+            encoder, decoder, folder, runnable(chosen, runtimes is None, metas, result),
+            lengths or default_lengths(metas[1]), batch, progress=progress, ignore_size_limits=ignore_size_limits,
             order=False))  # each file's order protocol ran in its own matrix
     return result
+
+
+def runnable(chosen: tuple[str, ...], defaults: bool, metas: list[dict], result: Validation) -> tuple[str, ...]:
+    """The runtimes to run files with these metadata on: the default runtimes leave out the
+    reference evaluator for a quantized file (it implements no quantized op), saying why."""
+    if not (defaults and "reference" in chosen and any(m.get("quantized") for m in metas)):
+        return chosen
+    result.skipped["reference"] = ("the ONNX reference evaluator implements no quantized op "
+                                   "(GatherBlockQuantized, int8 DequantizeLinear at opset 18)")
+    return tuple(r for r in chosen if r != "reference")
 
 
 def seq2seq_pairs(models, model_dir=None) -> list[tuple]:
     """(encoder file, decoder file, folder) for each folder of which exactly one encoder and one
     decoder file were given (the folder: --model, else each file's recorded model_dir)."""
     from .export.metadata import read_metadata
+    from .hf.validate_seq2seq import seq2seq_role
     from .parity.reference import read_onnx
 
     roles: dict = {}
@@ -154,8 +161,6 @@ def seq2seq_pairs(models, model_dir=None) -> list[tuple]:
         folder = model_dir or meta.get("model_dir")
         if not is_imported(meta, model_dir) or not folder:
             continue
-        from .hf.validate_seq2seq import seq2seq_role
-
         role = seq2seq_role(proto)
         if role:
             roles.setdefault(str(Path(folder).resolve()), {}).setdefault(role, []).append(model)

@@ -28,8 +28,9 @@ from ..limits import attention_bytes, check_fits
 from ..parity.matrix import Cell, Matrix, runtime_outputs
 from ..parity.quantized import judge as judge_quantized
 from ..parity.reference import ParityInputError, read_onnx
+from ..parity.runtimes import load_runner
 from ..parity.tolerance import FLOAT16, FLOAT32, compare
-from .folder import check_token_ids, read_json_object, transformers_module
+from .folder import transformers_module
 from .models import has_decoder, load_model
 from .validate import BLOCKED, TRANSFORMERS_ROW, check_weights, file_dtype, file_inputs, left_padded
 
@@ -52,18 +53,6 @@ class Seq2SeqCase:
     target: np.ndarray  # [B, T] int64: decoder start, then self-written text
 
 
-def decoder_start(folder: Path, vocab: int) -> int:
-    """The folder's decoder_start_token_id (generation_config.json first, as transformers reads
-    it; 0, T5's pad, when neither file names one)."""
-    for name in ("generation_config.json", "config.json"):
-        file = Path(folder) / name
-        values = read_json_object(file) if file.is_file() else {}
-        check_token_ids(values, file, vocab)
-        if values.get("decoder_start_token_id") is not None:
-            return int(values["decoder_start_token_id"])
-    return 0
-
-
 @torch.no_grad()
 def self_written_target(encoder, decoder, source: np.ndarray, mask: np.ndarray, length: int, seed: int) -> np.ndarray:
     """[B, length]: the decoder start token, then tokens sampled at temperature 1 from the float32
@@ -71,7 +60,8 @@ def self_written_target(encoder, decoder, source: np.ndarray, mask: np.ndarray, 
     gen = torch.Generator().manual_seed(seed)
     src, src_mask = torch.from_numpy(source), torch.from_numpy(mask)
     states = encoder(src, src_mask, settings=BLOCKED)  # [B, S, D]
-    out = [torch.full((source.shape[0], 1), decoder_start(decoder.source_dir, decoder.vocab_size), dtype=torch.int64)]
+    start = load_runner("ort/seq2seq.py").decoder_start(decoder.source_dir)  # as our generate and transformers read it
+    out = [torch.full((source.shape[0], 1), start, dtype=torch.int64)]
     past, total = decoder.empty_past(source.shape[0]), 1
     while total < length:
         logits, past = decoder(out[-1], torch.ones(source.shape[0], total, dtype=torch.int64), states, src_mask, past,
@@ -103,9 +93,8 @@ def reference_logits(decoder, case: Seq2SeqCase, states: np.ndarray) -> np.ndarr
 def decoder_feeds(proto: onnx.ModelProto, case: Seq2SeqCase, states: np.ndarray) -> dict[str, np.ndarray]:
     """What the decoder file asks (either naming): the target, its all-ones mask if the file has
     one, the encoder's states and mask, empty past tensors (a prefill)."""
-    feeds = file_inputs(proto, case.target, np.ones_like(case.target),
-                        {"encoder_hidden_states": states, "encoder_attention_mask": case.mask})
-    return feeds
+    return file_inputs(proto, case.target, np.ones_like(case.target),
+                       {"encoder_hidden_states": states, "encoder_attention_mask": case.mask})
 
 
 def _scheme(metas: list[dict]) -> str | None:

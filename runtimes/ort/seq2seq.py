@@ -150,7 +150,7 @@ def main(argv=None) -> int:
         if not tokenizer.is_file():
             raise RunnerError(f"tokenizer {tokenizer} does not exist (pass --tokenizer)")
         vocab = TokenizerVocabulary(tokenizer)
-        start = _decoder_start(folder)
+        start = decoder_start(folder)
         prompts = [vocab.encode(text) for text in args.prompt]
         if not all(prompts):
             raise RunnerError("a prompt encodes to no tokens")
@@ -175,7 +175,9 @@ def main(argv=None) -> int:
     return 0
 
 
-def _decoder_start(folder: Path) -> int:
+def decoder_start(folder: Path) -> int:
+    """The folder's decoder_start_token_id (generation_config.json first, as transformers reads
+    it; 0, T5's pad, when neither file names one)."""
     for name in ("generation_config.json", "config.json"):
         file = folder / name
         if file.is_file():
