@@ -43,3 +43,32 @@ def describe(env: dict | None = None) -> str:
     ov = f", openvino {env['openvino']}" if env.get("openvino") else ""
     return (f"Machine: {env['cpus']} CPUs ({env['processor']}), Python {env['python']}, torch {env['torch']} "
             f"({env['torch_threads']} threads), onnxruntime {env['onnxruntime']}{ov}.")
+
+
+def gpu_environment() -> dict:
+    """environment() plus the GPU a CUDA run used (PyTorch's view, the driver from NVML) and
+    onnxruntime's providers: the header of every GPU results file, read on that machine."""
+    import datetime
+
+    import onnxruntime
+    import torch
+
+    env = {**environment(), "providers": onnxruntime.get_available_providers(),
+           "date": datetime.date.today().isoformat(), "gpu": None, "driver": None}
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            env["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        except Exception:  # noqa: BLE001 - the driver version is a nicety
+            pass
+    return env
+
+
+def describe_gpu(env: dict) -> str:
+    gpu = f"one {env['gpu']} (driver {env['driver']})" if env.get("gpu") else "no GPU (a CPU rehearsal)"
+    return (f"Machine: {gpu}, {env['cpus']} CPU cores; onnxruntime {env['onnxruntime']} "
+            f"({', '.join(p.replace('ExecutionProvider', '') for p in env.get('providers', []))}), "
+            f"torch {env['torch']}; {env.get('date', '')}.")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import posbias_export as pbe
@@ -32,7 +33,150 @@ def test_tool_help(path):
     assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-1000:]
 
 
-def test_gpu_lease_script_parses_and_reads_families_from_the_registry():
+def load_tool(name: str):
+    spec = importlib.util.spec_from_file_location(f"tools_{name}", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_lease_script_parses_and_lists_no_families():
+    """The lease's families come from the registry through the Python tools it calls."""
     text = (ROOT / "tools" / "gpu_lease.sh").read_text()
     assert subprocess.run(["bash", "-n", str(ROOT / "tools" / "gpu_lease.sh")]).returncode == 0
-    assert "p.BIASES" in text and " ".join(pbe.BIASES) not in text
+    assert not any(f" {b} " in f" {text} " for b in pbe.BIASES if b not in ("none",)), "a family named in the script"
+    for step in ("prepare", "correctness", "ort", "torch", "all"):
+        assert f"  {step})" in text
+
+
+@pytest.fixture(scope="module")
+def tiny_attention(tmp_path_factory):
+    from posbias_export.export import export_onnx
+    from posbias_export.nn import ModelConfig, build_model
+
+    path = tmp_path_factory.mktemp("att") / "alibi_attention.onnx"
+    export_onnx(build_model(ModelConfig(bias="alibi", num_heads=2, dim=16), arch="attention"), path, check_growth=False)
+    return path
+
+
+def test_order_case_judges_each_run_against_the_cpu_outputs(tiny_attention, tmp_path):
+    """gpu_order's verdict can fail: a CPU reference off by 1e-3 at one length flags that run only."""
+    order = load_tool("gpu_order")
+    runs = order.case(str(tiny_attention), "cpu", [16, 40, 40], False, True, tmp_path)
+    assert [r["agrees"] for r in runs] == [True, True, True] and max(r["max_abs_vs_cpu"] for r in runs) == 0.0
+    ref = tmp_path / "alibi_attention_40.npy"
+    np.save(ref, np.load(ref) + 1e-3)
+    runs = order.case(str(tiny_attention), "cpu", [16, 40], False, True, tmp_path)
+    assert [r["agrees"] for r in runs] == [True, False]
+    assert runs[1]["max_abs_vs_cpu"] == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_gpu_worker_profiles_what_ran(tiny_attention):
+    """run_ort's rows (ORT CPU standing in for CUDA): times per length, then the profiled ops."""
+    from posbias_export.bench import gpu_attention as g
+
+    rows = g.run_ort(tiny_attention, [8, 32], "float32", 2, 8, 2, provider="cpu", profile=True)
+    assert [r["length"] for r in rows] == [8, 32] and all(len(r["times"]) == 2 for r in rows)
+    for r in rows:
+        assert r["profile"]["length"] == r["length"] and r["profile"]["ort_ops_ms"], r
+        assert "cuda_kernels" not in r["profile"]  # no CUDA trace asked on the CPU
+
+
+def test_gpu_targets_with_cudnn_off_and_what_ran():
+    """cuDNN-off rows get their own targets; profiled rows are listed at 1024 and the target length."""
+    from posbias_export.bench import gpu_attention as g
+
+    def row(config, length, ms, profile=None):
+        return {"bias": "alibi", "dtype": "float16", "config": config, "length": length, "times": [ms / 1e3] * 3,
+                "gpu_bytes": 1e9, **({"profile": profile} if profile else {})}
+
+    kernels = {"cuda_kernels": [{"kernel": "flash_fwd_kernel<Flash_fwd_kernel_traits<80>>", "us": 812.0}],
+               "ort_ops_ms": {"MultiHeadAttention": 0.9}}
+    rows = [row("flex", 16384, 1.0), row("ort-cuda-ort", 16384, 1.4, kernels), row("ort-cuda-ort-nocudnn", 16384, 2.0),
+            row("ort-cuda-ort", 4096, 0.5, kernels)]
+    checks = {c["target"]: c for c in g.targets({"rows": rows})}
+    assert checks["alibi fp16 L=16384: export / compiled Flex <= 1.5x"]["met"]
+    off = checks["alibi fp16 L=16384 (cuDNN SDPA off): export / compiled Flex <= 1.5x"]
+    assert off["measured"] == pytest.approx(2.0) and not off["met"]
+    text = "\n".join(g.what_ran(rows))
+    assert "| alibi | float16 | ort-cuda-ort | 16384 | flash_fwd_kernel" in text and "| 4096 |" not in text
+
+
+def test_gpu_parity_plan_covers_every_file_kind(tmp_path):
+    parity = load_tool("gpu_parity")
+    exports, jobs = parity.plan(tmp_path, small=False)
+    names = {j["name"]: j for j in jobs}
+    for b in pbe.BIASES:
+        for kind in ("lm", "lm_cuda-ort", "kv", "bidirectional", "lm_long", "bidirectional_long"):
+            assert f"{b}_{kind}" in names
+        for dtype in ("float32", "float16"):
+            for target in ("portable", "cuda", "cuda-ort"):
+                long = names[f"att_{b}_{dtype}_{target}_long"]
+                assert long["lengths"] == "16384,32768" and long["batch"] == 1
+                assert ("tf32" in long["runtimes"]) == (dtype == "float32")  # TF32 changes float32 matmuls only
+    for kind in ("bloom", "mpt", "falcon"):
+        assert names[f"hf_{kind}_float16_cuda-ort"]["model"] == str(tmp_path / "hf" / kind)
+    assert len(names["hf_t5_pair"]["files"]) == 2
+    assert all("ort-cuda" in j["runtimes"] for j in jobs)
+    assert {Path(p) for p, _ in exports} >= {Path(f) for j in jobs for f in j["files"] if "/models/" not in f
+                                             and "t5_files" not in f}
+
+
+def test_gpu_parity_write_lists_each_failing_cell(tmp_path):
+    import json
+
+    parity = load_tool("gpu_parity")
+
+    def cell(runtime, case, max_abs, verdict="pass"):
+        return {"runtime": runtime, "case": case, "dtype": "float32", "verdict": verdict,
+                "parity": {"max_abs": max_abs, "budget_abs": 3e-5}}
+
+    report = {"ok": False, "models": [{"model": "x/alibi_lm.onnx", "cells": [
+        cell("ort-cpu", "L=4096 B=3", 2e-6), cell("ort-cuda", "L=1024 B=3", 1e-6), cell("ort-cuda", "L=4096 B=3", 5.4, "FAIL"),
+        {"runtime": "ort-cuda", "case": "one session, sizes ascending", "dtype": "float32", "verdict": "pass",
+         "parity": {"bit_identical": True, "max_abs_diff": 0.0}}]}]}
+    (tmp_path / "run" / "par").mkdir(parents=True)
+    (tmp_path / "run" / "par" / "alibi_lm.json").write_text(json.dumps(report))
+    failures = parity.write([tmp_path / "run"], tmp_path)
+    assert failures == ["alibi_lm.onnx ort-cuda L=4096 B=3: FAIL, max abs err 5.40e+00 (budget 3.00e-05)"]
+    text = (tmp_path / "gpu_parity.md").read_text()
+    assert "| alibi_lm.onnx | ort-cuda | 3 | 5.40e+00 | 3.00e-05 | FAIL |" in text
+    assert "| alibi_lm.onnx | ort-cpu | 1 | 2.00e-06 | 3.00e-05 | pass |" in text
+
+
+def test_gpu_decode_real_write_counts_agreeing_tokens(tmp_path):
+    import json
+
+    decode = load_tool("gpu_decode_real")
+    machine = {"gpu": "NVIDIA H100 80GB HBM3", "driver": "580", "cpus": 16, "onnxruntime": "1.31.1",
+               "providers": ["CUDAExecutionProvider"], "torch": "2.11.0", "date": "2026-11-25"}
+    run = {"name": "bloom-560m", "device": "cuda", "dtype": "float16", "prompt": 512, "new_tokens": 4, "machine": machine,
+           "ort": {"prefill_s": 0.02, "decode_ms": [5.0, 5.0, 5.0, 5.0], "tokens": [1, 2, 3, 9]},
+           "eager": {"prefill_s": 0.05, "decode_ms": [20.0] * 4, "tokens": [1, 2, 3, 4]},
+           "generate": {"generate_s": 0.1, "tokens": [1, 2, 3, 4]}}
+    (tmp_path / "gpu_decode_real.json").write_text(json.dumps(run))
+    decode.write(tmp_path, tmp_path / "out.md")
+    text = (tmp_path / "out.md").read_text()
+    assert "| ours, ONNX Runtime cuda | 0.020 | 5.00 | 200.0 | 4.00x | 3 of 4 |" in text
+    assert "| transformers.generate (prefill included) | - | 25.00 | 40.0 | - | 4 of 4 |" in text
+    assert "NVIDIA H100" in text
+
+
+@pytest.mark.slow
+def test_gpu_lease_rehearsal_runs_every_step_on_the_cpu(tmp_path):
+    """The whole lease (REHEARSAL=1: ORT CPU, short lengths, two families) end to end, and each
+    writer reads what it left: what a GPU session must not find broken."""
+    import os
+
+    env = {**os.environ, "REHEARSAL": "1", "PYTHON": sys.executable, "GPU_WORK": str(tmp_path / "work")}
+    proc = subprocess.run(["bash", str(ROOT / "tools" / "gpu_lease.sh"), "all", str(tmp_path / "out")], env=env,
+                          capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    correctness, ort_part, torch_part = (tmp_path / "out" / s for s in ("correctness", "ort", "torch"))
+    subprocess.run(["tar", "-xzf", str(correctness / "parity.tar.gz"), "-C", str(correctness)], check=True)
+    assert load_tool("gpu_parity").write([correctness], tmp_path) == []
+    load_tool("gpu_order").write(correctness, tmp_path / "gpu_order.md")
+    assert "DIFFER" not in (tmp_path / "gpu_order.md").read_text()
+    load_tool("gpu_session").part_write([ort_part], tmp_path)
+    assert "## What ran" in (tmp_path / "gpu_attention.md").read_text()
+    load_tool("gpu_decode_real").write(torch_part, tmp_path / "gpu_decode_real.md")

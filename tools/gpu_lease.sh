@@ -1,47 +1,91 @@
 #!/usr/bin/env bash
-# One call of a GPU lease (device tool): `bash tools/gpu_lease.sh ort|torch OUT`.
-# Expects onnxruntime-gpu on PYTHONPATH (../shared/tools/gpu-ort-wheel.sh) and the files
-# exported beforehand under .gpu/models (attention) and .gpu/lm (LM files), see gpu_session.py.
+# Issue 38 in one lease of the GPU machine (device tool; a session has ~30 min of device time and
+# 10 min a call, so the calls below are planned to ~9 min each and run back to back).
+#
+#   here, before:  bash ../shared/tools/gpu-ort-wheel.sh        # .gpu/p1..pN (git-ignored), ~5 min
+#                  REHEARSAL=1 bash tools/gpu_lease.sh all /tmp/rehearsal   # every step on ORT CPU, short
+#   call 1   (carry .gpu/p1):  mkdir -p /root/parts && cp .gpu/p1/* /root/parts/ && bash tools/gpu_lease.sh prepare
+#   call k   (carry .gpu/pk):  mkdir -p /root/parts && cp .gpu/pk/* /root/parts/
+#   call N   (carry .gpu/pN):  cp as above && bash tools/gpu_lease.sh correctness $OUT   # steps 1, 2, 5
+#   call N+1:                  bash tools/gpu_lease.sh ort $OUT                          # step 3, ONNX Runtime
+#   call N+2:                  bash tools/gpu_lease.sh torch $OUT                        # step 3, PyTorch; step 4
+#   here, after (each call's files_at as A, B, C):
+#     python tools/gpu_order.py write A; tar -xzf A/parity.tar.gz -C A; python tools/gpu_parity.py write A
+#     python tools/gpu_session.py write B C; python tools/gpu_decode_real.py write C
+#     cp C/dec/gpu_decode.* benchmarks/
+#
+# prepare starts the CPU work (every export, the BLOOM-560m folder) in the background, where it
+# runs on while the next calls carry the wheel's parts; later calls wait for it. The work folder
+# ($GPU_WORK, /root/gpu) outlives each call while the machine is held; $OUT is emptied per call and
+# brings back at most 8 files, two folders deep.
 set -u
-part=$1; out=$2; mkdir -p "$out/par"
-biases=$(python3 -c "import posbias_export as p; print(*p.BIASES)")  # the registry, not a list to keep
-val() { python3 -m posbias_export validate "$@"; }
-if [ "$part" = ort ]; then
-  timeout 230 python3 tools/gpu_session.py ort "$out" .gpu/models > "$out/ort.log" 2>&1
-  jobs_file=$(mktemp)
-  for b in $biases; do
-    echo "$b lm .gpu/lm/${b}_lm.onnx ort-cpu,ort-cuda,ort-cuda-tf32 1,17,1024,4096 3" >> "$jobs_file"
-    echo "$b lmort .gpu/lm/${b}_lm_cuda-ort.onnx ort-cpu,ort-cuda 1,17,1024,4096 3" >> "$jobs_file"
-    echo "$b att_portable .gpu/models/${b}_float32_portable.onnx ort-cpu,ort-cuda,ort-cuda-tf32 1,17,1024,4096,16384 1" >> "$jobs_file"
-    for t in cuda cuda-ort; do
-      echo "$b att_$t .gpu/models/${b}_float32_$t.onnx ort-cpu,ort-cuda 1,17,1024,4096 1" >> "$jobs_file"
-    done
-    echo "$b att16_cuda-ort .gpu/models/${b}_float16_cuda-ort.onnx ort-cuda 1,17,1024,4096 1" >> "$jobs_file"
-  done
-  (timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_runtimes.py -k "cuda or tf32" > "$out/cuda_tests.log" 2>&1) &
-  timeout 320 xargs -P 8 -L 1 sh -c 'python3 -m posbias_export validate "$2" --runtimes "$3" --lengths "$4" --batch "$5" --json "'"$out"'/par/$0_$1.json" > "'"$out"'/par/$0_$1.txt" 2>&1' < "$jobs_file"
-  wait
-  grep -h -- "->" "$out"/par/*.txt > "$out/parity_summary.txt"
-  tar -czf "$out/parity.tar.gz" -C "$out" par && rm -rf "$out/par"
+step=$1; out=${2:-}
+cd "$(dirname "$0")/.."
+if [ -n "${REHEARSAL:-}" ]; then
+  work=${GPU_WORK:-/tmp/gpu-rehearsal}; provider=cpu; small=--small
 else
-  timeout 300 python3 tools/gpu_session.py torch "$out" > "$out/torch.log" 2>&1
-  timeout 150 python3 -m posbias_export bench-decode --device cuda --steps 32 --out-dir "$out/dec" > "$out/decode.log" 2>&1
-  timeout 60 python3 -m posbias_export bench-decode --device cuda --target cuda-ort --biases alibi,sandwich --steps 32 --out-dir "$out/dec_ort" >> "$out/decode.log" 2>&1
-  TIMEFORMAT="%R s"
-  for p in cpu cuda; do
-    echo "generate --provider $p:" >> "$out/generate.log"
-    { time timeout 60 python3 runtimes/ort/generate.py .gpu/lm/alibi_kv.onnx --prompt "To be, or not" \
-      --max-new-tokens 300 --provider $p --output "$out/gen_$p.bin" ; } >> "$out/generate.log" 2>&1
-  done
-  cmp "$out/gen_cpu.bin" "$out/gen_cuda.bin" >> "$out/generate.log" 2>&1 && echo "TOKENS EQUAL" >> "$out/generate.log"
-  python3 - >> "$out/generate.log" 2>&1 <<'PY'
-import onnxruntime as ort
-ort.set_default_logger_severity(1)
-for f in (".gpu/models/alibi_float16_cuda.onnx", ".gpu/models/alibi_float16_cuda-ort.onnx", ".gpu/lm/alibi_kv.onnx"):
-    print("SESSION", f, flush=True)
-    ort.InferenceSession(f, providers=["CUDAExecutionProvider"])
-PY
-  grep -i "memcpy\|SESSION" "$out/generate.log" > "$out/memcpy.txt"
-  tar -czf "$out/decode.tar.gz" -C "$out" dec dec_ort && rm -rf "$out/dec" "$out/dec_ort"
+  work=${GPU_WORK:-/root/gpu}; provider=cuda; small=
 fi
-ls -la "$out"
+mkdir -p "$work"
+export PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+
+ort_gpu() {  # onnxruntime-gpu from the carried parts (../shared/tools/gpu-ort-wheel.sh)
+  [ -n "${REHEARSAL:-}" ] && return 0
+  ls /tmp/ortgpu >/dev/null 2>&1 || { mkdir -p /tmp/ortgpu && cat /root/parts/* | xz -d -T0 | tar -x -C /tmp/ortgpu; }
+  export PYTHONPATH=/tmp/ortgpu:$PWD
+  $py -c "import onnxruntime as o; o.preload_dlls(); print(o.__version__, o.get_available_providers())"
+}
+
+prepared() {  # wait for prepare's background work, at most $1 seconds
+  for _ in $(seq "$1"); do [ -e "$work/prepared" ] && return 0; sleep 1; done
+  echo "prepare has not finished: see $work/prepare.log"; return 1
+}
+
+case $step in
+  prepare)
+    setsid nohup bash tools/gpu_lease.sh _prepare > "$work/prepare.log" 2>&1 < /dev/null &
+    echo "prepare started (log: $work/prepare.log)" ;;
+  _prepare)
+    export PYTHONPATH=$PWD
+    rm -f "$work/prepared"
+    $py tools/gpu_parity.py build "$work/files" $small
+    $py tools/gpu_decode_real.py run "$work/dec" --device $provider $small --prepare-only
+    touch "$work/prepared" ;;
+  correctness)  # steps 1, 2 and 5: nothing here is timed, so they share the machine
+    ort_gpu; prepared 300 || exit 1
+    runtimes=; [ -n "${REHEARSAL:-}" ] && runtimes="--runtimes ort-cpu"
+    (timeout 480 $py tools/gpu_parity.py run "$work/files" "$work/parity" --jobs 6 $runtimes > "$out/parity.log" 2>&1) &
+    timeout 200 $py tools/gpu_order.py run "$work/order" tools/data/alibi_attention_0f33d6a.onnx \
+      "$work/files/models/alibi_float32_portable.onnx" --provider $provider $small --cache "$work/order_cache" > "$out/order.log" 2>&1
+    cp "$work/order/gpu_order.json" "$out/" 2>/dev/null
+    if [ -z "${REHEARSAL:-}" ]; then
+      timeout 200 $py -m pytest -q -rs -p no:cacheprovider tests/test_runtimes.py tests/test_gpu_targets.py \
+        -k "cuda or tf32" > "$out/cuda_tests.log" 2>&1
+      for p in cpu cuda; do  # the same greedy bytes on both providers, the cache kept on the GPU
+        timeout 60 $py runtimes/ort/generate.py "$work/files/lm/alibi_kv.onnx" --prompt "To be, or not" \
+          --max-new-tokens 300 --provider $p --output "$work/gen_$p.bin" >> "$out/cuda_tests.log" 2>&1
+      done
+      cmp "$work/gen_cpu.bin" "$work/gen_cuda.bin" >> "$out/cuda_tests.log" 2>&1 && echo "GENERATE TOKENS EQUAL" >> "$out/cuda_tests.log"
+    fi
+    wait
+    cp "$work/parity/machine.json" "$out/" 2>/dev/null
+    tar -czf "$out/parity.tar.gz" -C "$work/parity" par ;;
+  ort)  # step 3, the ONNX Runtime cells (alone on the GPU: these are timings)
+    ort_gpu; prepared 120 || exit 1
+    lengths=; [ -n "${REHEARSAL:-}" ] && lengths="--lengths 64,256 --biases alibi,t5"
+    timeout 560 $py tools/gpu_session.py ort "$out" --models "$work/files/models" --provider $provider $lengths \
+      > "$out/ort.log" 2>&1 ;;
+  torch)  # step 3, the PyTorch cells; step 4, decode
+    ort_gpu; prepared 60 || exit 1
+    if [ -z "${REHEARSAL:-}" ]; then
+      timeout 260 $py tools/gpu_session.py torch "$out" > "$out/torch.log" 2>&1
+      timeout 120 $py -m posbias_export bench-decode --device cuda --steps 32 --out-dir "$out/dec" > "$out/decode.log" 2>&1
+    fi
+    timeout 150 $py tools/gpu_decode_real.py run "$work/dec" --device $provider $small >> "$out/decode.log" 2>&1
+    cp "$work/dec/gpu_decode_real.json" "$out/" 2>/dev/null ;;
+  all)  # the rehearsal, one step after the other into OUT/<step>
+    for s in _prepare correctness ort torch; do mkdir -p "$out/$s"; bash tools/gpu_lease.sh $s "$out/$s" || exit 1; done ;;
+  *) echo "usage: tools/gpu_lease.sh prepare|correctness|ort|torch [OUT]   (REHEARSAL=1 ... all OUT)"; exit 2 ;;
+esac
+ls -la "${out:-$work}"

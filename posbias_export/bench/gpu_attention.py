@@ -31,6 +31,9 @@ LENGTHS = (1024, 4096, 16384, 32768)
 DTYPES = ("float16", "float32")
 TARGETS = ("cuda", "cuda-ort", "portable", "plain")  # plain: the portable target's plain form, at 1024 and 4096 only
 TORCH_CONFIGS = ("torch-eager", "torch-sdpa", "flex")
+# cuDNN SDPA (preferred by recent ORT on SM90 for float16) switched off by ORT's own variable:
+# the same file again as config "ort-<target>" + NO_CUDNN
+NO_CUDNN, NO_CUDNN_ENV = "-nocudnn", {"ORT_ENABLE_CUDNN_FLASH_ATTENTION": "0"}
 EAGER_BYTES_PER_SCORE = 12  # eager's float32 bias + scores + probabilities; decides what to skip
 EAGER_BUDGET = 48 << 30
 
@@ -53,14 +56,27 @@ def export_files(biases, dtypes, targets, heads: int, head_dim: int, out_dir: Pa
     return files
 
 
-def run_ort(path: Path, lengths, dtype: str, heads: int, head_dim: int, repeats: int, timeout: float = 600) -> list[dict]:
+def run_ort(path: Path, lengths, dtype: str, heads: int, head_dim: int, repeats: int, timeout: float = 600,
+            env: dict | None = None, provider: str = "cuda", profile: bool = False) -> list[dict]:
+    """One file in a worker process. env: extra variables (ORT_ENABLE_CUDNN_FLASH_ATTENTION=0 for
+    the run without cuDNN SDPA); profile: each row gains what ran (gpu_worker --profile) and the
+    kernel choices ONNX Runtime's attention ops printed (ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO)."""
+    import os
+
     cmd = [sys.executable, str(GPU_WORKER), str(path), "--lengths", ",".join(map(str, lengths)), "--dtype", dtype,
-           "--heads", str(heads), "--head-dim", str(head_dim), "--repeats", str(repeats)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+           "--heads", str(heads), "--head-dim", str(head_dim), "--repeats", str(repeats), "--provider", provider,
+           *(["--profile"] if profile else [])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    rows = [r for r in lines if "profile" not in r]
+    for extra in (r for r in lines if "profile" in r):
+        next((r for r in rows if r["length"] == extra["length"]), {})["profile"] = extra["profile"]
     done = {r["length"] for r in rows}
     why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]  # whole: a cut text lost a real error
     rows += [{"length": n, "error": why} for n in lengths if n not in done]
+    chosen = sorted({line.strip() for line in proc.stdout.splitlines() if "SdpaKernel=" in line})
+    for r in rows if chosen else ():
+        r["ort_kernel_choice"] = chosen
     return rows
 
 
@@ -206,17 +222,33 @@ def median(times) -> float | None:
     return statistics.median(times) if times else None
 
 
-def run(biases, lengths, dtypes, targets, heads: int, head_dim: int, repeats: int, work_dir: Path, progress=print) -> dict:
-    files = export_files(biases, dtypes, targets, heads, head_dim, work_dir)
+def lengths_for(target: str, lengths) -> list[int]:
+    # the plain form's [H, L, L] scores pass ONNX Runtime CUDA's 2^31-element limit at 16384; the
+    # plain form answers the L=1024 target, the portable file is the old anchor (to 4096)
+    limit = {"plain": 1024, "portable": 4096}.get(target)
+    return [n for n in lengths if limit is None or n <= limit]
+
+
+def ort_cells(files: dict, lengths, heads: int, head_dim: int, repeats: int, provider: str = "cuda",
+              progress=print) -> list[dict]:
+    """Every file on ONNX Runtime (profiled after its timings); float16 GPU-target files once
+    more with cuDNN SDPA off (config suffix NO_CUDNN)."""
     rows = []
     for (bias, dtype, target), path in files.items():
-        # the plain form's [H, L, L] scores pass ONNX Runtime CUDA's 2^31-element limit at 16384
-        these = [n for n in lengths if n <= 4096] if target in ("plain", "portable") else lengths
-        for r in run_ort(path, these, dtype, heads, head_dim, repeats):
-            rows.append({"bias": bias, "dtype": dtype, "config": f"ort-{target}", **r})
-        progress(f"ort {bias} {dtype} {target}: " + ", ".join(
-            f"{r['length']}: {median(r['times']) * 1e3:.2f} ms" if r.get("times") else f"{r['length']}: {r['error']}"
-            for r in rows[-len(these):]))
+        these = lengths_for(target, lengths)
+        runs = [("", None)] + ([(NO_CUDNN, NO_CUDNN_ENV)] if dtype == "float16" and target in ("cuda", "cuda-ort") else [])
+        for suffix, env in runs:
+            got = run_ort(path, these, dtype, heads, head_dim, repeats, env=env, provider=provider, profile=True)
+            rows += [{"bias": bias, "dtype": dtype, "config": f"ort-{target}{suffix}", **r} for r in got]
+            progress(f"ort {bias} {dtype} {target}{suffix}: " + ", ".join(
+                f"{r['length']}: {median(r['times']) * 1e3:.2f} ms" if r.get("times") else f"{r['length']}: {r['error']}"
+                for r in got))
+    return rows
+
+
+def run(biases, lengths, dtypes, targets, heads: int, head_dim: int, repeats: int, work_dir: Path, progress=print) -> dict:
+    files = export_files(biases, dtypes, targets, heads, head_dim, work_dir)
+    rows = ort_cells(files, lengths, heads, head_dim, repeats, progress=progress)
     checks = {}
     for bias in biases:
         for dtype in dtypes:
@@ -265,22 +297,24 @@ def target_rows(rows: list[dict], biases) -> list[dict]:
         out.append({"target": name, "measured": value, "limit": limit, "met": value is not None and value <= limit,
                     "unit": unit})
 
-    def best(bias, dtype, length):  # the faster GPU target
-        return min(filter(None, (t(cell(rows, bias, dtype, f"ort-{g}", length)) for g in ("cuda", "cuda-ort"))),
+    def best(bias, dtype, length, suffix=""):  # the faster GPU target
+        return min(filter(None, (t(cell(rows, bias, dtype, f"ort-{g}{suffix}", length)) for g in ("cuda", "cuda-ort"))),
                    default=None)
 
     n = TARGET_LENGTH
-    for bias in biases:
-        mine = best(bias, "float16", n)
-        if bias == "alibi":
-            check(f"alibi fp16 L={n}: export / compiled Flex <= {FLEX_RATIO_FEATURES:g}x",
-                  ratio(mine, t(cell(rows, bias, "float16", "flex", n))), FLEX_RATIO_FEATURES)
-        elif bias == "none":
-            check(f"none fp16 L={n}: export / fused SDPA <= {SDPA_RATIO_PLAIN:g}x",
-                  ratio(mine, t(cell(rows, bias, "float16", "torch-sdpa", n))), SDPA_RATIO_PLAIN)
-        else:
-            check(f"{bias} fp16 L={n}: export / compiled Flex (same table) <= {FLEX_RATIO_TABLE:g}x",
-                  ratio(mine, t(cell(rows, bias, "float16", "flex", n))), FLEX_RATIO_TABLE)
+    settings = [("", "")] + ([(NO_CUDNN, " (cuDNN SDPA off)")] if any(r["config"].endswith(NO_CUDNN) for r in rows) else [])
+    for suffix, label in settings:
+        for bias in biases:
+            mine = best(bias, "float16", n, suffix)
+            if bias == "alibi":
+                check(f"alibi fp16 L={n}{label}: export / compiled Flex <= {FLEX_RATIO_FEATURES:g}x",
+                      ratio(mine, t(cell(rows, bias, "float16", "flex", n))), FLEX_RATIO_FEATURES)
+            elif bias == "none":
+                check(f"none fp16 L={n}{label}: export / fused SDPA <= {SDPA_RATIO_PLAIN:g}x",
+                      ratio(mine, t(cell(rows, bias, "float16", "torch-sdpa", n))), SDPA_RATIO_PLAIN)
+            else:
+                check(f"{bias} fp16 L={n}{label}: export / compiled Flex (same table) <= {FLEX_RATIO_TABLE:g}x",
+                      ratio(mine, t(cell(rows, bias, "float16", "flex", n))), FLEX_RATIO_TABLE)
     for bias in biases:
         sizes = [r.get("gpu_bytes") for g in ("cuda", "cuda-ort")
                  if (r := cell(rows, bias, "float16", f"ort-{g}", MEMORY_TARGET_LENGTH)) and r.get("times")]
@@ -306,6 +340,30 @@ def targets_markdown(checks: list[dict]) -> list[str]:
     return lines
 
 
+def what_ran(rows: list[dict]) -> list[str]:
+    """The profiled cells (gpu_worker --profile) at 1024 and the target length (else the shortest
+    and longest profiled): the CUDA kernels by device time, the kernel ONNX Runtime's attention op
+    said it chose, and ORT's busiest operator types."""
+    present = {r["length"] for r in rows if r.get("profile")}
+    lengths = ({1024, TARGET_LENGTH} & present) or ({min(present), max(present)} if present else set())
+    profiled = [r for r in rows if r.get("profile") and r["length"] in lengths]
+    if not profiled:
+        return []
+    lines = ["", "## What ran (one profiled forward per cell)", "",
+             "CUDA kernels: PyTorch's profiler (CUPTI) around ONNX Runtime's run, the three longest, us; "
+             "ORT's choice: what its MultiHeadAttention / GroupQueryAttention printed "
+             "(ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO); ORT ops: its profiler, ms per operator type.", "",
+             "| bias | dtype | config | L | CUDA kernels | ORT's choice | ORT ops |", "|---|---|---|---|---|---|---|"]
+    for r in sorted(profiled, key=lambda r: (r["bias"], r["dtype"], r["config"], r["length"])):
+        p = r["profile"]
+        kernels = "; ".join(f"{k['kernel'][:70]} {k['us']:.0f}" for k in (p.get("cuda_kernels") or [])[:3]) or \
+            p.get("cuda_kernels_error") or p.get("profile_error", "-")[:80]
+        choice = "; ".join(c[:90] for c in r.get("ort_kernel_choice", [])[:2]) or "-"
+        ops = ", ".join(f"{op} {ms:.2f}" for op, ms in list(p.get("ort_ops_ms", {}).items())[:4]) or "-"
+        lines.append(f"| {r['bias']} | {r['dtype']} | {r['config']} | {r['length']} | {kernels} | {choice} | {ops} |")
+    return lines
+
+
 def write(result: dict, out_dir: Path, machine: dict | None = None, stale: str | None = None) -> list[Path]:
     """gpu_attention.md/.json. `machine`: the GPU machine's description when the JSON parts were
     measured elsewhere (tools/gpu_session.py); by default this machine's. `stale`: why the
@@ -317,7 +375,8 @@ def write(result: dict, out_dir: Path, machine: dict | None = None, stale: str |
     json_path, md_path = out_dir / "gpu_attention.json", out_dir / "gpu_attention.md"
     write_text_atomic(json_path, json.dumps({"machine": machine, **result, "targets": checks}, indent=1))
     rows, lengths = result["rows"], result["lengths"]
-    configs = [c for c in ("ort-cuda", "ort-cuda-ort", "ort-portable", "ort-plain", *TORCH_CONFIGS)
+    configs = [c for c in ("ort-cuda", "ort-cuda-ort", f"ort-cuda{NO_CUDNN}", f"ort-cuda-ort{NO_CUDNN}", "ort-portable",
+                           "ort-plain", *TORCH_CONFIGS)
                if any(r["config"] == c for r in rows)]
     lines = ["# Attention on the GPU: ONNX Runtime CUDA vs PyTorch (eager, fused SDPA, FlexAttention)", "",
              "Generated by `python -m posbias_export bench --device cuda` (or tools/gpu_session.py, the same cells "
@@ -340,7 +399,7 @@ def write(result: dict, out_dir: Path, machine: dict | None = None, stale: str |
         lines.append("")
     lines += ["Compiled FlexAttention (float32) checked against a float64 eager run (L=1024, max abs diff): "
               + ", ".join(f"{b} {e:.1e}" for b, e in result.get("flex_vs_float64_1024", {}).items()), "",
-              *targets_markdown(checks)]
+              *targets_markdown(checks), *what_ran(rows)]
     write_text_atomic(md_path, "\n".join(lines) + "\n")
     return [md_path, json_path]
 

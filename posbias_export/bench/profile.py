@@ -13,19 +13,25 @@ import numpy as np
 CONTAINER_OPS = ("If", "Loop", "Scan")
 
 
-def profile(model: str | os.PathLike, feeds: dict[str, np.ndarray], runs: int = 2) -> dict:
+def profile(model: str | os.PathLike, feeds: dict[str, np.ndarray], runs: int = 2, providers=None,
+            options=None, during=None) -> dict:
     """Run `runs` profiled forwards after one warm-up; returns per-op-type totals (microseconds,
-    averaged per forward), the number of kernel calls and the wall time per forward."""
+    averaged per forward), the number of kernel calls and the wall time per forward.
+    providers / options: the session's (default ORT CPU, fresh options); during: a context
+    manager wrapped around the timed runs (the GPU worker's CUDA kernel trace)."""
+    import contextlib
+
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory() as tmp:
-        options = ort.SessionOptions()
+        options = options or ort.SessionOptions()
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(tmp) / "ort_profile")
-        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(model), options, providers=providers or ["CPUExecutionProvider"])
         session.run(None, feeds)  # warm-up, in the trace too: we drop it below by run index
-        for _ in range(runs):
-            session.run(None, feeds)
+        with during or contextlib.nullcontext():
+            for _ in range(runs):
+                session.run(None, feeds)
         events = json.loads(Path(session.end_profiling()).read_text())
     model_runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
     timed = model_runs[1:]  # skip the warm-up
