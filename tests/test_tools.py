@@ -45,7 +45,7 @@ def test_gpu_lease_script_parses_and_lists_no_families():
     text = (ROOT / "tools" / "gpu_lease.sh").read_text()
     assert subprocess.run(["bash", "-n", str(ROOT / "tools" / "gpu_lease.sh")]).returncode == 0
     assert not any(f" {b} " in f" {text} " for b in pbe.BIASES if b not in ("none",)), "a family named in the script"
-    for step in ("prepare", "correctness", "ort", "torch", "all"):
+    for step in ("prepare", "correctness", "parity", "ort", "torch", "all"):
         assert f"  {step})" in text
 
 
@@ -114,10 +114,13 @@ def test_gpu_parity_plan_covers_every_file_kind(tmp_path):
                 long = names[f"att_{b}_{dtype}_{target}_long"]
                 assert long["lengths"] == "16384,32768" and long["batch"] == 1
                 assert ("tf32" in long["runtimes"]) == (dtype == "float32")  # TF32 changes float32 matmuls only
+                assert "ort-cpu" not in long["runtimes"]
     for kind in ("bloom", "mpt", "falcon"):
         assert names[f"hf_{kind}_float16_cuda-ort"]["model"] == str(tmp_path / "hf" / kind)
     assert len(names["hf_t5_pair"]["files"]) == 2
     assert all("ort-cuda" in j["runtimes"] for j in jobs)
+    longs = [j["name"].endswith("_long") for j in jobs]
+    assert longs == sorted(longs)  # every short job before the first long one
     assert {Path(p) for p, _ in exports} >= {Path(f) for j in jobs for f in j["files"] if "/models/" not in f
                                              and "t5_files" not in f}
 

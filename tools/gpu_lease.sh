@@ -9,8 +9,10 @@
 #   call N   (carry .gpu/pN):  cp as above && bash tools/gpu_lease.sh correctness $OUT   # steps 1, 2, 5
 #   call N+1:                  bash tools/gpu_lease.sh ort $OUT                          # step 3, ONNX Runtime
 #   call N+2:                  bash tools/gpu_lease.sh torch $OUT                        # step 3, PyTorch; step 4
+#   call N+3, if time remains: bash tools/gpu_lease.sh parity $OUT   # the parity jobs correctness left
 #   here, after (each call's files_at as A, B, C):
 #     python tools/gpu_order.py write A; tar -xzf A/parity.tar.gz -C A; python tools/gpu_parity.py write A
+#     (after a `parity` call D: its tarball holds every report so far; write D instead)
 #     python tools/gpu_session.py write B C; python tools/gpu_decode_real.py write C
 #     cp C/dec/gpu_decode.* benchmarks/
 #
@@ -55,7 +57,8 @@ case $step in
   correctness)  # steps 1, 2 and 5: nothing here is timed, so they share the machine
     ort_gpu; prepared 300 || exit 1
     runtimes=; [ -n "${REHEARSAL:-}" ] && runtimes="--runtimes ort-cpu"
-    (timeout 480 $py tools/gpu_parity.py run "$work/files" "$work/parity" --jobs 6 $runtimes > "$out/parity.log" 2>&1) &
+    (timeout 420 $py tools/gpu_parity.py run "$work/files" "$work/parity" --jobs 6 --deadline 330 $runtimes \
+      > "$out/parity.log" 2>&1) &
     timeout 200 $py tools/gpu_order.py run "$work/order" tools/data/alibi_attention_0f33d6a.onnx \
       "$work/files/models/alibi_float32_portable.onnx" --provider $provider $small --cache "$work/order_cache" > "$out/order.log" 2>&1
     cp "$work/order/gpu_order.json" "$out/" 2>/dev/null
@@ -71,10 +74,15 @@ case $step in
     wait
     cp "$work/parity/machine.json" "$out/" 2>/dev/null
     tar -czf "$out/parity.tar.gz" -C "$work/parity" par ;;
+  parity)  # the parity jobs correctness left (each job's report marks it done), if device time remains
+    ort_gpu
+    timeout 540 $py tools/gpu_parity.py run "$work/files" "$work/parity" --jobs 6 --deadline 420 > "$out/parity.log" 2>&1
+    cp "$work/parity/machine.json" "$out/" 2>/dev/null
+    tar -czf "$out/parity.tar.gz" -C "$work/parity" par ;;
   ort)  # step 3, the ONNX Runtime cells (alone on the GPU: these are timings)
     ort_gpu; prepared 120 || exit 1
     lengths=; [ -n "${REHEARSAL:-}" ] && lengths="--lengths 64,256 --biases alibi,t5"
-    timeout 560 $py tools/gpu_session.py ort "$out" --models "$work/files/models" --provider $provider $lengths \
+    timeout 540 $py tools/gpu_session.py ort "$out" --models "$work/files/models" --provider $provider $lengths \
       > "$out/ort.log" 2>&1 ;;
   torch)  # step 3, the PyTorch cells; step 4, decode
     ort_gpu; prepared 60 || exit 1
@@ -86,6 +94,6 @@ case $step in
     cp "$work/dec/gpu_decode_real.json" "$out/" 2>/dev/null ;;
   all)  # the rehearsal, one step after the other into OUT/<step>
     for s in _prepare correctness ort torch; do mkdir -p "$out/$s"; bash tools/gpu_lease.sh $s "$out/$s" || exit 1; done ;;
-  *) echo "usage: tools/gpu_lease.sh prepare|correctness|ort|torch [OUT]   (REHEARSAL=1 ... all OUT)"; exit 2 ;;
+  *) echo "usage: tools/gpu_lease.sh prepare|correctness|parity|ort|torch [OUT]   (REHEARSAL=1 ... all OUT)"; exit 2 ;;
 esac
 ls -la "${out:-$work}"

@@ -68,14 +68,17 @@ def plan(root: Path, small: bool) -> tuple[list[tuple[str, list[str]]], list[dic
             job(f"{b}_{kind}", [path], GPU_RUNTIMES, short, 3)
             if kind in ("lm", "bidirectional"):
                 job(f"{b}_{kind}_long", [path], GPU_RUNTIMES, long, 1)
+    long_attention = []
     for dtype in g.DTYPES:
         for b in families:
             for target in ("portable", "cuda", "cuda-ort"):
                 path = root / "models" / f"{b}_{dtype}_{target}.onnx"  # gpu_attention.export_files' name
                 runtimes = GPU_RUNTIMES if dtype == "float32" else FLOAT16_RUNTIMES
                 job(f"att_{b}_{dtype}_{target}", [path], runtimes, short, 1)
-                job(f"att_{b}_{dtype}_{target}_long", [path], runtimes,
-                    SMALL_LONG if small else ATTENTION_LONG, 1)
+                # past 4096 on the CUDA provider alone: ORT CPU has its long-length tables already
+                # (benchmarks/gpu_targets_cpu_parity.md, slim_table_long_parity.md)
+                long_attention.append((f"att_{b}_{dtype}_{target}_long", [path], runtimes.replace("ort-cpu,", ""),
+                                       SMALL_LONG if small else ATTENTION_LONG, 1))
     for kind in IMPORTED[:1] if small else IMPORTED:
         folder = root / "hf" / kind
         for dtype, target in (("float32", "portable"), ("float16", "cuda-ort")):
@@ -84,11 +87,13 @@ def plan(root: Path, small: bool) -> tuple[list[tuple[str, list[str]]], list[dic
                                         "--out", str(path)]))
             job(f"hf_{kind}_{dtype}_{target}", [path], GPU_RUNTIMES if dtype == "float32" else FLOAT16_RUNTIMES,
                 short, 3, folder)
+    for args in sorted(long_attention, key=lambda a: "alibi" not in a[0]):  # the order failure's family first
+        job(*args)
     t5 = root / "hf" / "t5_gated"
     exports.append((str(root / "hf" / "t5_files"), ["--model", str(t5), "--out-dir", str(root / "hf" / "t5_files")]))
     job("hf_t5_pair", [root / "hf" / "t5_files" / "encoder_model.onnx", root / "hf" / "t5_files" / "decoder_model_merged.onnx"],
         GPU_RUNTIMES, short, 3, t5)
-    return exports, jobs
+    return exports, sorted(jobs, key=lambda j: j["name"].endswith("_long"))  # breadth first: a call cut short has it
 
 
 def build(root: Path, small: bool, workers: int) -> None:
@@ -112,25 +117,58 @@ def build(root: Path, small: bool, workers: int) -> None:
     print(f"{len(jobs)} jobs, {len(todo)} exports, {len(failed)} failed", *failed.items(), sep="\n")
 
 
-def run(root: Path, out: Path, workers: int, runtimes: str | None, only: str | None) -> int:
-    """The validate jobs, longest first, `workers` at a time; each writes par/NAME.json/.txt."""
+def job_bytes(job: dict) -> float:
+    """What a job's float64 reference and runtimes hold at its longest length (validate's own
+    estimate; the tiny imported models' a flat 2 GB)."""
+    if job["model"]:
+        return 2e9
+    from posbias_export.export.metadata import read_metadata
+    from posbias_export.parity.reference import read_onnx
+    from posbias_export.validation import own_file_bytes
+
+    meta = read_metadata(read_onnx(job["files"][0]))
+    return own_file_bytes(meta, max(int(n) for n in job["lengths"].split(",")), job["batch"])
+
+
+def run(root: Path, out: Path, workers: int, runtimes: str | None, only: str | None, deadline: float | None) -> int:
+    """The validate jobs, short ones first, at most `workers` at a time and no more together
+    than 70% of the memory available; a job whose report exists is done (a later call resumes);
+    none starts after `deadline` seconds (the call then ends inside its limit)."""
+    import threading
+    import time
+
+    from posbias_export.limits import available_bytes
+
     jobs = json.loads((root / "jobs.json").read_text())["jobs"]
-    jobs = [j for j in jobs if not only or only in j["name"]]
+    jobs = [j for j in jobs if (not only or only in j["name"]) and not (out / "par" / f"{j['name']}.json").exists()]
     (out / "par").mkdir(parents=True, exist_ok=True)
     (out / "machine.json").write_text(json.dumps(gpu_environment()))
+    budget, started = 0.7 * available_bytes(), time.monotonic()
+    held, lock = [0.0], threading.Condition()
 
     def one(j):
-        cmd = [sys.executable, "-m", "posbias_export", "validate", *j["files"], "--runtimes", runtimes or j["runtimes"],
-               "--lengths", j["lengths"], "--batch", str(j["batch"]), "--json", str(out / "par" / f"{j['name']}.json"),
-               *(["--model", j["model"]] if j["model"] else [])]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        (out / "par" / f"{j['name']}.txt").write_text(proc.stdout + proc.stderr)
-        print(j["name"], "rc", proc.returncode, flush=True)
-        return proc.returncode
+        need = min(job_bytes(j), budget)
+        with lock:
+            lock.wait_for(lambda: held[0] + need <= budget)
+            held[0] += need
+        try:
+            if deadline is not None and time.monotonic() - started > deadline:
+                print(j["name"], "not started: deadline", flush=True)
+                return 0
+            cmd = [sys.executable, "-m", "posbias_export", "validate", *j["files"], "--runtimes",
+                   runtimes or j["runtimes"], "--lengths", j["lengths"], "--batch", str(j["batch"]),
+                   "--json", str(out / "par" / f"{j['name']}.json"), *(["--model", j["model"]] if j["model"] else [])]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            (out / "par" / f"{j['name']}.txt").write_text(proc.stdout + proc.stderr)
+            print(j["name"], "rc", proc.returncode, f"{time.monotonic() - started:.0f} s", flush=True)
+            return proc.returncode
+        finally:
+            with lock:
+                held[0] -= need
+                lock.notify_all()
 
-    jobs.sort(key=lambda j: -max(int(n) for n in j["lengths"].split(",")))
     with ThreadPoolExecutor(workers) as pool:
-        codes = list(pool.map(one, jobs))
+        codes = list(pool.map(one, jobs))  # in plan order: the short jobs, then the long ones
     return max(codes, default=0)
 
 
@@ -183,6 +221,7 @@ def main(argv=None) -> int:
     r.add_argument("--jobs", type=int, default=6)
     r.add_argument("--runtimes", help="instead of each job's own (ort-cpu for the rehearsal)")
     r.add_argument("--only", help="the jobs whose name holds this")
+    r.add_argument("--deadline", type=float, help="seconds after which no job starts")
     w = sub.add_parser("write")
     w.add_argument("out", type=Path, nargs="+")
     w.add_argument("--dest", type=Path, default=ROOT / "benchmarks")
@@ -191,7 +230,7 @@ def main(argv=None) -> int:
         build(args.dir, args.small, args.jobs)
         return 0
     if args.part == "run":
-        return run(args.dir, args.out, args.jobs, args.runtimes, args.only)
+        return run(args.dir, args.out, args.jobs, args.runtimes, args.only, args.deadline)
     return 1 if write(args.out, args.dest) else 0
 
 
