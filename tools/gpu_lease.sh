@@ -3,8 +3,9 @@
 # 10 min a call, so the calls below are planned to ~9 min each and run back to back).
 #
 #   here, before:  bash ../shared/tools/gpu-ort-wheel.sh        # .gpu/p1..pN (git-ignored), ~5 min
-#                  REHEARSAL=1 bash tools/gpu_lease.sh all /tmp/rehearsal   # every step on ORT CPU, short
-#   call 1   (carry .gpu/p1):  mkdir -p /root/parts && cp .gpu/p1/* /root/parts/ && bash tools/gpu_lease.sh prepare
+#                  PYTHON=.venv/bin/python bash tools/gpu_lease.sh pack   # every file exported here: .gpu/files
+#                  REHEARSAL=1 PYTHON=.venv/bin/python bash tools/gpu_lease.sh all /tmp/rehearsal   # ORT CPU, short
+#   call 0   (carry .gpu/files):  bash tools/gpu_lease.sh prepare
 #   call k   (carry .gpu/pk):  mkdir -p /root/parts && cp .gpu/pk/* /root/parts/
 #   call N   (carry .gpu/pN):  cp as above && bash tools/gpu_lease.sh correctness $OUT   # steps 1, 2, 5
 #   call N+1:                  bash tools/gpu_lease.sh ort $OUT                          # step 3, ONNX Runtime
@@ -16,8 +17,9 @@
 #     python tools/gpu_session.py write B C; python tools/gpu_decode_real.py write C
 #     cp C/dec/gpu_decode.* benchmarks/
 #
-# prepare starts the CPU work (every export, the BLOOM-560m folder) in the background, where it
-# runs on while the next calls carry the wheel's parts; later calls wait for it. The work folder
+# The files are exported here (pack: this checkout's torch, the one CI tests) and carried, ~10 MB;
+# prepare unpacks them, exports whatever is missing, and builds the BLOOM-560m folder and file in
+# the background, where it runs on while the next calls carry the wheel's parts; later calls wait. The work folder
 # ($GPU_WORK, /root/gpu) outlives each call while the machine is held; $OUT is emptied per call and
 # brings back at most 8 files, two folders deep.
 set -u
@@ -39,23 +41,29 @@ ort_gpu() {  # onnxruntime-gpu from the carried parts (../shared/tools/gpu-ort-w
   $py -c "import onnxruntime as o; o.preload_dlls(); print(o.__version__, o.get_available_providers())"
 }
 
-prepared() {  # wait for prepare's background work, at most $1 seconds
-  for _ in $(seq "$1"); do [ -e "$work/prepared" ] && return 0; sleep 1; done
-  echo "prepare has not finished: see $work/prepare.log"; return 1
+ready() {  # wait for prepare's marker $1 (files: the parity / timing files; prepared: all), at most $2 seconds
+  for _ in $(seq "$2"); do [ -e "$work/$1" ] && return 0; sleep 1; done
+  echo "prepare has not made $1: see $work/prepare.log"; return 1
 }
 
 case $step in
+  pack)  # here: the parity and timing files, exported once, for call 0 to carry
+    export PYTHONPATH=$PWD
+    files=$(mktemp -d)
+    $py tools/gpu_parity.py build "$files" $small || exit 1
+    mkdir -p .gpu/files && tar -cJf .gpu/files/files.tar.xz -C "$files" . && rm -rf "$files" && ls -la .gpu/files ;;
   prepare)
+    if [ -e .gpu/files/files.tar.xz ]; then mkdir -p "$work/files" && tar -xJf .gpu/files/files.tar.xz -C "$work/files"; fi
     setsid nohup bash tools/gpu_lease.sh _prepare > "$work/prepare.log" 2>&1 < /dev/null &
     echo "prepare started (log: $work/prepare.log)" ;;
   _prepare)
     export PYTHONPATH=$PWD
-    rm -f "$work/prepared"
-    $py tools/gpu_parity.py build "$work/files" $small
+    rm -f "$work/files_ready" "$work/prepared"
+    $py tools/gpu_parity.py build "$work/files" $small && touch "$work/files_ready"
     $py tools/gpu_decode_real.py run "$work/dec" --device $provider $small --prepare-only
     touch "$work/prepared" ;;
   correctness)  # steps 1, 2 and 5: nothing here is timed, so they share the machine
-    ort_gpu; prepared 300 || exit 1
+    ort_gpu; ready files_ready 300 || exit 1
     runtimes=; [ -n "${REHEARSAL:-}" ] && runtimes="--runtimes ort-cpu"
     (timeout 420 $py tools/gpu_parity.py run "$work/files" "$work/parity" --jobs 6 --deadline 330 $runtimes \
       > "$out/parity.log" 2>&1) &
@@ -80,12 +88,12 @@ case $step in
     cp "$work/parity/machine.json" "$out/" 2>/dev/null
     tar -czf "$out/parity.tar.gz" -C "$work/parity" par ;;
   ort)  # step 3, the ONNX Runtime cells (alone on the GPU: these are timings)
-    ort_gpu; prepared 120 || exit 1
+    ort_gpu; ready files_ready 120 || exit 1
     lengths=; [ -n "${REHEARSAL:-}" ] && lengths="--lengths 64,256 --biases alibi,t5"
     timeout 540 $py tools/gpu_session.py ort "$out" --models "$work/files/models" --provider $provider $lengths \
       > "$out/ort.log" 2>&1 ;;
   torch)  # step 3, the PyTorch cells; step 4, decode
-    ort_gpu; prepared 60 || exit 1
+    ort_gpu; ready prepared 60 || exit 1
     if [ -z "${REHEARSAL:-}" ]; then
       timeout 260 $py tools/gpu_session.py torch "$out" > "$out/torch.log" 2>&1
       timeout 120 $py -m posbias_export bench-decode --device cuda --steps 32 --out-dir "$out/dec" > "$out/decode.log" 2>&1

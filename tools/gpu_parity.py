@@ -51,14 +51,15 @@ def _export_attention(bias: str, models: Path) -> str | None:
 
 
 def plan(root: Path, small: bool) -> tuple[list[tuple[str, list[str]]], list[dict]]:
-    """(exports to run, validate jobs): each export is (its file, the CLI arguments)."""
+    """(exports to run, validate jobs): each export is (its file, the CLI arguments); a job's
+    files and folder are relative to `root` (the files travel: `gpu_lease.sh pack`)."""
     short, long = (SMALL_SHORT, SMALL_LONG) if small else (SHORT, LONG)
     families = [b for b in BIASES if b in ("alibi", "t5")] if small else list(BIASES)
     exports, jobs = [], []
 
     def job(name, files, runtimes, lengths, batch, model=None):
-        jobs.append({"name": name, "files": [str(f) for f in files], "runtimes": runtimes, "lengths": lengths,
-                     "batch": batch, "model": str(model) if model else None})
+        jobs.append({"name": name, "files": [str(Path(f).relative_to(root)) for f in files], "runtimes": runtimes,
+                     "lengths": lengths, "batch": batch, "model": str(Path(model).relative_to(root)) if model else None})
 
     for b in families:
         for kind, extra in (("lm", []), ("lm_cuda-ort", ["--target", "cuda-ort"]), ("kv", ["--kv-cache"]),
@@ -117,7 +118,7 @@ def build(root: Path, small: bool, workers: int) -> None:
     print(f"{len(jobs)} jobs, {len(todo)} exports, {len(failed)} failed", *failed.items(), sep="\n")
 
 
-def job_bytes(job: dict) -> float:
+def job_bytes(job: dict, root: Path) -> float:
     """What a job's float64 reference and runtimes hold at its longest length (validate's own
     estimate; the tiny imported models' a flat 2 GB)."""
     if job["model"]:
@@ -126,7 +127,7 @@ def job_bytes(job: dict) -> float:
     from posbias_export.parity.reference import read_onnx
     from posbias_export.validation import own_file_bytes
 
-    meta = read_metadata(read_onnx(job["files"][0]))
+    meta = read_metadata(read_onnx(root / job["files"][0]))
     return own_file_bytes(meta, max(int(n) for n in job["lengths"].split(",")), job["batch"])
 
 
@@ -147,7 +148,7 @@ def run(root: Path, out: Path, workers: int, runtimes: str | None, only: str | N
     held, lock = [0.0], threading.Condition()
 
     def one(j):
-        need = min(job_bytes(j), budget)
+        need = min(job_bytes(j, root), budget)
         with lock:
             lock.wait_for(lambda: held[0] + need <= budget)
             held[0] += need
@@ -155,9 +156,10 @@ def run(root: Path, out: Path, workers: int, runtimes: str | None, only: str | N
             if deadline is not None and time.monotonic() - started > deadline:
                 print(j["name"], "not started: deadline", flush=True)
                 return 0
-            cmd = [sys.executable, "-m", "posbias_export", "validate", *j["files"], "--runtimes",
-                   runtimes or j["runtimes"], "--lengths", j["lengths"], "--batch", str(j["batch"]),
-                   "--json", str(out / "par" / f"{j['name']}.json"), *(["--model", j["model"]] if j["model"] else [])]
+            cmd = [sys.executable, "-m", "posbias_export", "validate", *(str(root / f) for f in j["files"]),
+                   "--runtimes", runtimes or j["runtimes"], "--lengths", j["lengths"], "--batch", str(j["batch"]),
+                   "--json", str(out / "par" / f"{j['name']}.json"),
+                   *(["--model", str(root / j["model"])] if j["model"] else [])]
             proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
             (out / "par" / f"{j['name']}.txt").write_text(proc.stdout + proc.stderr)
             print(j["name"], "rc", proc.returncode, f"{time.monotonic() - started:.0f} s", flush=True)
