@@ -62,11 +62,11 @@ def tiny_attention(tmp_path_factory):
 def test_order_case_judges_each_run_against_the_cpu_outputs(tiny_attention, tmp_path):
     """gpu_order's verdict can fail: a CPU reference off by 1e-3 at one length flags that run only."""
     order = load_tool("gpu_order")
-    runs = order.case(str(tiny_attention), "cpu", [16, 40, 40], False, True, tmp_path)
+    runs = order.case(str(tiny_attention), "cpu", [16, 40, 40], order.SETTINGS["ort-defaults"], tmp_path)
     assert [r["agrees"] for r in runs] == [True, True, True] and max(r["max_abs_vs_cpu"] for r in runs) == 0.0
     ref = tmp_path / "alibi_attention_40.npy"
     np.save(ref, np.load(ref) + 1e-3)
-    runs = order.case(str(tiny_attention), "cpu", [16, 40], False, True, tmp_path)
+    runs = order.case(str(tiny_attention), "cpu", [16, 40], order.SETTINGS["graph-opt-off"], tmp_path)
     assert [r["agrees"] for r in runs] == [True, False]
     assert runs[1]["max_abs_vs_cpu"] == pytest.approx(1e-3, rel=1e-3)
 

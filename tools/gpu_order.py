@@ -4,7 +4,8 @@ portable ALiBi attention file, max error 5.4 at L=4096 when L=1024 ran first in 
 Every case runs in a fresh process (one session, the lengths of its order in turn) and is judged
 against ONNX Runtime CPU on the same inputs, each length in a fresh CPU session (that file passes
 on CPU, 4.7e-06 against float64). Cases: each file x each session setting (ORT's defaults,
-memory patterns off, one provider stream, both = what our runners serve with) x each order
+memory patterns off, one provider stream, both = what our runners serve with; graph
+optimizations off, deterministic compute: the next suspects) x each order
 (1024 then 4096, 4096 twice, 4096 alone), plus the defaults under CUDA_LAUNCH_BLOCKING=1, and
 a failing case under compute-sanitizer's initcheck when it is on the PATH.
 
@@ -29,11 +30,15 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_FILE = ROOT / "tools" / "data" / "alibi_attention_0f33d6a.onnx"
-SETTINGS = {  # name -> (memory patterns on, one provider stream)
-    "ort-defaults": (True, False),
-    "mem-pattern-off": (False, False),
-    "one-stream": (True, True),
-    "served (both)": (False, True),
+KNOBS = ("mem_pattern", "one_stream", "graph_opt", "deterministic")
+SETTINGS = {  # name -> the knobs set; ORT's defaults are memory patterns on, graph optimizations on
+    "ort-defaults": {"mem_pattern", "graph_opt"},
+    "mem-pattern-off": {"graph_opt"},
+    "one-stream": {"mem_pattern", "graph_opt", "one_stream"},
+    "served (both)": {"graph_opt", "one_stream"},  # what our runners serve with
+    # if neither cures it: the graph as written (no fusions or constant folding), deterministic kernels
+    "graph-opt-off": {"mem_pattern"},
+    "deterministic": {"mem_pattern", "graph_opt", "deterministic"},
 }
 # CUDA without TF32 against ORT CPU, float32: both sit within the float32 policy of float64
 # (3.1e-05 at 4096, parity/tolerance.py), so they differ by at most twice that; the failure
@@ -60,13 +65,17 @@ def inputs(path: str, length: int) -> dict[str, np.ndarray]:
     return feeds
 
 
-def session(path: str, provider: str, mem_pattern: bool = False, one_stream: bool = True):
+def session(path: str, provider: str, knobs=frozenset({"graph_opt", "one_stream"})):
     import onnxruntime as ort
 
     if provider == "cuda" and hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
     opts = ort.SessionOptions()
-    opts.enable_mem_pattern = mem_pattern
+    opts.enable_mem_pattern = "mem_pattern" in knobs
+    opts.use_deterministic_compute = "deterministic" in knobs
+    if "graph_opt" not in knobs:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    one_stream = "one_stream" in knobs
     opts.log_severity_level = 3
     providers = ["CPUExecutionProvider"]
     if provider == "cuda":
@@ -87,8 +96,8 @@ def reference(path: str, length: int, cache: Path) -> np.ndarray:
     return np.load(out)
 
 
-def case(path: str, provider: str, lengths: list[int], mem_pattern: bool, one_stream: bool, cache: Path) -> list[dict]:
-    s = session(path, provider, mem_pattern, one_stream)
+def case(path: str, provider: str, lengths: list[int], knobs, cache: Path) -> list[dict]:
+    s = session(path, provider, knobs)
     runs = []
     for length in lengths:
         got = s.run(None, inputs(path, length))[0]
@@ -98,9 +107,8 @@ def case(path: str, provider: str, lengths: list[int], mem_pattern: bool, one_st
 
 
 def run_case(cache: Path, path: str, provider: str, order: list[int], setting: str, env: dict, prefix=()) -> dict:
-    mem, stream = SETTINGS[setting]
     cmd = [*prefix, sys.executable, __file__, "case", path, "--provider", provider, "--cache", str(cache),
-           "--lengths", ",".join(map(str, order)), *(["--mem-pattern"] if mem else []), *(["--one-stream"] if stream else [])]
+           "--lengths", ",".join(map(str, order)), "--knobs", ",".join(sorted(SETTINGS[setting]))]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **env})
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")]
     row = {"file": Path(path).name, "setting": setting, "order": "->".join(map(str, order)) if len(order) > 1 else f"{order[0]} alone",
@@ -173,8 +181,7 @@ def main(argv=None) -> int:
     c.add_argument("--provider", choices=("cpu", "cuda"), required=True)
     c.add_argument("--lengths", required=True)
     c.add_argument("--cache", type=Path, required=True)
-    c.add_argument("--mem-pattern", action="store_true")
-    c.add_argument("--one-stream", action="store_true")
+    c.add_argument("--knobs", default="", help=f"comma-separated, from {', '.join(KNOBS)}")
     args = p.parse_args(argv)
     if args.part == "run":
         args.out.mkdir(parents=True, exist_ok=True)
@@ -183,7 +190,10 @@ def main(argv=None) -> int:
         write(args.out, args.dest)
     else:
         lengths = [int(n) for n in args.lengths.split(",")]
-        print(json.dumps(case(args.file, args.provider, lengths, args.mem_pattern, args.one_stream, args.cache)), flush=True)
+        knobs = {k for k in args.knobs.split(",") if k}
+        if knobs - set(KNOBS):
+            p.error(f"unknown knobs {sorted(knobs - set(KNOBS))}")
+        print(json.dumps(case(args.file, args.provider, lengths, knobs, args.cache)), flush=True)
     return 0
 
 
