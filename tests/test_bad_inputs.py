@@ -289,9 +289,12 @@ def test_sigterm_during_an_export_leaves_nothing(tmp_path):
     import signal
     import time
 
+    import os
+
     stale = tmp_path / ".m.onnx.99999999.abc.posbias-tmp"  # no process has that id: its run died
     stale.mkdir()
     (stale / "m.onnx").write_bytes(b"half")
+    os.utime(stale, (time.time() - 60, time.time() - 60))  # killed a minute ago, not a writer still locking
     # a model large enough that its temporary lives ~2.6 s (dim 256, 4 layers: 1.4 s), so a busy
     # test worker still signals before the export is done
     proc = subprocess.Popen([*CLI, "--bias", "kerple_log", "--heads", "8", "--dim", "512", "--layers", "8",

@@ -42,6 +42,8 @@ def test_a_locked_temporary_of_an_invisible_process_survives_the_sweep(tmp_path)
             assert tmp.exists()
         finally:
             proc.communicate("\n", timeout=30)
+        assert atomic().sweep(tmp_path) == [] and tmp.exists()  # unlocked, but as young as a writer's unlocked start
+        _age(tmp, atomic().LOCK_WINDOW_S)
         assert atomic().sweep(tmp_path) == [tmp] and not tmp.exists()  # its writer is gone: swept
 
 
@@ -63,6 +65,25 @@ def test_our_own_temporaries_hold_their_lock_while_they_live(tmp_path):
 
     atomic().write_with(target, write)
     assert target.read_bytes() == b"data"
+
+
+def _age(path: Path, seconds: float) -> None:
+    import os
+
+    then = time.time() - seconds - 1
+    os.utime(path, (then, then))
+
+
+def test_a_young_unlocked_temporary_of_an_invisible_process_survives_the_sweep(tmp_path):
+    """Between making a temporary and locking it, a writer in another PID namespace (which we
+    cannot see) looks dead: the sweep leaves such a temporary alone for LOCK_WINDOW_S."""
+    fresh = tmp_path / f".m.onnx.99999999.abc{atomic().MARK}"
+    fresh.write_bytes(b"just made")
+    assert atomic().sweep(tmp_path) == [] and fresh.exists()
+    atomic().write_bytes(tmp_path / "other.txt", "x")  # every write sweeps first
+    assert fresh.exists()
+    _age(fresh, atomic().LOCK_WINDOW_S)
+    assert atomic().sweep(tmp_path) == [fresh] and not fresh.exists()
 
 
 def test_an_unlocked_old_temporary_of_a_visible_process_is_swept(tmp_path):

@@ -117,6 +117,7 @@ def test_gpu_parity_plan_covers_every_file_kind(tmp_path):
                 assert "ort-cpu" not in long["runtimes"]
     for kind in ("bloom", "mpt", "falcon"):
         assert names[f"hf_{kind}_float16_cuda-ort"]["model"] == f"hf/{kind}"  # relative: the files travel
+        assert names[f"hf_{kind}_float32_portable_long"]["lengths"] == "16384"
     assert len(names["hf_t5_pair"]["files"]) == 2
     assert all("ort-cuda" in j["runtimes"] for j in jobs)
     longs = [j["name"].endswith("_long") for j in jobs]

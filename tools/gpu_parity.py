@@ -10,7 +10,8 @@ Files: per family the default LM, its --target cuda-ort twin, its --kv-cache fil
 cuda-ort, float32 and float16 (shared with the timings: gpu_attention.export_files); imported
 BLOOM, MPT and Falcon folders (tiny configs, random weights) as float32 portable and float16
 cuda-ort files; a T5 folder's encoder and decoder files, judged as a pair. Lengths 1, 17, 1024,
-4096 (batch 3), then 16384 (attention files also 32768) at batch 1 in their own job. --small is
+4096 (batch 3), then 16384 (attention files also 32768) at batch 1 in their own job, on the CUDA
+provider alone for the attention and imported files. Short jobs run first. --small is
 the CPU rehearsal: every kind once (ALiBi and T5 families), 1 / 17 / 64 and 128 tokens, ORT CPU.
 """
 from __future__ import annotations
@@ -86,14 +87,16 @@ def plan(root: Path, small: bool) -> tuple[list[tuple[str, list[str]]], list[dic
             path = root / "hf" / f"{kind}_{dtype}_{target}.onnx"
             exports.append((str(path), ["--model", str(folder), "--dtype", dtype, "--target", target,
                                         "--out", str(path)]))
-            job(f"hf_{kind}_{dtype}_{target}", [path], GPU_RUNTIMES if dtype == "float32" else FLOAT16_RUNTIMES,
-                short, 3, folder)
+            runtimes = GPU_RUNTIMES if dtype == "float32" else FLOAT16_RUNTIMES
+            job(f"hf_{kind}_{dtype}_{target}", [path], runtimes, short, 3, folder)
+            job(f"hf_{kind}_{dtype}_{target}_long", [path], runtimes.replace("ort-cpu,", ""), long, 1, folder)
     for args in sorted(long_attention, key=lambda a: "alibi" not in a[0]):  # the order failure's family first
         job(*args)
     t5 = root / "hf" / "t5_gated"
     exports.append((str(root / "hf" / "t5_files"), ["--model", str(t5), "--out-dir", str(root / "hf" / "t5_files")]))
-    job("hf_t5_pair", [root / "hf" / "t5_files" / "encoder_model.onnx", root / "hf" / "t5_files" / "decoder_model_merged.onnx"],
-        GPU_RUNTIMES, short, 3, t5)
+    pair = [root / "hf" / "t5_files" / "encoder_model.onnx", root / "hf" / "t5_files" / "decoder_model_merged.onnx"]
+    job("hf_t5_pair", pair, GPU_RUNTIMES, short, 3, t5)
+    job("hf_t5_pair_long", pair, GPU_RUNTIMES.replace("ort-cpu,", ""), long, 1, t5)
     return exports, sorted(jobs, key=lambda j: j["name"].endswith("_long"))  # breadth first: a call cut short has it
 
 
@@ -120,15 +123,21 @@ def build(root: Path, small: bool, workers: int) -> None:
 
 def job_bytes(job: dict, root: Path) -> float:
     """What a job's float64 reference and runtimes hold at its longest length (validate's own
-    estimate; the tiny imported models' a flat 2 GB)."""
+    estimate; an imported model's: its float64 scores, bias and probabilities over every head,
+    plus 2 GB)."""
+    from posbias_export.limits import attention_bytes
+
+    longest = max(int(n) for n in job["lengths"].split(","))
     if job["model"]:
-        return 2e9
+        config = json.loads((root / job["model"] / "config.json").read_text())
+        heads = next(config[k] for k in ("n_head", "num_attention_heads", "n_heads", "num_heads") if k in config)
+        return 2e9 + attention_bytes(job["batch"], heads, longest, longest, itemsize=8)
     from posbias_export.export.metadata import read_metadata
     from posbias_export.parity.reference import read_onnx
     from posbias_export.validation import own_file_bytes
 
     meta = read_metadata(read_onnx(root / job["files"][0]))
-    return own_file_bytes(meta, max(int(n) for n in job["lengths"].split(",")), job["batch"])
+    return own_file_bytes(meta, longest, job["batch"])
 
 
 def run(root: Path, out: Path, workers: int, runtimes: str | None, only: str | None, deadline: float | None) -> int:

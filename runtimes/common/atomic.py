@@ -45,6 +45,9 @@ def default_file_mode() -> int:
 
 # An unlocked temporary this young may be one a live writer has just made and not yet locked.
 YOUNG_S = 60.0
+# A writer locks what it made within microseconds of making it, in whatever PID namespace it
+# runs: an unlocked temporary of a process we do not see is left alone this long all the same.
+LOCK_WINDOW_S = 5.0
 
 
 def _lock(fd: int) -> bool:
@@ -84,9 +87,10 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _abandoned(entry: Path, pid: int) -> bool:
-    """A temporary no live writer holds: its lock is free, and its process is not one we see
-    alive (in another PID namespace it is not seen at all) or it is older than a writer takes
-    to lock what it made. A temporary we cannot open is left alone."""
+    """A temporary no live writer holds: its lock is free, and it is older than a writer takes
+    to lock what it made: LOCK_WINDOW_S when its process is not one we see alive (dead, or in
+    another PID namespace, not seen at all), YOUNG_S when an unrelated process has its id. A
+    temporary we cannot open is left alone."""
     if pid == os.getpid():
         return False
     try:
@@ -96,7 +100,8 @@ def _abandoned(entry: Path, pid: int) -> bool:
     try:
         if not _lock(fd):
             return False  # a live writer, whatever its process id says
-        return not _pid_alive(pid) or time.time() - os.fstat(fd).st_mtime >= YOUNG_S
+        age = time.time() - os.fstat(fd).st_mtime
+        return age >= (YOUNG_S if _pid_alive(pid) else LOCK_WINDOW_S)
     finally:
         os.close(fd)
 
