@@ -126,7 +126,7 @@ class CudaKernels:
             totals = {}
             for e in self._prof.events():
                 if str(getattr(e, "device_type", "")).endswith("CUDA"):
-                    us = getattr(e, "device_time", None) or getattr(e, "cuda_time", 0) or 0
+                    us = e.time_range.elapsed_us()  # a kernel's own span (device events carry it)
                     totals[e.name] = totals.get(e.name, 0.0) + us
             self.names = [{"kernel": k[:160], "us": round(v, 1)} for k, v in sorted(totals.items(), key=lambda kv: -kv[1])[:8]]
         except Exception as err:  # noqa: BLE001
