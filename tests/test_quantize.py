@@ -56,6 +56,21 @@ def test_quantized_checkpoint_passes_policy(tmp_path, bias, scheme):
     assert decided > 100  # trained: the top-1 criterion is exercised, not only KL
 
 
+def test_int8_weights_are_seven_bit(tmp_path):
+    """int8 weights stay in [-64, 64] (reduce_range): on CPUs without VNNI, ONNX Runtime's
+    uint8 x int8 kernel saturates with full 8-bit weights (export/quantize.py REDUCE_RANGE)."""
+    import numpy as np
+
+    path = _export("alibi", "int8", tmp_path / "q.onnx")
+    proto = onnx.load(str(path))
+    weights = {i.name: onnx.numpy_helper.to_array(i) for i in proto.graph.initializer}
+    fed = {n.input[1] for n in proto.graph.node if n.op_type == "MatMulInteger"}
+    int8 = [weights[name] for name in fed if name in weights and weights[name].dtype == np.int8]
+    assert len(int8) >= 5 and all(w.min() >= -64 and w.max() <= 64 for w in int8)
+    assert max(int(np.abs(w).max()) for w in int8) >= 60  # the range is used, not collapsed
+    assert read_metadata(proto)["quant_reduce_range"] == "1"
+
+
 def test_quantized_nodes_are_the_weights_and_the_tied_head(tmp_path):
     """int4: every linear layer and the embedding quantized (MatMulNBits / GatherBlockQuantized),
     no float MatMul with a weight left at the top level, nothing quantized inside the attention
