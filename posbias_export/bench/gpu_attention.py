@@ -29,7 +29,7 @@ def attention_bias(model):
 GPU_WORKER = Path(__file__).with_name("gpu_worker.py")
 LENGTHS = (1024, 4096, 16384, 32768)
 DTYPES = ("float16", "float32")
-TARGETS = ("cuda", "cuda-ort", "portable", "plain")  # plain: the portable target's plain form, at 1024 and 4096 only
+TARGETS = ("cuda", "cuda-ort", "portable", "plain")  # plain: the portable target's plain form, at 1024 only (lengths_for)
 TORCH_CONFIGS = ("torch-eager", "torch-sdpa", "flex")
 # cuDNN SDPA (preferred by recent ORT on SM90 for float16) switched off by ORT's own variable:
 # the same file again as config "ort-<target>" + NO_CUDNN
