@@ -42,7 +42,7 @@ def default_lengths(meta: dict) -> tuple[int, ...]:
     return (1, 17, DEFAULT_LENGTH_FACTOR * int(meta.get("trace_len", 16)))
 
 
-def is_imported(meta: dict, model_dir) -> bool:
+def is_imported(meta, model_dir) -> bool:
     """A file to judge against a Hugging Face model: --model given, or our export of one."""
     return bool(model_dir) or meta.get("source") == "huggingface"
 
@@ -63,107 +63,122 @@ def own_file_bytes(meta: dict, length: int, batch: int) -> float:
     return max(reference, runtime) + 3.0 * batch * length * vocab * 8
 
 
-def check_sizes(models, lengths, batch: int, ignore: bool) -> None:
+def check_sizes(files, lengths, batch: int, ignore: bool) -> None:
     """Refuse, before anything runs, a length or batch this machine cannot hold."""
-    from .export.metadata import read_metadata
     from .limits import check_fits
-    from .parity.reference import read_onnx
 
-    for model in models:
-        meta = read_metadata(read_onnx(model))
-        if meta.get("source") == "huggingface":
+    for file in files:
+        if file.meta.imported:
             continue  # hf/validate.py estimates with the folder's model
-        for length in lengths or default_lengths(meta):
-            check_fits(own_file_bytes(meta, length, batch), f"validating {model} at length {length}, batch {batch}",
-                       ignore)
+        for length in lengths or default_lengths(file.meta):
+            check_fits(own_file_bytes(file.meta, length, batch),
+                       f"validating {file.path} at length {length}, batch {batch}", ignore)
 
 
-def check_input_sizes(models, feeds: dict, ignore: bool) -> None:
+def check_input_sizes(files, feeds: dict, ignore: bool) -> None:
     """--inputs: the batch and length the user's tensors imply ([B, L, ...]), refused as a
     generated length would be (a million tokens is a run this machine cannot hold)."""
-    from .export.metadata import read_metadata
     from .limits import check_fits
-    from .parity.reference import read_onnx
 
     shaped = [a.shape for a in feeds.values() if a.ndim >= 2]
     if not shaped:
         return
     batch, length = max(s[0] for s in shaped), max(s[1] for s in shaped)
-    for model in models:
-        meta = read_metadata(read_onnx(model))
-        if meta.get("source") != "huggingface":
-            check_fits(own_file_bytes(meta, length, batch), f"validating {model} on --inputs (batch {batch}, length "
-                       f"{length})", ignore)
+    for file in files:
+        if not file.meta.imported:
+            check_fits(own_file_bytes(file.meta, length, batch), f"validating {file.path} on --inputs (batch "
+                       f"{batch}, length {length})", ignore)
+
+
+@dataclass(frozen=True)
+class Session:
+    """What every file of one validate run is judged with."""
+
+    runtimes: tuple[str, ...]
+    defaults: bool  # the runtimes are validate's defaults (a quantized file leaves the reference out)
+    lengths: tuple[int, ...] | None
+    batch: int
+    checkpoint: str | None = None
+    feeds: dict | None = None
+    model_dir: str | None = None
+    progress: object = None
+    ignore_size_limits: bool = False
+    order: bool = True
+
+
+def judge_file(file, session: Session, result: Validation):
+    """The one place that says which judge a file gets: our own export (parity/matrix.py), a
+    T5 decoder or quantized encoder by the logits it leads to (hf/validate_seq2seq.py), any
+    other file of a Hugging Face model against that model (hf/validate.py)."""
+    runtimes = runnable(session.runtimes, session.defaults, [file.meta], result)
+    lengths = session.lengths or default_lengths(file.meta)
+    common = dict(batch=session.batch, progress=session.progress, order=session.order)
+    if not is_imported(file.meta, session.model_dir):
+        from .parity.matrix import run_matrix
+
+        return run_matrix(file, runtimes, lengths, checkpoint=session.checkpoint, inputs=session.feeds, **common)
+    role = file.seq2seq_role
+    if role == "decoder" or (role == "encoder" and file.meta.scheme):
+        from .hf.validate_seq2seq import run_seq2seq_matrix
+
+        pair = (file, None) if role == "encoder" else (None, file)
+        return run_seq2seq_matrix(*pair, session.model_dir, runtimes, lengths,
+                                  ignore_size_limits=session.ignore_size_limits, **common)
+    from .hf.validate import run_hf_matrix
+
+    return run_hf_matrix(file, session.model_dir, runtimes, lengths, ignore_size_limits=session.ignore_size_limits,
+                         **common)
 
 
 def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=None, inputs=None, model_dir=None,
              progress=None, ignore_size_limits: bool = False, order: bool = True) -> Validation:
     """Every file on every runtime against its float64 reference, and the order protocol unless
     order=False. `inputs`: a path to an .npz of the user's own tensors (instead of generated
-    lengths). Lengths and batches this machine cannot hold are refused first (limits.py) unless
-    ignore_size_limits."""
-    from .export.metadata import read_metadata
-    from .parity import load_model_file, run_matrix
-    from .parity.reference import read_npz, read_onnx
+    lengths). Each file is read and checked once. Lengths and batches this machine cannot hold
+    are refused first (limits.py) unless ignore_size_limits."""
+    from .parity.reference import ModelFile, read_npz
 
     chosen, skipped = choose_runtimes(runtimes)
+    files = [ModelFile.read(m) for m in models]
     if not inputs:
-        check_sizes(models, lengths, batch, ignore_size_limits)
+        check_sizes(files, lengths, batch, ignore_size_limits)
     feeds = read_npz(inputs, ignore_size_limits) if inputs else None
     if feeds:
-        check_input_sizes(models, feeds, ignore_size_limits)
+        check_input_sizes(files, feeds, ignore_size_limits)
     result = Validation(runtimes=chosen, skipped=skipped)
-    for model in models:
-        meta = read_metadata(read_onnx(model))
-        model_lengths = lengths or default_lengths(meta)
-        model_runtimes = runnable(chosen, runtimes is None, [meta], result)
-        if is_imported(meta, model_dir):
-            from .hf.validate import run_hf_matrix
-
-            result.matrices.append(run_hf_matrix(model, model_dir, model_runtimes, model_lengths, batch,
-                                                 progress=progress, ignore_size_limits=ignore_size_limits, order=order))
-            continue
-        load_model_file(model)  # our own export: its metadata must be complete
-        result.matrices.append(run_matrix(model, model_runtimes, model_lengths, batch, checkpoint, feeds,
-                                          progress=progress, order=order))
-    for encoder, decoder, folder in seq2seq_pairs(models, model_dir):  # as a client runs them: one into the other
+    session = Session(chosen, runtimes is None, lengths, batch, checkpoint, feeds, model_dir, progress,
+                      ignore_size_limits, order)
+    result.matrices += [judge_file(file, session, result) for file in files]
+    for encoder, decoder, folder in seq2seq_pairs(files, model_dir):  # as a client runs them: one into the other
         from .hf.validate_seq2seq import run_seq2seq_matrix
 
-        metas = [read_metadata(read_onnx(encoder)), read_metadata(read_onnx(decoder))]
+        pair_runtimes = runnable(chosen, runtimes is None, [encoder.meta, decoder.meta], result)
         result.matrices.append(run_seq2seq_matrix(
-            encoder, decoder, folder, runnable(chosen, runtimes is None, metas, result),
-            lengths or default_lengths(metas[1]), batch, progress=progress, ignore_size_limits=ignore_size_limits,
-            order=False))  # each file's order protocol ran in its own matrix
+            encoder, decoder, folder, pair_runtimes, lengths or default_lengths(decoder.meta), batch,
+            progress=progress, ignore_size_limits=ignore_size_limits, order=False))  # each file's ran in its own
     return result
 
 
-def runnable(chosen: tuple[str, ...], defaults: bool, metas: list[dict], result: Validation) -> tuple[str, ...]:
+def runnable(chosen: tuple[str, ...], defaults: bool, metas: list, result: Validation) -> tuple[str, ...]:
     """The runtimes to run files with these metadata on: the default runtimes leave out the
     reference evaluator for a quantized file (it implements no quantized op), saying why."""
-    if not (defaults and "reference" in chosen and any(m.get("quantized") for m in metas)):
+    if not (defaults and "reference" in chosen and any(m.scheme for m in metas)):
         return chosen
     result.skipped["reference"] = ("the ONNX reference evaluator implements no quantized op "
                                    "(GatherBlockQuantized, int8 DequantizeLinear at opset 18)")
     return tuple(r for r in chosen if r != "reference")
 
 
-def seq2seq_pairs(models, model_dir=None) -> list[tuple]:
+def seq2seq_pairs(files, model_dir=None) -> list[tuple]:
     """(encoder file, decoder file, folder) for each folder of which exactly one encoder and one
     decoder file were given (the folder: --model, else each file's recorded model_dir)."""
-    from .export.metadata import read_metadata
-    from .hf.validate_seq2seq import seq2seq_role
-    from .parity.reference import read_onnx
-
     roles: dict = {}
-    for model in models:
-        proto = read_onnx(model)
-        meta = read_metadata(proto)
-        folder = model_dir or meta.get("model_dir")
-        if not is_imported(meta, model_dir) or not folder:
+    for file in files:
+        folder = model_dir or file.meta.get("model_dir")
+        if not is_imported(file.meta, model_dir) or not folder:
             continue
-        role = seq2seq_role(proto)
-        if role:
-            roles.setdefault(str(Path(folder).resolve()), {}).setdefault(role, []).append(model)
+        if file.seq2seq_role:
+            roles.setdefault(str(Path(folder).resolve()), {}).setdefault(file.seq2seq_role, []).append(file)
     return [(found["encoder"][0], found["decoder"][0], folder) for folder, found in roles.items()
             if len(found.get("encoder", [])) == 1 and len(found.get("decoder", [])) == 1]
 

@@ -191,12 +191,12 @@ def test_validate_defaults_to_installed_runtimes(exports, monkeypatch, capsys):
     """Without --runtimes: what is installed runs, what is not is named on stderr; naming a
     runtime that is not installed is a failure."""
     from posbias_export.cli import main as cli_main
-    from posbias_export.parity import matrix, runtimes
+    from posbias_export.parity import runs, runtimes
 
     real = runtimes.unavailable_reason
     fake = lambda r: "python package 'openvino' is not installed" if r.name == "openvino" else real(r)
     monkeypatch.setattr(runtimes, "unavailable_reason", fake)
-    monkeypatch.setattr(matrix, "unavailable_reason", fake)
+    monkeypatch.setattr(runs, "unavailable_reason", fake)
     model = str(exports.cli("alibi"))
     assert cli_main(["validate", model, "--lengths", "3", "--batch", "1"]) == 0
     out = capsys.readouterr()

@@ -402,11 +402,11 @@ def test_quantized_folder_runs_in_the_clients(shipped, tmp_path, scheme):
     (int8: of our runner's cached steps, see _stepwise_greedy).
     (Against the float folder's tokens a quantized file may flip a choice: this tiny model's
     int8 file follows the float one for 8 of 12 tokens; the policy in validate judges how far.)"""
-    from posbias_export.export.quantize import QuantizeSpec
+    from posbias_export.export.schemes import scheme as quant_scheme
 
     source, _ = shipped["bloom"]
     folder = tmp_path / scheme
-    ship(source, folder, check_growth=False, quantize=QuantizeSpec(scheme))
+    ship(source, folder, check_growth=False, quantize=quant_scheme(scheme))
     prompt = INT8_PROMPT if scheme == "int8" else PROMPTS[0]
     start = len(prompt)
     js = until_eos(_js_tokens(folder, [prompt]), start)[0]
@@ -422,7 +422,7 @@ def test_quantized_folder_runs_in_the_clients(shipped, tmp_path, scheme):
         # int4 file is judged at level 0, where both compute the same thing
         if scheme == "int4":
             folder = tmp_path / "int4-level0"
-            ship(source, folder, check_growth=False, quantize=QuantizeSpec(scheme, accuracy_level=0))
+            ship(source, folder, check_growth=False, quantize=quant_scheme(scheme, accuracy_level=0))
         web = until_eos([_web_tokens(folder, prompt)], start)[0]
         if scheme == "int8":
             assert _stepwise_greedy(folder / "model.onnx", web, start) == web

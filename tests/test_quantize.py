@@ -12,7 +12,7 @@ from onnx import numpy_helper
 import posbias_export as pbe
 import tiers
 from posbias_export.export import checkpoint_metadata, export_onnx
-from posbias_export.export.quantize import QuantizeSpec
+from posbias_export.export.schemes import scheme as quant_scheme
 from posbias_export.export.metadata import read_metadata
 from posbias_export.nn import load_checkpoint
 from posbias_export.parity import run_matrix
@@ -26,7 +26,7 @@ LENGTHS = (1, 17, 1024)  # 1024: 16x the checkpoints' training length (64)
 def _export(family: str, scheme: str | None, path: Path, **spec) -> Path:
     ckpt = MODELS / f"{family}.safetensors"
     export_onnx(load_checkpoint(ckpt), path, check_growth=False, metadata=checkpoint_metadata(ckpt),
-                quantize=QuantizeSpec(scheme, **spec) if scheme else None)
+                quantize=quant_scheme(scheme, **spec) if scheme else None)
     return path
 
 
@@ -58,7 +58,7 @@ def test_quantized_checkpoint_passes_policy(tmp_path, bias, scheme):
 
 def test_int8_weights_are_seven_bit(tmp_path):
     """int8 weights stay in [-64, 64] (reduce_range): on CPUs without VNNI, ONNX Runtime's
-    uint8 x int8 kernel saturates with full 8-bit weights (export/quantize.py REDUCE_RANGE)."""
+    uint8 x int8 kernel saturates with full 8-bit weights (export/quantize.py Int8.REDUCE_RANGE)."""
     import numpy as np
 
     path = _export("alibi", "int8", tmp_path / "q.onnx")
@@ -131,7 +131,7 @@ def test_quantizing_the_bias_path_fails_the_policy(tmp_path):
     ckpt = MODELS / "alibi.safetensors"
     path = tmp_path / "q.onnx"
     export_onnx(load_checkpoint(ckpt), path, check_growth=False, metadata=checkpoint_metadata(ckpt),
-                attention="plain", inline_functions=True, quantize=QuantizeSpec("int8"))
+                attention="plain", inline_functions=True, quantize=quant_scheme("int8"))
     proto = onnx.load(str(path))
     made = {o: n for n in proto.graph.node for o in n.output}
     wanted = np.array([2.0 ** (-8 * (h + 1) / 4) for h in range(4)], np.float32)  # ALiBi's slopes, 4 heads
@@ -197,7 +197,7 @@ def test_quantized_imported_model_passes_validate(tmp_path, kind):
     lengths = (1, 17, MPT_MAX_SEQ_LEN if kind == "mpt" else 300)
     for scheme in ("int8", "int4"):
         out = tmp_path / f"{scheme}.onnx"
-        export_model(folder, out, kv_cache=True, quantize=QuantizeSpec(scheme), check_growth=False)
+        export_model(folder, out, kv_cache=True, quantize=quant_scheme(scheme), check_growth=False)
         matrix = run_hf_matrix(out, folder, ("ort-cpu",), lengths, batch=2)
         assert matrix.ok, [(c.runtime, c.case, c.verdict, c.parity) for c in matrix.cells if not c.ok]
         assert any(c.dtype == f"float32 {scheme}" for c in matrix.cells)
@@ -234,7 +234,7 @@ def test_quantized_t5_folder_passes_validate(tmp_path, t5_folder, scheme):
     from posbias_export.validation import validate
 
     out = tmp_path / "out"
-    ship(t5_folder, out, quantize=QuantizeSpec(scheme), check_growth=False)
+    ship(t5_folder, out, quantize=quant_scheme(scheme), check_growth=False)
     files = [out / "encoder_model.onnx", out / "decoder_model_merged.onnx"]
     for path in files:
         proto = onnx.load(str(path))
@@ -259,7 +259,7 @@ def test_a_t5_decoder_scale_off_by_two_fails_the_policy(tmp_path, t5_folder):
     from posbias_export.validation import validate
 
     out = tmp_path / "out"
-    ship(t5_folder, out, quantize=QuantizeSpec("int4"), check_growth=False)
+    ship(t5_folder, out, quantize=quant_scheme("int4"), check_growth=False)
     proto = onnx.load(str(out / "decoder_model_merged.onnx"))
     for t in _scale_initializers(proto):
         t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * 2, t.name))
@@ -277,18 +277,18 @@ def test_float_t5_decoder_is_judged_by_validate(tmp_path, t5_folder):
     float64 reference, transformers' T5ForConditionalGeneration as a row, every length in one
     session too; a decoder whose relative-position table is off fails it."""
     from posbias_export.hf.export import export_model
-    from posbias_export.hf.validate import run_hf_matrix
+    from posbias_export.validation import validate
 
     path = tmp_path / "decoder.onnx"
     export_model(t5_folder, path, part="decoder", check_growth=False)
-    matrix = run_hf_matrix(path, t5_folder, ("ort-cpu",), (1, 300), batch=2)
+    matrix = validate([path], ("ort-cpu",), (1, 300), batch=2, model_dir=t5_folder).matrices[0]
     assert matrix.ok and {c.runtime for c in matrix.cells} == {"transformers", "ort-cpu"}
     assert any(c.case.startswith("one session") for c in matrix.cells)
     proto = onnx.load(str(path))
     table = next(t for t in proto.graph.initializer if "relative_attention_bias" in t.name)
     table.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(table)[::-1].copy(), table.name))  # buckets reversed
     onnx.save(proto, str(tmp_path / "bad.onnx"))
-    bad = run_hf_matrix(tmp_path / "bad.onnx", t5_folder, ("ort-cpu",), (17,), batch=2, order=False)
+    bad = validate([tmp_path / "bad.onnx"], ("ort-cpu",), (17,), batch=2, model_dir=t5_folder, order=False).matrices[0]
     assert [c.verdict[:4] for c in bad.cells if c.runtime == "ort-cpu"] == ["FAIL"]
 
 
@@ -300,5 +300,5 @@ def test_quantizing_an_encoder_alone_is_refused(tmp_path):
 
     folder = save_tiny_model("t5", tmp_path / "t5")
     with pytest.raises(ValueError, match="leads to none"):
-        export_model(folder, tmp_path / "e.onnx", quantize=QuantizeSpec("int8"), check_growth=False)
+        export_model(folder, tmp_path / "e.onnx", quantize=quant_scheme("int8"), check_growth=False)
     assert not (tmp_path / "e.onnx").exists()

@@ -205,12 +205,12 @@ def _client_rows(kind, folder, prompt, label, ref_tokens, ref_logits, tmp, clien
 def _quantized(kind, source, tmp, scheme, prompt, label, float_tokens) -> tuple[list[dict], dict]:
     """The clients on the `--quantize SCHEME` folder, judged against ONNX Runtime on that file; and
     how many new tokens ONNX Runtime's greedy run on it shares with the float folder's."""
-    from ..export.quantize import QuantizeSpec
+    from ..export.schemes import scheme as quant_scheme
     from ..hf.ship import ship
 
     folder = tmp / f"{kind}_{scheme}"
     if not folder.is_dir():
-        ship(source, folder, check_growth=False, quantize=QuantizeSpec(scheme))
+        ship(source, folder, check_growth=False, quantize=quant_scheme(scheme))
     ref_tokens, ref_logits = ours(kind, folder, prompt)
     np.save(tmp / f"{kind}_{scheme}_{label}.npy", ref_logits)
     start = len(prompt)

@@ -16,19 +16,19 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..export.quantize import QuantizeSpec
+from ..export.schemes import scheme as quant_scheme
 from . import real_models as real
 
 TRAIN_LENGTH_FACTOR = 16  # extrapolation: 16x the training length, as the issue asks
 # (scheme, options) of the checkpoint table; the variants run on the ALiBi checkpoint only
-SCHEMES = {"int8": QuantizeSpec("int8"), "int4": QuantizeSpec("int4")}
+SCHEMES = {"int8": quant_scheme("int8"), "int4": quant_scheme("int4")}
 VARIANTS = {
-    "int8 per-tensor": QuantizeSpec("int8", per_channel=False),
-    "int4 block 16": QuantizeSpec("int4", block=16),
-    "int4 block 32 symmetric": QuantizeSpec("int4", symmetric=True),
-    "int4 block 64": QuantizeSpec("int4", block=64),
-    "int4 block 128": QuantizeSpec("int4", block=128),
-    "int4 accuracy level 0 (unset: float32 compute)": QuantizeSpec("int4", accuracy_level=0),
+    "int8 per-tensor": quant_scheme("int8", per_channel=False),
+    "int4 block 16": quant_scheme("int4", block=16),
+    "int4 block 32 symmetric": quant_scheme("int4", symmetric=True),
+    "int4 block 64": quant_scheme("int4", block=64),
+    "int4 block 128": quant_scheme("int4", block=128),
+    "int4 accuracy level 0 (unset: float32 compute)": quant_scheme("int4", accuracy_level=0),
 }
 # targets of the issue: perplexity within 1% (int8) / 3% (int4) of float32; decode time vs float32
 PPL_TARGET = {"int8": 0.01, "int4": 0.03}
@@ -43,17 +43,6 @@ class QuantResults:
     variants: dict = field(default_factory=dict)  # label -> {length: ppl}
     real: list = field(default_factory=list)  # dicts: model, scheme, file_gb, export_s, export_peak_gb, runs
     commands: list = field(default_factory=list)
-
-
-def _flags(spec: QuantizeSpec) -> list[str]:
-    out = ["--quantize", spec.scheme]
-    if spec.scheme == "int4":
-        out += (["--quant-block", str(spec.block)] if spec.block != 32 else []) + (
-            ["--quant-symmetric"] if spec.symmetric else []) + (
-            ["--quant-accuracy-level", str(spec.accuracy_level)] if spec.accuracy_level != 4 else [])
-    elif not spec.per_channel:
-        out.append("--quant-per-tensor")
-    return out
 
 
 def checkpoint_perplexity(models_dir: Path, corpus: Path, max_tokens: int, progress=print) -> tuple[dict, dict, tuple]:
@@ -125,7 +114,7 @@ def _real_row(name, label, spec, folder, path, threads, new_tokens, bandwidth, p
     progress(f"{name}: export {label}")
     seconds, peak, _ = real.measured_python(["-m", "posbias_export", "--model", str(folder), "--kv-cache",
                                              "--logits", "last", "--out", str(path), "--skip-growth-check",
-                                             *(_flags(spec) if spec else [])])
+                                             *(spec.flags() if spec else [])])
     size = real.weight_bytes(path)
     progress(f"{name}: run {label}")
     _, run_peak, text = real.measured_python(["-m", "posbias_export.bench.real_models", "ort", str(path), "512",
@@ -153,7 +142,7 @@ def seq2seq_rows(name: str, folder: Path, work: Path, threads: int, new_tokens: 
         try:
             progress(f"{name}: export {label}")
             seconds, peak, _ = real.measured_python(["-m", "posbias_export", "--model", str(folder), "--out-dir",
-                                                     str(ship_dir), "--skip-growth-check", *(_flags(spec) if spec else [])])
+                                                     str(ship_dir), "--skip-growth-check", *(spec.flags() if spec else [])])
             files = ship_dir / "encoder_model.onnx", ship_dir / "decoder_model_merged.onnx"
             progress(f"{name}: run {label}")
             _, run_peak, text = real.measured_python(["-m", "posbias_export.bench.real_models", "seq2seq", str(ship_dir),

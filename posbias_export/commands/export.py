@@ -38,7 +38,7 @@ def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
     from ..biases import BIASES, hyper_parameter_fields
     from ..export import DTYPES, OPSETS, TARGETS
     from ..export.signature import LOGITS
-    from ..export.quantize import SCHEMES
+    from ..export.schemes import SCHEMES
     from ..hf.models import PART_NAMES
     from ..nn import ARCHS, ATTENTION_FORMS
     from ..nn.positions import RESIZE_METHODS
@@ -81,11 +81,11 @@ def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
                    help="with --kv-cache or --out-dir: all (every position; the default) or last (the last position "
                    "only, [B, 1, V]: what generation reads, no [B, L, V] tensor for a long prompt; Optimum, "
                    "transformers.js and generate take it, onnxruntime-genai does not for right-padded batches)")
-    p.add_argument("--quantize", choices=SCHEMES, default=None,
+    p.add_argument("--quantize", choices=tuple(SCHEMES), default=None,
                    help="LM files: weights of the linear layers and the embedding quantized by ONNX Runtime's own "
                    "tools (int8: quantize_dynamic, standard ops; int4: MatMulNBits, ONNX Runtime only); attention and "
                    "bias stay float; validate judges such files by the quantized policy")
-    p.add_argument("--quant-block", type=positive_int, default=32,
+    p.add_argument("--quant-block", type=positive_int, default=None,
                    help="int4: weights per scale (16, 32, 64, 128, 256; default 32)")
     p.add_argument("--quant-symmetric", action="store_true", help="int4: no zero points (default: asymmetric)")
     p.add_argument("--quant-accuracy-level", type=int, default=None,
@@ -163,23 +163,27 @@ def run_export(args) -> int:
 
 
 def quantize_spec(args):
-    """--quantize and its options -> a QuantizeSpec (None: float weights); options without
-    --quantize are a usage error, not silently ignored."""
-    from ..export.quantize import QuantizeSpec
+    """--quantize and its options -> a schemes.Scheme (None: float weights); options without
+    --quantize, or of another scheme, are a usage error, not silently ignored."""
+    from ..export.schemes import SCHEMES, scheme
 
-    options = [f for f, on in (("--quant-block", args.quant_block != 32), ("--quant-symmetric", args.quant_symmetric),
-                               ("--quant-accuracy-level", args.quant_accuracy_level is not None),
-                               ("--quant-per-tensor", args.quant_per_tensor)) if on]
+    given = {}  # flag -> (the scheme's field, value)
+    if args.quant_block is not None:
+        given["--quant-block"] = ("block", args.quant_block)
+    if args.quant_symmetric:
+        given["--quant-symmetric"] = ("symmetric", True)
+    if args.quant_accuracy_level is not None:
+        given["--quant-accuracy-level"] = ("accuracy_level", args.quant_accuracy_level)
+    if args.quant_per_tensor:
+        given["--quant-per-tensor"] = ("per_channel", False)
     if not args.quantize:
-        if options:
-            raise UsageError(f"{', '.join(options)} need --quantize")
+        if given:
+            raise UsageError(f"{', '.join(given)} need --quantize")
         return None
-    wrong = [f for f in options if (f == "--quant-per-tensor") != (args.quantize == "int8")]
+    wrong = [flag for flag, (field, _) in given.items() if field not in SCHEMES[args.quantize].__dataclass_fields__]
     if wrong:
         raise UsageError(f"{', '.join(wrong)} do not apply to --quantize {args.quantize}")
-    return QuantizeSpec(args.quantize, block=args.quant_block, symmetric=args.quant_symmetric,
-                        accuracy_level=4 if args.quant_accuracy_level is None else args.quant_accuracy_level,
-                        per_channel=not args.quant_per_tensor)
+    return scheme(args.quantize, **dict(given.values()))
 
 
 def run_export_folder(args) -> int:

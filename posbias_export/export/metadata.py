@@ -2,6 +2,7 @@
 be validated later on its own: the model config, the arch, dtype, opset, the attention form."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import onnx
@@ -87,3 +88,41 @@ def settings_from_metadata(meta: dict[str, str]) -> AttentionSettings:
     form = meta.get("attention", "plain")
     block = int(meta["attention_block"]) if "attention_block" in meta else AttentionSettings.block
     return attention_settings(int(meta.get("opset", 18)), form, meta.get("target", "portable"), block, functions=False)
+
+
+class FileMetadata(Mapping):
+    """A file's metadata, read and checked once (`of`): the `posbias.` keys as a read-only
+    mapping (read_metadata's checks), and the quantization scheme its graph shows, which a
+    `quantized` label must agree with (schemes.checked_scheme). ValueError names what is wrong."""
+
+    def __init__(self, raw: dict[str, str], scheme: str | None):
+        self._raw, self.scheme = dict(raw), scheme
+
+    @classmethod
+    def of(cls, proto: onnx.ModelProto) -> "FileMetadata":
+        from .schemes import checked_scheme
+
+        raw = read_metadata(proto)
+        return cls(raw, checked_scheme(proto, raw.get("quantized")))
+
+    def __getitem__(self, key: str) -> str:
+        return self._raw[key]
+
+    def __iter__(self):
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    @property
+    def imported(self) -> bool:
+        """Exported from a Hugging Face folder (judged against that folder's model)."""
+        return self._raw.get("source") == "huggingface"
+
+    @property
+    def dtype(self) -> str:
+        return self._raw.get("dtype", "float32")
+
+    @property
+    def trace_len(self) -> int:
+        return int(self._raw.get("trace_len", 16))

@@ -284,7 +284,7 @@ def quantize_weights(state: ExportState) -> None:
     count = quantize.quantized_node_count(state.proto)
     write_metadata(state.proto, {**export_metadata(state.request), **spec.metadata(count)})
     state.proto.producer_name = "posbias_export"
-    state.done.append(f"{spec.scheme} weights ({count} nodes by ONNX Runtime's quantizer)")
+    state.done.append(f"{spec.name} weights ({count} nodes by ONNX Runtime's quantizer)")
 
 
 def save(state: ExportState) -> None:
@@ -343,7 +343,7 @@ def report(state: ExportState) -> ExportReport:
     return ExportReport(
         path=str(r.path), arch=r.spec.arch, bias=r.spec.bias,
         opset=next((op.version for op in proto.opset_import if op.domain in ("", "ai.onnx")), r.opset),
-        dtype=r.dtype if r.spec.quantize is None else f"{r.dtype} activations, {r.spec.quantize.scheme} weights",
+        dtype=r.dtype if r.spec.quantize is None else f"{r.dtype} activations, {r.spec.quantize.name} weights",
         trace_len=r.trace_len, inputs=report_dims(proto.graph.input), outputs=report_dims(proto.graph.output),
         op_types=sorted({n.op_type for n in proto.graph.node}), initializer_bytes=state.initializer_bytes,
         file_bytes=saved.model_bytes, seconds=time.perf_counter() - state.start, checks=state.done,
@@ -392,7 +392,7 @@ def export_onnx(
     com.microsoft.MultiHeadAttention: ONNX Runtime only). opset: 18, or 23 for target cuda.
     logits="last" (with kv_cache): logits [B, 1, V] of the last position only, what generation
     reads; no [B, L, V] tensor at a long prompt.
-    quantize: a quantize.QuantizeSpec (lm files): int8 / int4 weights through ONNX Runtime's
+    quantize: a schemes.Scheme (lm files): int8 / int4 weights through ONNX Runtime's
     quantizers, checked by loading the file in ONNX Runtime.
     Raises ValueError for bad arguments, OSError for an unwritable path, and
     checks.ExportCheckError when the exported model fails a post-export check. On any failure

@@ -1,10 +1,5 @@
-"""Weight-only quantization of a saved float LM file through ONNX Runtime's own quantizers.
-
-    int8: `quantize_dynamic` (MatMulInteger + DynamicQuantizeLinear, standard ONNX ops: every
-          runtime that runs the float file runs it; what Optimum's ORTQuantizer writes), with
-          7-bit weights (reduce_range): see REDUCE_RANGE
-    int4: `MatMulNBitsQuantizer` (com.microsoft.MatMulNBits / GatherBlockQuantized, ONNX
-          Runtime's contrib ops: what onnxruntime-genai's builder writes with `-p int4`)
+"""Weight-only quantization of a saved float LM file through ONNX Runtime's own quantizers (the
+scheme classes, schemes.py, make the call).
 
 What is quantized: the linear layers' weights (top-level MatMul nodes whose right input is a
 2-D initializer) and the token embedding (the Gather reading `input_ids`). Attention, the
@@ -17,55 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 
 from ..errors import ExportCheckError
+from .schemes import Scheme
 
-SCHEMES = ("int8", "int4")
-BLOCK_SIZES = (16, 32, 64, 128, 256)
-ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0 unset, 1 float32, 2 float16, 3 bfloat16, 4 int8 compute
-# int8 weights in [-64, 64]: on x86 CPUs without VNNI (AVX2 alone, common in CPU servers) ONNX
-# Runtime multiplies uint8 activations by int8 weights with VPMADDUBSW, which saturates its int16
-# sums of pairs (255 * 127 * 2 > 32767); 7-bit weights cannot (255 * 64 * 2 < 32767). Measured on
-# an AVX2-only EPYC, the ALiBi checkpoint at 1024 tokens: KL 0.0112 nats with 8-bit weights, over
-# the policy's 0.00995, and 0.0005 with 7-bit ones (U8U8 weights: 0.0004, but a slower kernel on
-# every CPU). The kernel and the file's format stay those of the default; VNNI CPUs lose a bit.
-REDUCE_RANGE = True
 WEIGHT_SHAPING = {"Transpose", "Split", "Reshape", "Squeeze", "Unsqueeze", "Slice", "Concat", "Cast"}
-
-
-@dataclass(frozen=True)
-class QuantizeSpec:
-    """How to quantize: scheme, and for int4 the block size, symmetry and MatMulNBits'
-    accuracy level; for int8 per-channel or per-tensor scales."""
-
-    scheme: str
-    block: int = 32
-    symmetric: bool = False
-    accuracy_level: int = 4  # int8 compute: 1.8x faster decode than 0 at BLOOM-560m, equal perplexity (quantized.md)
-    per_channel: bool = True
-
-    def __post_init__(self):
-        if self.scheme not in SCHEMES:
-            raise ValueError(f"quantize must be one of {', '.join(SCHEMES)}, got {self.scheme!r}")
-        if self.block not in BLOCK_SIZES:
-            raise ValueError(f"quantization block must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block!r}")
-        if self.accuracy_level not in ACCURACY_LEVELS:
-            raise ValueError(f"accuracy level must be one of {', '.join(map(str, ACCURACY_LEVELS))}, "
-                             f"got {self.accuracy_level!r}")
-
-    def metadata(self, quantized: int) -> dict[str, str]:
-        meta = {"quantized": self.scheme, "quantized_nodes": str(quantized)}
-        if self.scheme == "int4":
-            meta.update(quant_block=str(self.block), quant_symmetric=str(int(self.symmetric)),
-                        quant_accuracy_level=str(self.accuracy_level))
-        else:
-            meta.update(quant_per_channel=str(int(self.per_channel)), quant_reduce_range=str(int(REDUCE_RANGE)))
-        return meta
 
 
 def _used_names(graph: onnx.GraphProto) -> set[str]:
@@ -160,7 +114,7 @@ def prepared_float(path: Path) -> onnx.ModelProto:
     return proto
 
 
-def quantize_file(float_path: Path, spec: QuantizeSpec) -> onnx.ModelProto:
+def quantize_file(float_path: Path, spec: Scheme) -> onnx.ModelProto:
     """The quantized model of a saved float file (its weights folded into initializers first,
     written beside it, then handed to the quantizer by path)."""
     proto = prepared_float(float_path)
@@ -172,7 +126,7 @@ def quantize_file(float_path: Path, spec: QuantizeSpec) -> onnx.ModelProto:
     return quantize_path(str(prepared), spec, names)
 
 
-def quantize_path(path: str, spec: QuantizeSpec, nodes: list[str]) -> onnx.ModelProto:
+def quantize_path(path: str, spec: Scheme, nodes: list[str]) -> onnx.ModelProto:
     """ONNX Runtime's quantizer of the scheme applied to the model file at `path` (its tensors
     in external data), at the named `nodes`."""
     with _quiet():
@@ -200,27 +154,10 @@ def _quiet():
             q.setLevel(level)
 
 
-def _quantize(path: str, spec: QuantizeSpec, names: list[str]) -> onnx.ModelProto:
+def _quantize(path: str, spec: Scheme, names: list[str]) -> onnx.ModelProto:
     if not names:
         raise ExportCheckError("the model has no weight MatMul or embedding Gather to quantize")
-    if spec.scheme == "int4":
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-        quantizer = MatMulNBitsQuantizer(path, bits=4, block_size=spec.block, is_symmetric=spec.symmetric,
-                                         accuracy_level=spec.accuracy_level or None, nodes_to_include=names,
-                                         op_types_to_quantize=("MatMul", "Gather"),
-                                         quant_axes=(("MatMul", 0), ("Gather", 1)))
-        quantizer.process()
-        return _functions_at_model_opset(quantizer.model.model)
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    with tempfile.TemporaryDirectory() as tmp:  # external data both ways: protobuf's 2 GB limit
-        out = Path(tmp) / "quantized.onnx"
-        quantize_dynamic(path, out, op_types_to_quantize=["MatMul", "Gather"], nodes_to_quantize=names,
-                         per_channel=spec.per_channel, weight_type=QuantType.QInt8, reduce_range=REDUCE_RANGE,
-                         use_external_data_format=True,
-                         extra_options={"MatMulConstBOnly": True})
-        return onnx.load(str(out))
+    return _functions_at_model_opset(spec.quantize(path, names))
 
 
 def _functions_at_model_opset(proto: onnx.ModelProto) -> onnx.ModelProto:

@@ -123,7 +123,7 @@ class ExportSpec:
     notes: list[str] = field(default_factory=list)
     naming: Naming = POSBIAS  # the names the file is written with (naming.py)
     last_logits: bool = False  # a cached decoder's logits for the last position only, [B, 1, V]
-    quantize: object = None  # a quantize.QuantizeSpec: weights quantized by ONNX Runtime's tools before saving
+    quantize: object = None  # a schemes.Scheme: weights quantized by ONNX Runtime's tools before saving
 
     def check(self, request) -> None:
         """Raise ValueError for a request this model cannot honour."""

@@ -165,7 +165,7 @@ def export_model(
     a failed check; nothing is written then. names="huggingface": the clients' names
     (export/naming.py); shipped: the metadata keeps the folder's name, not its path.
     logits="last" (with kv_cache): the last position's logits only, [B, 1, V]. quantize: a
-    quantize.QuantizeSpec (causal LMs, a T5's encoder or decoder): int8 / int4 weights through
+    schemes.Scheme (causal LMs, a T5's encoder or decoder): int8 / int4 weights through
     ONNX Runtime's quantizers."""
     check_outputs([path], folder_files(model_dir))  # never write over what the folder holds
     model = load_model(model_dir, part, lazy=True)  # weights streamed into the file as it is written

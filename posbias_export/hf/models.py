@@ -42,9 +42,17 @@ def load_model(folder: str | os.PathLike, part: str = "encoder", lazy: bool = Fa
 
 
 def has_decoder(folder: str | os.PathLike) -> bool:
-    """An encoder-decoder folder (T5ForConditionalGeneration), not an encoder alone."""
-    try:
-        load_model(folder, "decoder", lazy=True)
-    except FolderError:
+    """An encoder-decoder folder (T5ForConditionalGeneration), not an encoder alone: the model
+    type has a decoder part and the weights' headers hold its layers. Nothing is built, and a
+    bad folder is its FolderError, not "no decoder"."""
+    import re
+    from pathlib import Path
+
+    from .folder import read_config, weight_files, weight_shapes
+
+    model_type, _ = read_config(Path(folder), tuple(ARCHITECTURES))
+    decoder = PARTS.get((model_type, "decoder"))
+    if decoder is None:
         return False
-    return True
+    pattern = re.compile(re.escape(decoder.layer_key).replace(r"\{\}", r"\d+"))
+    return any(pattern.match(key) for key in weight_shapes(weight_files(Path(folder))))

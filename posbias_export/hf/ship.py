@@ -177,7 +177,7 @@ def ship(model_dir, out_dir, *, opset: int | None = None, trace_len: int = 16, b
     tensor for a long prompt; Optimum, transformers.js and our generate read only that, but
     onnxruntime-genai reads each row's last real token of a right-padded batch, which the last
     position is not: it generates other tokens for such a batch). dtype, target: as export_model's; a GPU target makes the folder GPU-ready (onnxruntime-genai
-    on the CUDA provider, Triton instances KIND_GPU). quantize: a quantize.QuantizeSpec for the
+    on the CUDA provider, Triton instances KIND_GPU). quantize: a schemes.Scheme for the
     folder's files (int8 / int4 weights: a causal LM's model.onnx, a T5's encoder and decoder;
     an encoder alone is refused by export_model). context_length: genai_config's (default
     DEFAULT_CONTEXT, not the config's position limit: see there). Everything the folder supplies

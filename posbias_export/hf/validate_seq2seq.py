@@ -23,26 +23,16 @@ import numpy as np
 import onnx
 import torch
 
-from ..export.metadata import read_metadata
+from ..export.schemes import coarser
 from ..limits import attention_bytes, check_fits
-from ..parity.matrix import Cell, Matrix, runtime_outputs
-from ..parity.quantized import judge as judge_quantized
-from ..parity.reference import ParityInputError, read_onnx
+from ..parity.judge import Case, FloatPolicy, Reference, judge, policy_for
+from ..parity.matrix import check_runtimes
+from ..parity.reference import ModelFile, ParityInputError, model_file
+from ..parity.runs import Matrix, RuntimeRun, runtime_outputs
 from ..parity.runtimes import load_runner
-from ..parity.tolerance import FLOAT16, FLOAT32, compare
+from .cases import BLOCKED, TRANSFORMERS_ROW, check_weights, file_dtype, file_inputs, left_padded
 from .folder import transformers_module
-from .models import has_decoder, load_model
-from .validate import BLOCKED, TRANSFORMERS_ROW, check_weights, file_dtype, file_inputs, left_padded
-
-SCHEME_ORDER = (None, "int8", "int4")  # coarser to the right: a pair is judged by its coarser file
-
-
-def seq2seq_role(proto: onnx.ModelProto) -> str | None:
-    """"decoder" for a file fed the encoder's states, "encoder" for one whose output is
-    last_hidden_state, else None."""
-    if any(i.name == "encoder_hidden_states" for i in proto.graph.input):
-        return "decoder"
-    return "encoder" if proto.graph.output and proto.graph.output[0].name == "last_hidden_state" else None
+from .models import load_model
 
 
 @dataclass
@@ -97,104 +87,105 @@ def decoder_feeds(proto: onnx.ModelProto, case: Seq2SeqCase, states: np.ndarray)
                        {"encoder_hidden_states": states, "encoder_attention_mask": case.mask})
 
 
-def _scheme(metas: list[dict]) -> str | None:
-    return max((m.get("quantized") for m in metas), key=SCHEME_ORDER.index)
+def seq2seq_files(encoder, decoder) -> dict[str, ModelFile]:
+    files = {role: model_file(p) for role, p in (("encoder", encoder), ("decoder", decoder)) if p is not None}
+    if not files:
+        raise ValueError("run_seq2seq_matrix needs an encoder file, a decoder file or both")
+    for role, file in files.items():
+        if file.seq2seq_role != role:
+            raise ParityInputError(f"{file.path} is not a T5 {role} file")
+    return files
+
+
+def seq2seq_models(files: dict[str, ModelFile], model_dir):
+    """The folder's float64-capable encoder and decoder, the folder checked to hold a decoder
+    and the files' weights (the decoder loads once: a folder without one says so)."""
+    model_dir = model_dir or next((f.meta["model_dir"] for f in files.values() if f.meta.get("model_dir")), None)
+    if not model_dir:
+        raise ParityInputError(f"{' and '.join(str(f.path) for f in files.values())} do not say which model they "
+                               "hold: pass --model DIR")
+    for file in files.values():
+        check_weights(file.meta, Path(model_dir).resolve(), file.path)
+    return Path(model_dir), load_model(model_dir, "encoder"), load_model(model_dir, "decoder")
+
+
+def seq2seq_case(encoder, decoder, n: int, batch: int) -> tuple[Case, Seq2SeqCase, np.ndarray]:
+    """Source and target of length n: the judged Case (float64 logits; float32, transformers'
+    floor, and the file's dtype as floors), its inputs, and the float64 encoder's states."""
+    source, mask = left_padded(n, batch, decoder.vocab_size, seed=n)
+    encoder.float(), decoder.float()
+    inputs = Seq2SeqCase(f"L={n} B={batch}", source, mask, self_written_target(encoder, decoder, source, mask, n, n))
+    states64, logits64 = reference_pipeline(encoder, decoder, inputs, torch.float64)
+    floors = {name: (lambda d=d: reference_pipeline(encoder, decoder, inputs, d)[1].double().numpy())
+              for name, d in (("float32", torch.float32), ("float16", torch.float16), ("bfloat16", torch.bfloat16))}
+    floors["float32"] = floors["float32"]()  # transformers' row and float32 files need it; others on demand
+    return Case(inputs.name, {}, Reference(logits64.numpy(), floors)), inputs, states64.numpy()
+
+
+def check_fits_seq2seq(decoder, lengths, batch: int, ignore_size_limits: bool) -> None:
+    for n in lengths:  # float64 self-attention over [n, n] in blocks, cross-attention whole, logits thrice
+        need = attention_bytes(batch, decoder.num_heads, n, n, 8, 3) + 3.0 * batch * n * decoder.vocab_size * 8
+        check_fits(need, f"validating T5 files at length {n}, batch {batch}", ignore_size_limits)
 
 
 @torch.no_grad()
-def run_seq2seq_matrix(encoder_path: str | Path | None, decoder_path: str | Path | None, model_dir=None,
-                       runtimes: tuple[str, ...] = ("ort-cpu",), lengths: tuple[int, ...] = (1, 17, 1024),
-                       batch: int = 3, timeout: float = 1800.0, progress=None, ignore_size_limits: bool = False,
-                       order: bool = True) -> Matrix:
+def transformers_run(model_dir: Path, inputs: list[Seq2SeqCase]) -> RuntimeRun:
+    """transformers' T5ForConditionalGeneration, float32, on every case: a reference row."""
+    theirs = getattr(transformers_module(), "T5ForConditionalGeneration").from_pretrained(str(model_dir)).float()
+    outputs = [theirs(input_ids=torch.from_numpy(c.source), attention_mask=torch.from_numpy(c.mask),
+                      decoder_input_ids=torch.from_numpy(c.target)).logits.numpy() for c in inputs]
+    return RuntimeRun(TRANSFORMERS_ROW, None, outputs=outputs)
+
+
+def pipeline_runs(files: dict[str, ModelFile], decoder, runtimes, inputs: list[Seq2SeqCase], states64, np_dtype,
+                  timeout: float, order: bool):
+    """Per runtime, a RuntimeRun of decoder logits: the encoder file's states on that runtime (or
+    the float64 reference's, in the file's dtype) fed to the decoder file on that runtime (or
+    to the float64 decoder); order cells from both files."""
+    if "encoder" in files:
+        feeds = [file_inputs(files["encoder"].proto, c.source, c.mask) for c in inputs]
+        encoder_runs = runtime_outputs(runtimes, files["encoder"].path, feeds, timeout, order)
+    else:
+        encoder_runs = (RuntimeRun(name, None, outputs=[s.astype(np_dtype) for s in states64]) for name in runtimes)
+    for run in encoder_runs:
+        cells = run.order_cells(f"encoder {np_dtype.__name__}")
+        if run.problem or "decoder" not in files:
+            logits = None if run.problem else [reference_logits(decoder, c, s) for c, s in zip(inputs, run.outputs)]
+            yield PipelineRun(run.name, run.runtime, run.problem, logits, cells=cells)
+            continue
+        feeds = [decoder_feeds(files["decoder"].proto, c, s) for c, s in zip(inputs, run.outputs)]
+        step = next(runtime_outputs((run.name,), files["decoder"].path, feeds, timeout, order))
+        label = f"decoder {'float16' if np_dtype == np.float16 else 'float32'}"
+        yield PipelineRun(run.name, step.runtime, step.problem, step.outputs, cells=cells + step.order_cells(label))
+
+
+@dataclass
+class PipelineRun(RuntimeRun):
+    """A runtime's run of an encoder-decoder pipeline: its order cells made from both files'."""
+
+    cells: list = None
+
+    def order_cells(self, dtype: str) -> list:
+        return self.cells or []
+
+
+@torch.no_grad()
+def run_seq2seq_matrix(encoder_path=None, decoder_path=None, model_dir=None, runtimes: tuple[str, ...] = ("ort-cpu",),
+                       lengths: tuple[int, ...] = (1, 17, 1024), batch: int = 3, timeout: float = 1800.0,
+                       progress=None, ignore_size_limits: bool = False, order: bool = True) -> Matrix:
     """The encoder file, the decoder file, or both (see the module docstring), judged by the
     logits they lead to, the target as long as the source at each length."""
-    paths = {"encoder": encoder_path, "decoder": decoder_path}
-    protos = {role: read_onnx(Path(p)) for role, p in paths.items() if p is not None}
-    if not protos:
-        raise ValueError("run_seq2seq_matrix needs an encoder file, a decoder file or both")
-    metas = {role: read_metadata(p) for role, p in protos.items()}
-    for role, proto in protos.items():
-        if seq2seq_role(proto) != role:
-            raise ParityInputError(f"{paths[role]} is not a T5 {role} file")
-    model_dir = model_dir or next((m["model_dir"] for m in metas.values() if m.get("model_dir")), None)
-    if not model_dir:
-        raise ParityInputError(f"{' and '.join(map(str, filter(None, paths.values())))} do not say which model they "
-                               "hold: pass --model DIR")
-    if not has_decoder(model_dir):
-        raise ParityInputError(f"{model_dir} holds no T5 decoder: the files' logits cannot be judged")
-    for role, meta in metas.items():
-        check_weights(meta, Path(model_dir).resolve(), Path(paths[role]))
-    encoder, decoder = load_model(model_dir, "encoder"), load_model(model_dir, "decoder")
-    heads, vocab = decoder.num_heads, decoder.vocab_size
-    for n in lengths:  # float64 self-attention over [n, n] in blocks, cross-attention whole, logits thrice
-        need = attention_bytes(batch, heads, n, n, 8, 3) + 3.0 * batch * n * vocab * 8
-        check_fits(need, f"validating T5 files at length {n}, batch {batch}", ignore_size_limits)
-    scheme = _scheme(list(metas.values()))
-    dtype = file_dtype(protos["decoder"] if "decoder" in protos else protos["encoder"])
-    tol, torch_dtype = (FLOAT16, torch.float16) if dtype == "float16" else (FLOAT32, torch.float32)
-    label = f"{dtype} {scheme}" if scheme else dtype
-    judged = " + ".join(f"{role} file" for role in protos)
-    matrix = Matrix(" + ".join(str(p) for p in paths.values() if p is not None), "t5",
-                    f"encoder-decoder: {judged} (logits)")
-
-    cases, refs = [], []
-    for n in lengths:
-        source, mask = left_padded(n, batch, vocab, seed=n)
-        encoder.float(), decoder.float()
-        case = Seq2SeqCase(f"L={n} B={batch}", source, mask, self_written_target(encoder, decoder, source, mask, n, n))
-        states64, logits64 = reference_pipeline(encoder, decoder, case, torch.float64)
-        same32 = reference_pipeline(encoder, decoder, case, torch.float32)[1].double().numpy()  # transformers' floor
-        same = same32 if torch_dtype == torch.float32 else \
-            reference_pipeline(encoder, decoder, case, torch_dtype)[1].double().numpy()  # the file's floor
-        cases.append(case)
-        refs.append((states64.numpy(), logits64.numpy(), same, same32))
-
-    if "decoder" in protos:
-        theirs = getattr(transformers_module(), "T5ForConditionalGeneration").from_pretrained(str(model_dir)).float()
-        for case, (_, logits64, _, same32) in zip(cases, refs):
-            out = theirs(input_ids=torch.from_numpy(case.source), attention_mask=torch.from_numpy(case.mask),
-                         decoder_input_ids=torch.from_numpy(case.target)).logits.numpy()
-            parity = compare(out, logits64, same32, FLOAT32)
-            matrix.cells.append(Cell(TRANSFORMERS_ROW, case.name, "float32", "pass" if parity.passed else "FAIL",
-                                     parity.as_dict()))
-
+    check_runtimes(runtimes)
+    files = seq2seq_files(encoder_path, decoder_path)
+    model_dir, encoder, decoder = seq2seq_models(files, model_dir)
+    check_fits_seq2seq(decoder, lengths, batch, ignore_size_limits)
+    scheme = coarser(f.meta.scheme for f in files.values())
+    dtype = file_dtype(files["decoder" if "decoder" in files else "encoder"].proto)
+    judged = " + ".join(f"{role} file" for role in files)
+    matrix = Matrix(" + ".join(str(f.path) for f in files.values()), "t5", f"encoder-decoder: {judged} (logits)")
+    cases, inputs, states64 = zip(*(seq2seq_case(encoder, decoder, n, batch) for n in lengths))
+    if "decoder" in files:
+        judge(matrix, [transformers_run(model_dir, inputs)], list(cases), FloatPolicy("float32"))
     np_dtype = np.float16 if dtype == "float16" else np.float32
-    for name, states, problem, order_cells in _encoder_states(protos, paths, runtimes, cases, refs, np_dtype, timeout,
-                                                              order):
-        if problem:
-            matrix.cells += [Cell(name, case.name, label, problem) for case in cases]
-            continue
-        if "decoder" in protos:
-            run = next(runtime_outputs((name,), Path(decoder_path),
-                                       [decoder_feeds(protos["decoder"], c, s) for c, s in zip(cases, states)],
-                                       timeout, order))
-            if run.problem:
-                matrix.cells += [Cell(name, case.name, label, run.problem) for case in cases]
-                continue
-            logits, order_cells = run.outputs, order_cells + run.order_cells(f"decoder {dtype}")
-        else:
-            logits = [reference_logits(decoder, c, s) for c, s in zip(cases, states)]
-        for case, got, (_, logits64, same, _) in zip(cases, logits, refs):
-            if got.shape != logits64.shape:
-                matrix.cells.append(Cell(name, case.name, label, f"error: logits have shape {list(got.shape)}, "
-                                         f"expected {list(logits64.shape)}"))
-                continue
-            parity = judge_quantized(got, logits64, scheme) if scheme else compare(got, logits64, same, tol)
-            matrix.cells.append(Cell(name, case.name, label, "pass" if parity.passed else "FAIL", parity.as_dict()))
-        matrix.cells += order_cells
-        if progress:
-            progress(1)
-    return matrix
-
-
-def _encoder_states(protos, paths, runtimes, cases, refs, np_dtype, timeout, order):
-    """Per runtime: (name, the encoder states of every case, a problem or None, order cells):
-    the encoder file's outputs on that runtime, or the float64 reference's in the file dtype."""
-    if "encoder" not in protos:
-        states = [s.astype(np_dtype) for s, *_ in refs]
-        for name in runtimes:
-            yield name, states, None, []
-        return
-    feeds = [file_inputs(protos["encoder"], c.source, c.mask) for c in cases]
-    for run in runtime_outputs(runtimes, Path(paths["encoder"]), feeds, timeout, order):
-        yield run.name, run.outputs, run.problem, run.order_cells(f"encoder {np_dtype.__name__}")
+    runs = pipeline_runs(files, decoder, runtimes, inputs, states64, np_dtype, timeout, order)
+    return judge(matrix, runs, list(cases), policy_for(dtype, scheme), progress=progress)

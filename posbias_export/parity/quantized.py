@@ -33,20 +33,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-
-@dataclass(frozen=True)
-class QuantizedPolicy:
-    scheme: str
-    max_kl: float  # mean KL(float || quantized), nats per position
-    min_top1: float  # agreement on decided positions
-    decided: float = 0.5  # the float model's top-1 probability that makes a position decided
-    why: str = ""
+from ..export.schemes import SCHEMES
 
 
-POLICIES = {
-    "int8": QuantizedPolicy("int8", math.log(1.01), 0.99, why="perplexity within 1% of float, in nats"),
-    "int4": QuantizedPolicy("int4", math.log(1.03), 0.95, why="perplexity within 3% of float, in nats"),
-}
+POLICIES = {name: cls.policy for name, cls in SCHEMES.items()}  # each scheme's class holds its own
 
 
 @dataclass

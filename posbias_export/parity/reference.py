@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,8 @@ import onnx
 import torch
 
 from ..errors import first_line
-from ..export import INPUT_NAMES, read_metadata
+from ..export import INPUT_NAMES
+from ..export.metadata import FileMetadata
 from ..nn import EAGER, AttentionSettings, ModelConfig, build_model, file_sha256, load_checkpoint
 
 
@@ -59,15 +61,46 @@ def read_npz(path: str | Path, ignore_size_limits: bool = False) -> dict[str, np
     return arrays
 
 
-def load_model_file(path: str | Path) -> tuple[onnx.ModelProto, dict]:
+@dataclass(frozen=True)
+class ModelFile:
+    """An ONNX file read and checked once per validate run: the parsed model and its metadata
+    (FileMetadata: keys checked, quantization scheme derived from the graph)."""
+
+    path: Path
+    proto: onnx.ModelProto
+    meta: FileMetadata
+
+    @classmethod
+    def read(cls, path: str | Path) -> "ModelFile":
+        proto = read_onnx(path)
+        try:
+            meta = FileMetadata.of(proto)
+        except ValueError as err:
+            raise ParityInputError(f"{path}: {err}") from None
+        return cls(Path(path), proto, meta)
+
+    @property
+    def seq2seq_role(self) -> str | None:
+        """"decoder" for a file fed an encoder's states, "encoder" for one whose output is
+        last_hidden_state, else None."""
+        if any(i.name == "encoder_hidden_states" for i in self.proto.graph.input):
+            return "decoder"
+        out = self.proto.graph.output
+        return "encoder" if out and out[0].name == "last_hidden_state" else None
+
+
+def model_file(model: "str | Path | ModelFile") -> ModelFile:
+    return model if isinstance(model, ModelFile) else ModelFile.read(model)
+
+
+def load_model_file(path: "str | Path | ModelFile") -> tuple[onnx.ModelProto, FileMetadata]:
     """A file we wrote from one of our own models, and its metadata."""
-    proto = read_onnx(path)
-    meta = read_metadata(proto)
-    if meta.get("source") == "huggingface":
-        raise ParityInputError(f"model {path} was exported from a Hugging Face folder: validate it with --model DIR")
-    if "config" not in meta:
-        raise ParityInputError(f"model {path} has no posbias metadata: export it with posbias_export")
-    return proto, meta
+    file = model_file(path)
+    if file.meta.imported:
+        raise ParityInputError(f"model {file.path} was exported from a Hugging Face folder: validate it with --model DIR")
+    if "config" not in file.meta:
+        raise ParityInputError(f"model {file.path} has no posbias metadata: export it with posbias_export")
+    return file.proto, file.meta
 
 
 def reference_model(meta: dict, checkpoint: str | None = None) -> torch.nn.Module:

@@ -1,0 +1,182 @@
+"""Weight quantization schemes, one class each: its options, its command-line flags, the call
+into ONNX Runtime's quantizer, what the file records, the policy validate judges it by, and the
+ops that show it in a graph. Nothing else dispatches on a scheme's name.
+
+    int8: `quantize_dynamic` (MatMulInteger + DynamicQuantizeLinear, standard ONNX ops: every
+          runtime that runs the float file runs it; what Optimum's ORTQuantizer writes), with
+          7-bit weights (reduce_range): see Int8.REDUCE_RANGE
+    int4: `MatMulNBitsQuantizer` (com.microsoft.MatMulNBits / GatherBlockQuantized, ONNX
+          Runtime's contrib ops: what onnxruntime-genai's builder writes with `-p int4`)
+
+The policy is a perplexity promise on the float model's own text (parity/quantized.py): mean
+KL(float || quantized) within log(1 + x) nats and top-1 agreement on decided positions.
+"""
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import onnx
+
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0 unset, 1 float32, 2 float16, 3 bfloat16, 4 int8 compute
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What validate holds a scheme's file to (parity/quantized.py measures it)."""
+
+    max_kl: float  # mean KL(float || quantized), nats per position
+    min_top1: float  # top-1 agreement on positions where the float model is decided
+    why: str
+    decided: float = 0.5  # the float model's top-1 probability that makes a position decided
+
+
+class Scheme:
+    """Base of the schemes: subclasses are frozen dataclasses of their options."""
+
+    name: ClassVar[str]
+    ops: ClassVar[frozenset[str]]  # op types only this scheme writes: how a graph shows it
+    policy: ClassVar[Policy]
+    coarseness: ClassVar[int]  # a pair of files is judged by its coarser scheme
+
+    def flags(self) -> list[str]:
+        """The command line that asks for this scheme with these options."""
+        raise NotImplementedError
+
+    def metadata(self, quantized_nodes: int) -> dict[str, str]:
+        return {"quantized": self.name, "quantized_nodes": str(quantized_nodes), **self.option_metadata()}
+
+    def option_metadata(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def quantize(self, path: str, nodes: list[str]) -> onnx.ModelProto:
+        """ONNX Runtime's quantizer applied to the model file at `path` (tensors in external
+        data), at the named nodes."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return " ".join(self.flags())
+
+
+@dataclass(frozen=True)
+class Int8(Scheme):
+    """Per-channel (default) or per-tensor int8 weight scales; activations quantized per call."""
+
+    per_channel: bool = True
+
+    name: ClassVar[str] = "int8"
+    ops: ClassVar[frozenset[str]] = frozenset({"MatMulInteger", "DynamicQuantizeLinear"})
+    policy: ClassVar[Policy] = Policy(math.log(1.01), 0.99, "perplexity within 1% of float, in nats")
+    coarseness: ClassVar[int] = 1
+    # int8 weights in [-64, 64]: on x86 CPUs without VNNI (AVX2 alone, common in CPU servers) ONNX
+    # Runtime multiplies uint8 activations by int8 weights with VPMADDUBSW, which saturates its
+    # int16 sums of pairs (255 * 127 * 2 > 32767); 7-bit weights cannot (255 * 64 * 2 < 32767).
+    # Measured on an AVX2-only EPYC, the ALiBi checkpoint at 1024 tokens: KL 0.0112 nats with
+    # 8-bit weights, over the policy's 0.00995, and 0.0005 with 7-bit ones (U8U8 weights: 0.0004,
+    # but a slower kernel on every CPU). The kernel and the format stay the default's.
+    REDUCE_RANGE: ClassVar[bool] = True
+
+    def flags(self) -> list[str]:
+        return ["--quantize", "int8"] + ([] if self.per_channel else ["--quant-per-tensor"])
+
+    def option_metadata(self) -> dict[str, str]:
+        return {"quant_per_channel": str(int(self.per_channel)), "quant_reduce_range": str(int(self.REDUCE_RANGE))}
+
+    def quantize(self, path: str, nodes: list[str]) -> onnx.ModelProto:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        with tempfile.TemporaryDirectory(dir=Path(path).parent) as tmp:  # external data both ways: protobuf's 2 GB
+            out = Path(tmp) / "quantized.onnx"
+            quantize_dynamic(path, out, op_types_to_quantize=["MatMul", "Gather"], nodes_to_quantize=nodes,
+                             per_channel=self.per_channel, weight_type=QuantType.QInt8, reduce_range=self.REDUCE_RANGE,
+                             use_external_data_format=True, extra_options={"MatMulConstBOnly": True})
+            return onnx.load(str(out))
+
+
+@dataclass(frozen=True)
+class Int4(Scheme):
+    """Blocks of `block` weights per scale (and zero point unless symmetric); MatMulNBits'
+    accuracy level 4 computes in int8 (1.8x faster decode than 0 at BLOOM-560m, equal
+    perplexity: benchmarks/quantized.md)."""
+
+    block: int = 32
+    symmetric: bool = False
+    accuracy_level: int = 4
+
+    name: ClassVar[str] = "int4"
+    ops: ClassVar[frozenset[str]] = frozenset({"MatMulNBits", "GatherBlockQuantized"})
+    policy: ClassVar[Policy] = Policy(math.log(1.03), 0.95, "perplexity within 3% of float, in nats")
+    coarseness: ClassVar[int] = 2
+
+    def __post_init__(self):
+        if self.block not in BLOCK_SIZES:
+            raise ValueError(f"quantization block must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block!r}")
+        if self.accuracy_level not in ACCURACY_LEVELS:
+            raise ValueError(f"accuracy level must be one of {', '.join(map(str, ACCURACY_LEVELS))}, "
+                             f"got {self.accuracy_level!r}")
+
+    def flags(self) -> list[str]:
+        return ["--quantize", "int4"] + (["--quant-block", str(self.block)] if self.block != 32 else []) + (
+            ["--quant-symmetric"] if self.symmetric else []) + (
+            ["--quant-accuracy-level", str(self.accuracy_level)] if self.accuracy_level != 4 else [])
+
+    def option_metadata(self) -> dict[str, str]:
+        return {"quant_block": str(self.block), "quant_symmetric": str(int(self.symmetric)),
+                "quant_accuracy_level": str(self.accuracy_level)}
+
+    def quantize(self, path: str, nodes: list[str]) -> onnx.ModelProto:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        quantizer = MatMulNBitsQuantizer(path, bits=4, block_size=self.block, is_symmetric=self.symmetric,
+                                         accuracy_level=self.accuracy_level or None, nodes_to_include=nodes,
+                                         op_types_to_quantize=("MatMul", "Gather"),
+                                         quant_axes=(("MatMul", 0), ("Gather", 1)))
+        quantizer.process()
+        return quantizer.model.model
+
+
+SCHEMES: dict[str, type[Scheme]] = {cls.name: cls for cls in (Int8, Int4)}
+
+
+def scheme(name: str, **options) -> Scheme:
+    """The scheme called `name` with its options; ValueError (one line) for an unknown name or
+    an option the scheme does not have."""
+    if name not in SCHEMES:
+        raise ValueError(f"quantize must be one of {', '.join(SCHEMES)}, got {name!r}")
+    cls = SCHEMES[name]
+    known = set(cls.__dataclass_fields__)
+    wrong = sorted(set(options) - known)
+    if wrong:
+        raise ValueError(f"{', '.join(wrong)} do not apply to --quantize {name}")
+    return cls(**options)
+
+
+def scheme_in_graph(proto: onnx.ModelProto) -> str | None:
+    """The scheme a graph's own nodes show (the coarsest present), or None for float weights."""
+    ops = {n.op_type for n in proto.graph.node}
+    found = [cls for cls in SCHEMES.values() if ops & cls.ops]
+    return max(found, key=lambda cls: cls.coarseness).name if found else None
+
+
+def checked_scheme(proto: onnx.ModelProto, label: str | None) -> str | None:
+    """The file's scheme: what its graph shows, which a label (posbias.quantized) must agree
+    with. The label alone never chooses a policy: a float file labelled int4 would be judged
+    ~1000x more loosely. ValueError (one line) for an unknown or disagreeing label."""
+    found = scheme_in_graph(proto)
+    if label is not None and label not in SCHEMES:
+        raise ValueError(f"the file's metadata posbias.quantized is {label[:40]!r}, not one of {', '.join(SCHEMES)}")
+    if label is not None and label != found:
+        shown = f"its graph's quantized ops are {found}'s" if found else "its graph has no quantized op (float weights)"
+        raise ValueError(f"the file's metadata says posbias.quantized={label} but {shown}: refusing to judge it by "
+                         "a label")
+    return found
+
+
+def coarser(names) -> str | None:
+    """The coarsest of some files' schemes (None: all float)."""
+    named = [n for n in names if n]
+    return max(named, key=lambda n: SCHEMES[n].coarseness) if named else None
