@@ -104,7 +104,7 @@ def test_validate_reads_each_file_once(exports, monkeypatch):
 
 def test_imported_quantized_file_is_judged_on_cached_samples(tmp_path, monkeypatch):
     """validate --model on a quantized BLOOM file samples its inputs through the model's KV cache
-    (linear in the length), never the whole-prefix sampler (quadratic: 10 s at 512 tokens)."""
+    (linear in the length; the whole-prefix sampler it replaced took 10.5 s at 512 tokens)."""
     pytest.importorskip("transformers")
     from hf_folders import save_tiny_model
 
@@ -118,7 +118,6 @@ def test_imported_quantized_file_is_judged_on_cached_samples(tmp_path, monkeypat
     export_model(folder, path, kv_cache=True, quantize=scheme("int8"), check_growth=False)
     calls = []
     real = quantized.sampled_ids_cached
-    monkeypatch.setattr(quantized, "sampled_ids", lambda *a, **k: pytest.fail("the quadratic sampler ran"))
     monkeypatch.setattr("posbias_export.hf.cases.sampled_ids_cached",
                         lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     result = validate([path], ("ort-cpu",), (17, 64), batch=2, model_dir=folder, order=False)

@@ -2,7 +2,7 @@
 budget (their weights are rounded on purpose), so they are judged by what quantization
 promises a user of a language model: the same predictions, the same perplexity.
 
-The inputs are text the float model writes itself (`sampled_ids`: tokens sampled at
+The inputs are text the float model writes itself (`sampled_ids_cached`: tokens sampled at
 temperature 1 from the float model), and the file's logits are measured against the float
 model's (float64 reference, the same inputs), per position:
 - KL(float || quantized), in nats, averaged over positions. On text drawn from the float
@@ -27,7 +27,6 @@ A NaN anywhere fails. Perplexity on held-out text is measured by `bench-quant`
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -95,24 +94,11 @@ def wilson_upper(rate: float, n: int, z: float = 1.96) -> float:
 
 
 @torch.no_grad()
-def sampled_ids(logits_of: Callable[[torch.Tensor], torch.Tensor], batch: int, length: int, vocab: int,
-                seed: int) -> np.ndarray:
-    """[batch, length] int64 tokens the model writes itself: a uniformly drawn first token, then
-    each next one sampled at temperature 1 from `logits_of(ids [B, n]) -> [B, n, V]` (the
-    whole prefix recomputed each step: a reference model, no cache to trust)."""
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (batch, 1), generator=gen)
-    while ids.shape[1] < length:
-        probs = torch.softmax(logits_of(ids)[:, -1].double(), -1)
-        ids = torch.cat([ids, torch.multinomial(probs, 1, generator=gen)], 1)
-    return ids.numpy().astype(np.int64)
-
-
-@torch.no_grad()
 def sampled_ids_cached(lm: torch.nn.Module, batch: int, length: int, vocab: int, seed: int) -> np.ndarray:
-    """sampled_ids through one of our DecoderLMs' cache path (one token per step; the cache
-    path's equality with the full forward is tested elsewhere): linear, not quadratic, in
-    `length` (1024 tokens: seconds instead of ~50 s)."""
+    """[batch, length] int64 tokens the model writes itself: a uniformly drawn first token, then
+    each next one sampled at temperature 1, through the model's cache path (one token per step;
+    ours and the imported decoders, whose cache equals the full forward by test): linear, not
+    quadratic, in `length` (1024 tokens: seconds instead of ~50 s recomputing every prefix)."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (batch, 1), generator=gen)
     past, out = lm.empty_past(batch), [ids]
