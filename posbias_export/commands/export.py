@@ -36,12 +36,6 @@ def _families_epilog() -> str:
 
 def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
     from ..biases import BIASES, hyper_parameter_fields
-    from ..export import DTYPES, OPSETS, TARGETS
-    from ..export.signature import LOGITS
-    from ..export.schemes import SCHEMES
-    from ..hf.models import PART_NAMES
-    from ..nn import ARCHS, ATTENTION_FORMS
-    from ..nn.positions import RESIZE_METHODS
 
     p = parser("", "Export a transformer with a positional attention bias to ONNX with dynamic batch and sequence "
                 "axes, and check the result.", commands_help + "\n\n" + _families_epilog() + "\n\n" + EXPORT_EXAMPLES)
@@ -60,6 +54,17 @@ def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
     p.add_argument("--context-length", type=positive_int, metavar="N",
                    help="with --out-dir: genai_config.json's context_length (default 8192, not the config's position "
                    "limit: these files extrapolate past it)")
+    _model_flags(p)
+    _file_flags(p)
+    _quantize_flags(p)
+    _source_flags(p)
+    return p
+
+
+def _model_flags(p) -> None:
+    """Our own model's shape."""
+    from ..nn import ARCHS
+
     p.add_argument("--arch", choices=ARCHS, default=None,
                    help="lm: byte-level decoder, input_ids [B, L] -> logits [B, L, 256]; block: one transformer block, "
                    "hidden [B, L, dim] in and out; attention: query/key/value [B, heads, L, dim/heads] -> same (default lm)")
@@ -67,6 +72,14 @@ def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
     p.add_argument("--dim", type=positive_int, help="model width, divisible by --heads (default 128)")
     p.add_argument("--layers", type=positive_int, help="transformer layers (default 2)")
     p.add_argument("--bidirectional", action="store_true", default=None, help="no causal mask; symmetric bias")
+
+
+def _file_flags(p) -> None:
+    """What the file is: opset, target, dtype, trace, cache, attention form."""
+    from ..export import DTYPES, OPSETS, TARGETS
+    from ..export.options import LOGITS
+    from ..nn import ATTENTION_FORMS
+
     p.add_argument("--opset", type=int, choices=OPSETS, default=None,
                    help="18 (portable; the default) or 23 (ONNX Attention op; the default for --target cuda)")
     p.add_argument("--target", choices=tuple(TARGETS), default="portable",
@@ -81,18 +94,6 @@ def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
                    help="with --kv-cache or --out-dir: all (every position; the default) or last (the last position "
                    "only, [B, 1, V]: what generation reads, no [B, L, V] tensor for a long prompt; Optimum, "
                    "transformers.js and generate take it, onnxruntime-genai does not for right-padded batches)")
-    p.add_argument("--quantize", choices=tuple(SCHEMES), default=None,
-                   help="LM files: weights of the linear layers and the embedding quantized by ONNX Runtime's own "
-                   "tools (int8: quantize_dynamic, standard ops; int4: MatMulNBits, ONNX Runtime only); attention and "
-                   "bias stay float; validate judges such files by the quantized policy")
-    p.add_argument("--quant-block", type=positive_int, default=None,
-                   help="int4: weights per scale (16, 32, 64, 128, 256; default 32)")
-    p.add_argument("--quant-symmetric", action="store_true", help="int4: no zero points (default: asymmetric)")
-    p.add_argument("--quant-accuracy-level", type=int, default=None,
-                   help="int4: MatMulNBits accuracy_level (0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 compute; default 4: "
-                   "measured 1.8x faster decode than 0 on CPU at equal perplexity, benchmarks/quantized.md)")
-    p.add_argument("--quant-per-tensor", action="store_true",
-                   help="int8: one scale per weight tensor (default: one per output channel)")
     p.add_argument("--attention", choices=ATTENTION_FORMS, default=None,
                    help="blocked: a Loop over query blocks, memory linear in L (default for opset 18); plain: the "
                    "whole [heads, L, L] bias and scores at once (default for opset 23)")
@@ -105,6 +106,29 @@ def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
                    help="expand the posbias.* functions into a flat graph of standard ops")
     p.add_argument("--attention-mask", action="store_true",
                    help="add an attention_mask [B, L] input (1 = token, 0 = padding; positions from its cumsum)")
+
+
+def _quantize_flags(p) -> None:
+    from ..export.schemes import SCHEMES
+
+    p.add_argument("--quantize", choices=tuple(SCHEMES), default=None,
+                   help="LM files: weights of the linear layers and the embedding quantized by ONNX Runtime's own "
+                   "tools (int8: quantize_dynamic, standard ops; int4: MatMulNBits, ONNX Runtime only); attention and "
+                   "bias stay float; validate judges such files by the quantized policy")
+    for cls in SCHEMES.values():  # each scheme declares its options' flags
+        for f, flag, help_text in cls.option_flags():
+            if isinstance(f.default, bool):
+                p.add_argument(flag, action="store_const", const=not f.default, default=None,
+                               dest=f"quant:{f.name}", help=help_text)
+            else:
+                p.add_argument(flag, type=int, default=None, dest=f"quant:{f.name}", metavar="N", help=help_text)
+
+
+def _source_flags(p) -> None:
+    """Where the weights come from: a seed, a checkpoint, a Hugging Face folder."""
+    from ..hf.models import PART_NAMES
+    from ..nn.positions import RESIZE_METHODS
+
     p.add_argument("--seed", type=int, default=0, help="weight init seed when no --checkpoint (default 0)")
     p.add_argument("--resize-positions", type=positive_int,
                    help="learned positions: resize the table to N rows before export (else longer inputs are refused)")
@@ -121,7 +145,6 @@ def build_export_parser(commands_help: str = "") -> argparse.ArgumentParser:
                    "carries its KV cache and takes encoder_hidden_states, encoder_attention_mask")
     p.add_argument("--validate", action="store_true",
                    help="after export, run the parity matrix (ort-cpu, openvino, node, reference); exit 1 on failure")
-    return p
 
 
 def given_config(args) -> dict:
@@ -133,6 +156,17 @@ def given_config(args) -> dict:
     params.update({dest[len(_PARAM_DEST):]: value for dest, value in vars(args).items()
                    if dest.startswith(_PARAM_DEST) and value is not None})
     return {**given, **({"bias_params": params} if params else {})}
+
+
+def export_options(args):
+    """The one ExportOptions value the command line asks for."""
+    from ..export.options import ExportOptions
+
+    return ExportOptions(opset=args.opset, dtype=args.dtype, trace_len=args.trace_len, target=args.target,
+                         attention=args.attention, block=args.block, inline_functions=args.inline_functions,
+                         check_growth=not args.skip_growth_check, attention_mask=bool(args.attention_mask),
+                         kv_cache=args.kv_cache, logits=args.logits or "all", quantize=quantize_spec(args),
+                         part=args.part or "encoder", context_length=args.context_length)
 
 
 def run_export(args) -> int:
@@ -149,15 +183,12 @@ def run_export(args) -> int:
     from ..export import check_outputs, export_onnx, source_metadata
     from ..nn import model_for
 
+    options = export_options(args)
     check_outputs([args.out], [args.checkpoint])  # fail fast, before loading or tracing anything
     model = model_for(given_config(args), args.checkpoint, args.arch, args.seed)
     if args.resize_positions:
         model.resize_positions(args.resize_positions, args.resize_method, ignore_size_limits=args.ignore_size_limits)
-    report = export_onnx(model, args.out, opset=args.opset, dtype=args.dtype, trace_len=args.trace_len,
-                         attention_mask=args.attention_mask, kv_cache=args.kv_cache, target=args.target,
-                         inline_functions=args.inline_functions, attention=args.attention, block=args.block,
-                         metadata=source_metadata(args.checkpoint, args.seed), check_growth=not args.skip_growth_check,
-                         logits=args.logits or "all", quantize=quantize_spec(args))
+    report = export_onnx(model, args.out, options, metadata=source_metadata(args.checkpoint, args.seed))
     print(report.summary())
     return _validate_after_export(args) if args.validate else 0
 
@@ -167,20 +198,13 @@ def quantize_spec(args):
     --quantize, or of another scheme, are a usage error, not silently ignored."""
     from ..export.schemes import SCHEMES, scheme
 
-    given = {}  # flag -> (the scheme's field, value)
-    if args.quant_block is not None:
-        given["--quant-block"] = ("block", args.quant_block)
-    if args.quant_symmetric:
-        given["--quant-symmetric"] = ("symmetric", True)
-    if args.quant_accuracy_level is not None:
-        given["--quant-accuracy-level"] = ("accuracy_level", args.quant_accuracy_level)
-    if args.quant_per_tensor:
-        given["--quant-per-tensor"] = ("per_channel", False)
+    given = {flag: (f.name, getattr(args, f"quant:{f.name}")) for cls in SCHEMES.values()
+             for f, flag, _ in cls.option_flags() if getattr(args, f"quant:{f.name}") is not None}
     if not args.quantize:
         if given:
             raise UsageError(f"{', '.join(given)} need --quantize")
         return None
-    wrong = [flag for flag, (field, _) in given.items() if field not in SCHEMES[args.quantize].__dataclass_fields__]
+    wrong = [flag for flag, (name, _) in given.items() if name not in SCHEMES[args.quantize].__dataclass_fields__]
     if wrong:
         raise UsageError(f"{', '.join(wrong)} do not apply to --quantize {args.quantize}")
     return scheme(args.quantize, **dict(given.values()))
@@ -193,7 +217,7 @@ def run_export_folder(args) -> int:
     if given:
         raise UsageError("--model takes the architecture and weights from the folder; drop "
                          + ", ".join("--" + name.replace("_", "-") for name in given))
-    block = {"block": args.block} if args.block else {}
+    options = export_options(args)
     if args.out_dir:
         from ..hf.ship import ship
 
@@ -201,15 +225,9 @@ def run_export_folder(args) -> int:
                                    ("--validate", args.validate)) if on]
         if refused:
             raise UsageError(f"--out-dir decides what each client needs; drop {', '.join(refused)}")
-        print(ship(args.model, args.out_dir, opset=args.opset, trace_len=args.trace_len, dtype=args.dtype,
-                   target=args.target, inline_functions=args.inline_functions, logits=args.logits or "all",
-                   check_growth=not args.skip_growth_check, quantize=quantize_spec(args),
-                   context_length=args.context_length, **block).summary())
+        print(ship(args.model, args.out_dir, options).summary())
         return 0
-    report = export_model(args.model, args.out, opset=args.opset, trace_len=args.trace_len, kv_cache=args.kv_cache,
-                          dtype=args.dtype, target=args.target, logits=args.logits or "all", quantize=quantize_spec(args),
-                          inline_functions=args.inline_functions, attention=args.attention, part=args.part or "encoder",
-                          check_growth=not args.skip_growth_check, **block)
+    report = export_model(args.model, args.out, options)
     print(report.summary())
     if args.validate and args.part == "decoder":
         print("the T5 decoder file is checked by the test suite (greedy tokens against transformers.generate); "

@@ -33,7 +33,8 @@ from .files import SavedModel, ensure_writable, save_checked
 from .gpu_graph import gpu_function_proto
 from .metadata import FORMAT_VERSION, drop_machine_paths, write_metadata
 from .naming import POSBIAS, rename
-from .signature import ExportSpec, ModelSpec, Signature, last_logits
+from .options import ExportOptions, options_from
+from .signature import ExportSpec, ModelSpec, Signature
 from .targets import attention_settings, target, target_opset
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -70,33 +71,36 @@ class ExportReport:
 
 @dataclass(frozen=True)
 class ExportRequest:
-    """Everything an export was asked for, validated."""
+    """Everything an export was asked for, validated: where, the model's spec, the options, and
+    what they resolve to (the opset, the attention settings)."""
 
     path: Path
     spec: ExportSpec
+    options: ExportOptions
     opset: int
-    dtype: str
-    trace_len: int
-    target: str
     settings: AttentionSettings
-    inline_functions: bool
-    check_growth: bool
+
+    @property
+    def dtype(self) -> str:
+        return self.options.dtype
+
+    @property
+    def trace_len(self) -> int:
+        return self.options.trace_len
+
+    @property
+    def target(self) -> str:
+        return self.options.target
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return DTYPES[self.options.dtype]
 
     @classmethod
-    def create(cls, path, spec: ExportSpec, opset: int | None, dtype: str, trace_len: int, target_name: str,
-               attention: str | None, block: int | None, inline_functions: bool, check_growth: bool) -> "ExportRequest":
-        opset = target_opset(target_name, opset)
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        if isinstance(trace_len, bool) or not isinstance(trace_len, int) or trace_len < 2:
-            raise ValueError(f"trace_len must be an integer >= 2 (1 would specialize the axis), got {trace_len!r}")
-        settings = attention_settings(opset, attention, target_name, block)
-        request = cls(ensure_writable(path), spec, opset, dtype, trace_len, target_name, settings,
-                      bool(inline_functions), bool(check_growth))
+    def create(cls, path, spec: ExportSpec, options: ExportOptions) -> "ExportRequest":
+        opset = target_opset(options.target, options.opset)
+        settings = attention_settings(opset, options.attention, options.target, options.block)
+        request = cls(ensure_writable(path), spec, options, opset, settings)
         spec.check(request)
         return request
 
@@ -203,14 +207,14 @@ def trace(state: ExportState) -> None:
 
 
 def inline(state: ExportState) -> None:
-    if state.request.inline_functions:
+    if state.request.options.inline_functions:
         state.proto = functions.inline(state.proto)
 
 
 def check_exported(state: ExportState) -> None:
     checks.check_symbolic_axes(state.proto, state.sig.dynamic_axes)
     checks.check_domains(state.proto)
-    domains = "standard domain only" if state.request.inline_functions else "standard ops + posbias local functions"
+    domains = "standard domain only" if state.request.options.inline_functions else "standard ops + posbias local functions"
     if target(state.request.target).fused_op == "ort":
         domains += " + com.microsoft.MultiHeadAttention (ONNX Runtime only)"
     state.done += ["symbolic batch/seq axes", domains]
@@ -219,7 +223,7 @@ def check_exported(state: ExportState) -> None:
 def check_trace_growth(state: ExportState) -> None:
     """Re-trace at another length: an initializer whose shape changes was sized by the trace."""
     r = state.request
-    if not r.check_growth:
+    if not r.options.check_growth:
         return
     other_len = 2 * r.trace_len + 1
     other, _, _ = traced(state, other_len)
@@ -246,7 +250,7 @@ def export_metadata(request: ExportRequest) -> dict[str, str]:
         "trace_len": str(request.trace_len),
         "attention_mask": str(int(spec.attention_mask)),
         "kv_cache": str(int(spec.kv_cache)),
-        "functions": "inlined" if request.inline_functions else "local",
+        "functions": "inlined" if request.options.inline_functions else "local",
         "attention": settings.form,
         "format_version": FORMAT_VERSION,
     }
@@ -271,7 +275,7 @@ def quantize_weights(state: ExportState) -> None:
     into a temporary beside the output, shaped weights folded, ONNX Runtime's quantizer run on
     that file (export/quantize.py), the scheme recorded in the metadata. Through files, not
     protos: the quantizers copy what they are handed, and a file is the one copy."""
-    spec = state.request.spec.quantize
+    spec = state.request.options.quantize
     if spec is None:
         return
     from ..runners import atomic
@@ -289,7 +293,7 @@ def quantize_weights(state: ExportState) -> None:
 
 def save(state: ExportState) -> None:
     state.initializer_bytes = checks.initializer_bytes(state.proto)  # before saving: external data empties the proto
-    quantized = state.request.spec.quantize is not None
+    quantized = state.request.options.quantize is not None
     # quantized: contrib ops the checker's shape inference does not know; ONNX Runtime must load it
     check = checks.check_loads_in_ort if quantized else checks.check_full_and_loads
     state.saved = save_checked(state.proto, state.request.path, check, state.weights)
@@ -343,7 +347,7 @@ def report(state: ExportState) -> ExportReport:
     return ExportReport(
         path=str(r.path), arch=r.spec.arch, bias=r.spec.bias,
         opset=next((op.version for op in proto.opset_import if op.domain in ("", "ai.onnx")), r.opset),
-        dtype=r.dtype if r.spec.quantize is None else f"{r.dtype} activations, {r.spec.quantize.name} weights",
+        dtype=r.dtype if r.options.quantize is None else f"{r.dtype} activations, {r.options.quantize.name} weights",
         trace_len=r.trace_len, inputs=report_dims(proto.graph.input), outputs=report_dims(proto.graph.output),
         op_types=sorted({n.op_type for n in proto.graph.node}), initializer_bytes=state.initializer_bytes,
         file_bytes=saved.model_bytes, seconds=time.perf_counter() - state.start, checks=state.done,
@@ -359,25 +363,11 @@ def run_passes(request: ExportRequest, model: torch.nn.Module, passes: tuple[Pas
     return report(state)
 
 
-def export_onnx(
-    model: torch.nn.Module,
-    path: str | os.PathLike,
-    opset: int | None = None,
-    dtype: str = "float32",
-    trace_len: int = 16,
-    *,
-    check_growth: bool = True,
-    attention_mask: bool = False,
-    kv_cache: bool = False,
-    inline_functions: bool = False,
-    attention: str | None = None,
-    block: int | None = None,
-    metadata: dict | None = None,
-    target: str = "portable",
-    logits: str = "all",
-    quantize=None,
-) -> ExportReport:
+def export_onnx(model: torch.nn.Module, path: str | os.PathLike, options: ExportOptions | None = None, *,
+                metadata: dict | None = None, **option_fields) -> ExportReport:
     """Export `model` (from build_model) to `path` and check the result; returns a report.
+    `options`: an ExportOptions (export/options.py), or its fields as keywords, e.g.
+    export_onnx(model, "m.onnx", kv_cache=True, logits="last").
 
     The bias of every layer is one `posbias.*` node whose body is a model-local function;
     inline_functions=True expands them into a flat graph of standard ops instead.
@@ -393,14 +383,11 @@ def export_onnx(
     logits="last" (with kv_cache): logits [B, 1, V] of the last position only, what generation
     reads; no [B, L, V] tensor at a long prompt.
     quantize: a schemes.Scheme (lm files): int8 / int4 weights through ONNX Runtime's
-    quantizers, checked by loading the file in ONNX Runtime.
+    quantizers, checked by loading the file in ONNX Runtime. `metadata`: the caller's own keys.
     Raises ValueError for bad arguments, OSError for an unwritable path, and
     checks.ExportCheckError when the exported model fails a post-export check. On any failure
     no file is written and an existing file at `path` is left untouched.
     """
-    spec = ModelSpec.of(model, attention_mask, kv_cache, metadata)
-    spec.last_logits = last_logits(logits)
-    spec.quantize = quantize
-    request = ExportRequest.create(path, spec, opset, dtype, trace_len, target, attention, block, inline_functions,
-                                   check_growth)
-    return run_passes(request, model)
+    options = options_from(options, option_fields)
+    spec = ModelSpec.of(model, options, metadata)
+    return run_passes(ExportRequest.create(path, spec, options), model)

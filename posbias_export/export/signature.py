@@ -102,15 +102,6 @@ def lm_signature(model: nn.Module, settings: AttentionSettings, vocab_size: int,
                      {n: (0, 1) for n in names + [output]})
 
 
-LOGITS = ("all", "last")  # a cached decoder's logits: every position, or the last one (generation)
-
-
-def last_logits(logits: str) -> bool:
-    if logits not in LOGITS:
-        raise ValueError(f"logits must be one of {', '.join(LOGITS)}, got {logits!r}")
-    return logits == "last"
-
-
 @dataclass
 class ExportSpec:
     """Base of the per-model export specs. arch and bias label the report; `check` refuses what
@@ -123,14 +114,13 @@ class ExportSpec:
     notes: list[str] = field(default_factory=list)
     naming: Naming = POSBIAS  # the names the file is written with (naming.py)
     last_logits: bool = False  # a cached decoder's logits for the last position only, [B, 1, V]
-    quantize: object = None  # a schemes.Scheme: weights quantized by ONNX Runtime's tools before saving
 
     def check(self, request) -> None:
         """Raise ValueError for a request this model cannot honour."""
         if self.last_logits and not self.kv_cache:
             raise ValueError("logits='last' is for generation files (a KV cache); a file for scoring keeps every "
                              "position's logits")
-        if self.quantize is not None:
+        if request.options.quantize is not None:
             if not self.predicts_tokens():
                 raise ValueError(f"quantize is for files judged by their next-token predictions (language models, "
                                  f"a T5's encoder and decoder); this is a {self.arch!r} export")
@@ -168,7 +158,10 @@ class ModelSpec(ExportSpec):
     extra: dict = field(default_factory=dict)
 
     @classmethod
-    def of(cls, model: nn.Module, attention_mask: bool, kv_cache: bool, metadata: dict | None) -> "ModelSpec":
+    def of(cls, model: nn.Module, options, metadata: dict | None) -> "ModelSpec":
+        """The spec of one of our models under an ExportOptions (its kv_cache, attention_mask and
+        logits shape the file); ValueError for what the model cannot be exported as."""
+        kv_cache, attention_mask = options.kv_cache, options.attention_mask
         cfg = getattr(model, "cfg", None)
         if not isinstance(cfg, ModelConfig):
             hint = (" (a transformers model: save it with save_pretrained and export the folder with "
@@ -183,7 +176,7 @@ class ModelSpec(ExportSpec):
             raise ValueError("a KV cache is for causal decoding; a bidirectional model has none (drop kv_cache or bidirectional)")
         if arch == "attention" and attention_mask:
             raise ValueError("the attention arch takes no attention_mask")
-        return cls(arch, cfg.bias, bool(kv_cache), cfg=cfg, with_mask=bool(attention_mask),
+        return cls(arch, cfg.bias, bool(kv_cache), last_logits=options.last_logits, cfg=cfg, with_mask=bool(attention_mask),
                    extra={k: str(v) for k, v in (metadata or {}).items()})
 
     @property

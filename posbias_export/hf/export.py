@@ -14,7 +14,8 @@ import torch
 from ..export.files import check_outputs
 from ..export.naming import NAMINGS, POSBIAS, Naming
 from ..export.pipeline import ExportReport, ExportRequest, run_passes
-from ..export.signature import ExportSpec, Signature, cached_signature, last_logits, lm_signature
+from ..export.options import ExportOptions, options_from
+from ..export.signature import ExportSpec, Signature, cached_signature, lm_signature
 from ..nn import DEFAULT_BLOCK, file_sha256
 from .folder import folder_files
 from .layers import ImportedModel
@@ -31,12 +32,14 @@ class ImportedSpec(ExportSpec):
     shipped: bool = False
 
     @classmethod
-    def of(cls, model: ImportedModel, kv_cache: bool, naming: Naming = POSBIAS, shipped: bool = False) -> "ImportedSpec":
+    def of(cls, model: ImportedModel, options: ExportOptions, naming: Naming = POSBIAS,
+           shipped: bool = False) -> "ImportedSpec":
+        kv_cache = options.kv_cache
         if kv_cache and not model.causal:
             raise ValueError(f"a KV cache is for causal decoders; {model.model_type}'s encoder has none (drop --kv-cache, "
                              "or export the decoder of an encoder-decoder folder with --part decoder)")
         note = model.export_note()
-        common = dict(notes=[note] if note else [], model=model, shipped=shipped)
+        common = dict(notes=[note] if note else [], model=model, shipped=shipped, last_logits=options.last_logits)
         if model.arch == "decoder":  # the T5 decoder file always carries its cache
             part = dataclasses.replace(naming, cache_part="decoder") if naming.name != POSBIAS.name else naming
             # the clients feed a seq2seq decoder no mask of its own (transformers.js gives it the encoder's)
@@ -138,46 +141,25 @@ class T5DecoderSpec(ImportedSpec):
                                 m.num_layers, batch, past_len, dtype, gen, past_dim)
 
 
-def export_model(
-    model_dir: str | os.PathLike,
-    path: str | os.PathLike,
-    opset: int | None = None,
-    trace_len: int = 16,
-    *,
-    dtype: str = "float32",
-    target: str = "portable",
-    kv_cache: bool = False,
-    inline_functions: bool = False,
-    attention: str | None = None,
-    block: int | None = None,
-    check_growth: bool = True,
-    part: str = "encoder",
-    names: str = "posbias",
-    shipped: bool = False,
-    logits: str = "all",
-    quantize=None,
-) -> ExportReport:
+def export_model(model_dir: str | os.PathLike, path: str | os.PathLike, options: ExportOptions | None = None, *,
+                 names: str = "posbias", shipped: bool = False, **option_fields) -> ExportReport:
     """Export the model in a local Hugging Face folder (BLOOM, MPT, Falcon with alibi, the T5
-    encoder; part="decoder": the cached T5 decoder) to `path` in `dtype` (float32, float16) for
-    `target` (portable, cuda, cuda-ort: export/targets.py) and check it. The weights are
-    streamed from the folder into the file (never held whole). opset None: the target's. Raises
-    ValueError for a bad folder or request, OSError for an unwritable path, ExportCheckError for
-    a failed check; nothing is written then. names="huggingface": the clients' names
-    (export/naming.py); shipped: the metadata keeps the folder's name, not its path.
-    logits="last" (with kv_cache): the last position's logits only, [B, 1, V]. quantize: a
-    schemes.Scheme (causal LMs, a T5's encoder or decoder): int8 / int4 weights through
-    ONNX Runtime's quantizers."""
+    encoder; part="decoder": the cached T5 decoder) to `path` and check it. `options`: an
+    ExportOptions (export/options.py) or its fields as keywords: dtype (float32, float16),
+    target (portable, cuda, cuda-ort: export/targets.py), opset (None: the target's), kv_cache,
+    logits="last" (with kv_cache: the last position's logits only, [B, 1, V]), quantize (a
+    schemes.Scheme: causal LMs, a T5's encoder or decoder). The weights are streamed from the
+    folder into the file (never held whole). Raises ValueError for a bad folder or request,
+    OSError for an unwritable path, ExportCheckError for a failed check; nothing is written
+    then. names="huggingface": the clients' names (export/naming.py); shipped: the metadata
+    keeps the folder's name, not its path."""
+    options = options_from(options, option_fields)
     check_outputs([path], folder_files(model_dir))  # never write over what the folder holds
-    model = load_model(model_dir, part, lazy=True)  # weights streamed into the file as it is written
+    model = load_model(model_dir, options.part, lazy=True)  # weights streamed into the file as it is written
     if names not in NAMINGS:
         raise ValueError(f"names must be one of {', '.join(NAMINGS)}, got {names!r}")
-    if quantize is not None and model.arch == "encoder" and not has_decoder(model_dir):
+    if options.quantize is not None and model.arch == "encoder" and not has_decoder(model_dir):
         raise ValueError(f"quantize judges a file by the next-token predictions it leads to; {model.model_type}'s "
                          "encoder alone (feature extraction, no decoder in the folder) leads to none")
-    spec = ImportedSpec.of(model, kv_cache, NAMINGS[names], shipped)
-    spec.last_logits = last_logits(logits)
-    spec.quantize = quantize
-    request = ExportRequest.create(path, spec, opset, dtype, trace_len, target, attention, block,
-                                   inline_functions, check_growth)
-    return run_passes(request, model)
-
+    spec = ImportedSpec.of(model, options, NAMINGS[names], shipped)
+    return run_passes(ExportRequest.create(path, spec, options), model)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import onnx
 
+from ..export.options import ExportOptions, options_from
 from ..export.pipeline import ExportReport
 from ..runners import atomic
 from .export import export_model
@@ -168,69 +169,53 @@ def _position_limit(config: dict) -> int | None:
                  if isinstance(config.get(k), int)), None)
 
 
-def ship(model_dir, out_dir, *, opset: int | None = None, trace_len: int = 16, block: int | None = None,
-         inline_functions: bool = False, check_growth: bool = True, dtype: str = "float32",
-         target: str = "portable", logits: str = "all", quantize=None, context_length: int | None = None) -> ShipReport:
+def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fields) -> ShipReport:
     """Write the serving folder of the model in `model_dir` to `out_dir` (see the module
-    docstring); ValueError for a bad folder, OSError for an output that exists or overlaps.
-    logits: the cached decoder's: "all" (every position), or "last" ([B, 1, V]: no [B, L, V]
-    tensor for a long prompt; Optimum, transformers.js and our generate read only that, but
-    onnxruntime-genai reads each row's last real token of a right-padded batch, which the last
-    position is not: it generates other tokens for such a batch). dtype, target: as export_model's; a GPU target makes the folder GPU-ready (onnxruntime-genai
-    on the CUDA provider, Triton instances KIND_GPU). quantize: a schemes.Scheme for the
-    folder's files (int8 / int4 weights: a causal LM's model.onnx, a T5's encoder and decoder;
-    an encoder alone is refused by export_model). context_length: genai_config's (default
-    DEFAULT_CONTEXT, not the config's position limit: see there). Everything the folder supplies
-    is checked before the first export starts."""
+    docstring); ValueError for a bad folder or option, OSError for an output that exists or
+    overlaps. `options`: an ExportOptions or its fields as keywords; the folder decides the
+    files (kv_cache, part), so those are refused. logits: the cached decoder's: "all" (every
+    position), or "last" ([B, 1, V]: no [B, L, V] tensor for a long prompt; Optimum,
+    transformers.js and our generate read only that, but onnxruntime-genai reads each row's last
+    real token of a right-padded batch, which the last position is not). dtype, target: as
+    export_model's; a GPU target makes the folder GPU-ready (onnxruntime-genai on the CUDA
+    provider, Triton instances KIND_GPU). quantize: a schemes.Scheme for the folder's files.
+    context_length: genai_config's (default DEFAULT_CONTEXT, not the config's position limit).
+    Everything the folder supplies is checked before the first export starts."""
+    options = options_from(options, option_fields)
+    decided = [name for name, on in (("kv_cache", options.kv_cache), ("part", options.part != "encoder"),
+                                     ("attention_mask", options.attention_mask)) if on]
+    if decided:
+        raise ValueError(f"a serving folder decides its files' {', '.join(decided)}; drop it")
     source, out = Path(model_dir), Path(out_dir)
     source = source.resolve() if source.name in ("", ".", "..") else source  # its name names Triton's entry
     _check_out_dir(out, source)
-    if context_length is not None and (isinstance(context_length, bool) or not isinstance(context_length, int)
-                                       or not 0 < context_length <= MAX_CONTEXT):
-        raise ValueError(f"context_length must be an integer in [1, {MAX_CONTEXT}], got {context_length!r}")
+    context = options.context_length
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int)
+                                or not 0 < context <= MAX_CONTEXT):
+        raise ValueError(f"context_length must be an integer in [1, {MAX_CONTEXT}], got {context!r}")
     model = load_model(source, lazy=True)
-    kwargs = dict(opset=opset, trace_len=trace_len, block=block, inline_functions=inline_functions,
-                  check_growth=check_growth, names="huggingface", shipped=True, dtype=dtype, target=target)
-    gpu = target != "portable"
+    if model.arch != "lm":
+        dropped = [f for f, on in (("--logits last", options.logits == "last"),
+                                   ("--context-length", context is not None)) if on]
+        if dropped:
+            raise ValueError(f"{', '.join(dropped)} apply to a causal LM's folder (a generation file and "
+                             f"genai_config.json); {model.model_type}'s folder has neither")
     config = read_json_object(source / "config.json")
     generation_file = source / "generation_config.json"
     generation = read_json_object(generation_file) if generation_file.is_file() else {}
     check_token_ids(generation, generation_file, model.vocab_size)
     copied = copied_files(source)
-    context = DEFAULT_CONTEXT if context_length is None else context_length
-    genai = genai_config(model, config, generation, gpu=target != "portable", context=context) \
-        if model.arch == "lm" else None
+    genai = genai_config(model, config, generation, gpu=options.target != "portable",
+                         context=DEFAULT_CONTEXT if context is None else context) if model.arch == "lm" else None
     report = ShipReport(out)
     with atomic().temporary_folder(out) as tmp:  # named after this process: a killed run's is swept later
         stage = Path(tmp) / "out"
         stage.mkdir()
-        if model.arch == "lm":
-            report.exports.append(export_model(source, stage / "model.onnx", kv_cache=True, logits=logits, quantize=quantize,
-                                                 **kwargs))
-            files = {"model.onnx": _triton_name(source.name)}
+        files = _export_files(source, stage, model, options, report)
+        if genai is not None:
             (stage / "genai_config.json").write_text(json.dumps(genai, indent=1))
-            report.notes.append(f"genai_config.json: context_length {context} ("
-                                + ("--context-length" if context_length is not None else
-                                   "the default; --context-length sets it")
-                                + (f"; the config's position limit {limit} is not a cap: these files extrapolate"
-                                   if (limit := _position_limit(config)) else "") + ")")
-        elif has_decoder(source):
-            report.exports.append(export_model(source, stage / "encoder_model.onnx", quantize=quantize, **kwargs))
-            report.exports.append(export_model(source, stage / "decoder_model_merged.onnx", part="decoder",
-                                               quantize=quantize, **kwargs))
-            files = {"encoder_model.onnx": _triton_name(source.name + "_encoder"),
-                     "decoder_model_merged.onnx": _triton_name(source.name + "_decoder")}
-        else:  # an encoder alone (T5EncoderModel): feature extraction
-            report.exports.append(export_model(source, stage / "model.onnx", quantize=quantize, **kwargs))
-            files = {"model.onnx": _triton_name(source.name)}
-        for name, triton in files.items():
-            _link(stage / name, stage / "onnx" / name)
-            _link(stage / name, stage / "triton" / triton / "1" / "model.onnx")
-            data = name + ".data"  # the tensors of a model over ~2 GB: the file names it, beside itself
-            if (stage / data).is_file():
-                _link(stage / data, stage / "onnx" / data)
-                _link(stage / data, stage / "triton" / triton / "1" / data)
-            (stage / "triton" / triton / "config.pbtxt").write_text(triton_config(stage / name, triton, gpu=gpu))
+            report.notes.append(_context_note(genai["model"]["context_length"], context, config))
+        _lay_out(stage, files, gpu=options.target != "portable")
         for path in copied:
             shutil.copy2(path.resolve(), stage / path.name)
         (stage / "config.json").write_text(json.dumps(model.shipped_config(config), indent=2))
@@ -242,3 +227,39 @@ def ship(model_dir, out_dir, *, opset: int | None = None, trace_len: int = 16, b
         r.path = str(out / Path(r.path).name)
     return report
 
+
+def _export_files(source: Path, stage: Path, model, options: ExportOptions, report: ShipReport) -> dict[str, str]:
+    """The folder's ONNX files, exported into `stage`: file name -> its Triton entry's name."""
+    def export(name: str, **changes):
+        report.exports.append(export_model(source, stage / name, options.replace(**changes), names="huggingface",
+                                           shipped=True))
+
+    if model.arch == "lm":
+        export("model.onnx", kv_cache=True)
+        return {"model.onnx": _triton_name(source.name)}
+    if has_decoder(source):
+        export("encoder_model.onnx")
+        export("decoder_model_merged.onnx", part="decoder")
+        return {"encoder_model.onnx": _triton_name(source.name + "_encoder"),
+                "decoder_model_merged.onnx": _triton_name(source.name + "_decoder")}
+    export("model.onnx")  # an encoder alone (T5EncoderModel): feature extraction
+    return {"model.onnx": _triton_name(source.name)}
+
+
+def _lay_out(stage: Path, files: dict[str, str], gpu: bool) -> None:
+    """Each file linked where its clients look: onnx/ (transformers.js) and triton/NAME/1/."""
+    for name, triton in files.items():
+        _link(stage / name, stage / "onnx" / name)
+        _link(stage / name, stage / "triton" / triton / "1" / "model.onnx")
+        data = name + ".data"  # the tensors of a model over ~2 GB: the file names it, beside itself
+        if (stage / data).is_file():
+            _link(stage / data, stage / "onnx" / data)
+            _link(stage / data, stage / "triton" / triton / "1" / data)
+        (stage / "triton" / triton / "config.pbtxt").write_text(triton_config(stage / name, triton, gpu=gpu))
+
+
+def _context_note(context: int, given: int | None, config: dict) -> str:
+    limit = _position_limit(config)
+    return (f"genai_config.json: context_length {context} ("
+            + ("--context-length" if given is not None else "the default; --context-length sets it")
+            + (f"; the config's position limit {limit} is not a cap: these files extrapolate" if limit else "") + ")")

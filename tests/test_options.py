@@ -1,0 +1,90 @@
+"""Export options as one value (export/options.py) and quantization schemes as classes
+(export/schemes.py): bad values are one line, options that do nothing are refused, and the
+command line, the API and a scheme's own flags describe the same export."""
+from __future__ import annotations
+
+import pytest
+
+from posbias_export.cli import main as cli_main
+from posbias_export.export.options import ExportOptions, options_from
+from posbias_export.export.schemes import SCHEMES, Int4, Int8, checked_scheme, scheme
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"dtype": "float64"}, "dtype must be one of float32, float16"),
+    ({"trace_len": 1}, "trace_len must be an integer >= 2"),
+    ({"logits": "first"}, "logits must be one of all, last"),
+    ({"quantize": "int4"}, "quantize must be a scheme"),
+])
+def test_bad_option_values_are_one_line(fields, words):
+    with pytest.raises(ValueError, match=words):
+        ExportOptions(**fields)
+
+
+def test_options_or_keywords_not_both():
+    assert options_from(None, {"kv_cache": True}).kv_cache
+    with pytest.raises(ValueError, match="not both"):
+        options_from(ExportOptions(), {"kv_cache": True})
+    with pytest.raises(TypeError, match="unknown export option"):
+        options_from(None, {"kv_cash": True})
+
+
+def test_scheme_options_flags_and_metadata():
+    """Each scheme holds only its own options; its flags parse back (through the command line's
+    own builder) to an equal scheme; unknown names and foreign options are one line."""
+    from posbias_export.commands.export import build_export_parser, export_options
+
+    for chosen in (Int8(), Int8(per_channel=False), Int4(), Int4(block=16, symmetric=True, accuracy_level=0)):
+        args = build_export_parser().parse_args(["--bias", "alibi", "--out", "x.onnx", *chosen.flags()])
+        assert export_options(args).quantize == chosen
+    assert Int4(block=64).metadata(7) == {"quantized": "int4", "quantized_nodes": "7", "quant_block": "64",
+                                          "quant_symmetric": "0", "quant_accuracy_level": "4"}
+    with pytest.raises(ValueError, match="quantize must be one of int8, int4, got 'int3'"):
+        scheme("int3")
+    with pytest.raises(ValueError, match="block do not apply to --quantize int8"):
+        scheme("int8", block=16)
+    with pytest.raises(ValueError, match="quantization block must be one of"):
+        scheme("int4", block=48)
+    assert set(SCHEMES) == {"int8", "int4"}
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--quant-block", "32"], "--quant-block need --quantize"),  # 32 is the default: still an option with no effect
+    (["--quantize", "int8", "--quant-block", "64"], "--quant-block do not apply to --quantize int8"),
+    (["--quantize", "int4", "--quant-per-tensor"], "--quant-per-tensor do not apply to --quantize int4"),
+])
+def test_quantize_flags_that_do_nothing_are_refused(tmp_path, capsys, argv, words):
+    out = tmp_path / "m.onnx"
+    assert cli_main(["--bias", "alibi", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_checked_scheme_reads_the_graph():
+    """No quantized op and no label: float; a label must name a scheme the graph shows."""
+    import onnx
+
+    graph = onnx.helper.make_graph([onnx.helper.make_node("MatMulNBits", ["a", "b"], ["c"], domain="com.microsoft")],
+                                   "g", [], [])
+    proto = onnx.helper.make_model(graph)
+    assert checked_scheme(proto, None) == "int4" and checked_scheme(proto, "int4") == "int4"
+    with pytest.raises(ValueError, match="its graph's quantized ops are int4's"):
+        checked_scheme(proto, "int8")
+    float_proto = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []))
+    assert checked_scheme(float_proto, None) is None
+
+
+def test_a_t5_serving_folder_refuses_options_it_cannot_honour(tmp_path, capsys):
+    """--logits last and --context-length shape a causal LM's folder (its generation file, its
+    genai_config.json); a T5 folder has neither, so they are refused, not silently dropped."""
+    pytest.importorskip("transformers")
+    from hf_folders import save_initialized_t5
+
+    folder = save_initialized_t5(tmp_path / "t5")
+    capsys.readouterr()  # transformers' own progress bars while saving
+    for argv, words in ((["--logits", "last"], "--logits last apply to a causal LM's folder"),
+                        (["--context-length", "64"], "--context-length apply to a causal LM's folder")):
+        out = tmp_path / "out"
+        assert cli_main(["--model", str(folder), "--out-dir", str(out), *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and len(err.splitlines()) == 1 and not out.exists()
