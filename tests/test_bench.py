@@ -3,6 +3,7 @@ bookkeeping: skip rules, failure reporting, the targets table."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -124,33 +125,6 @@ def test_decode_steps_alternate_in_chunks_after_settling():
     assert calls == ["ort"] * 24 + ["torch"] * 24 + ["ort"] * 12 + ["torch"] * 12
 
 
-def test_bench_cuda_lengths_come_from_the_arguments_not_sys_argv(monkeypatch, tmp_path):
-    """main([...]) called from Python: the lengths given in the list are used (not whatever
-    sys.argv holds), and without --lengths the GPU defaults. The GPU work itself is stubbed."""
-    import torch
-
-    from posbias_export.bench import gpu_attention
-
-    seen = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(gpu_attention, "run", lambda biases, lengths, *a, **k: seen.append(tuple(lengths)) or {})
-    monkeypatch.setattr(gpu_attention, "write", lambda result, out: [])
-    monkeypatch.setattr(sys, "argv", ["python", "-m", "pytest"])
-    assert cli_main(["bench", "--device", "cuda", "--lengths", "512,1024", "--out-dir", str(tmp_path)]) == 0
-    assert cli_main(["bench", "--device", "cuda", "--out-dir", str(tmp_path)]) == 0
-    assert seen == [(512, 1024), tuple(gpu_attention.LENGTHS)]
-
-
-def test_bench_cuda_without_a_gpu_is_one_line(monkeypatch, capsys, tmp_path):
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert cli_main(["bench", "--device", "cuda", "--out-dir", str(tmp_path / "gpu")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["posbias-export: error: bench --device cuda needs a CUDA GPU visible to PyTorch"]
-    assert not (tmp_path / "gpu").exists()
-
-
 def test_bench_real_renders_targets_from_measured_figures():
     """bench-real's table judges each figure against its target: export peak / file <= 1.5,
     decode / bandwidth floor <= 1.2, transformers eager / ours >= 2; tokens compared."""
@@ -177,3 +151,36 @@ def test_bench_real_refuses_an_unknown_model_in_one_line(capsys, tmp_path):
     assert cli_main(["bench-real", "--models", "gpt-5", "--work", str(tmp_path), "--out-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "unknown model 'gpt-5'" in err and len(err.splitlines()) == 1
+
+
+def test_harness_keeps_hand_written_prose_and_earlier_rows(tmp_path):
+    """Regenerating a results file keeps what a person wrote below the mark (what we know of a
+    number lives in the markdown, not in code) and the rows of models this run did not measure;
+    a results file of another shape is refused in one line, not overwritten."""
+    import json
+
+    from posbias_export.bench.harness import PROSE_MARK, kept_rows, write_results
+
+    write_results(tmp_path, "r", [{"name": "a", "ms": 1.0}], "# Results\n\n| a | 1.0 |\n")
+    md = tmp_path / "r.md"
+    md.write_text(md.read_text() + f"\n{PROSE_MARK}\n\n## Why a is slow\n\nThe cache copy.\n")
+    write_results(tmp_path, "r", [{"name": "a", "ms": 2.0}], "# Results\n\n| a | 2.0 |\n")
+    text = md.read_text()
+    assert "| a | 2.0 |" in text and "| a | 1.0 |" not in text
+    assert text.count(PROSE_MARK) == 1 and text.rstrip().endswith("The cache copy.")
+    assert kept_rows(tmp_path / "r.json", {"b"}) == [{"name": "a", "ms": 2.0}]
+    assert kept_rows(tmp_path / "r.json", {"a"}) == []
+    (tmp_path / "other.json").write_text(json.dumps({"name": "not rows"}))
+    with pytest.raises(ValueError, match="not a results file of this benchmark"):
+        kept_rows(tmp_path / "other.json", {"a"})
+
+
+def test_run_child_reports_failures_in_one_line():
+    from posbias_export.bench.harness import ChildFailed, run_child
+
+    assert run_child([sys.executable, "-c", "print('noise'); print('{\"times\": [1.0]}')"], 60) == {"times": [1.0]}
+    for code, words in (("import sys; sys.exit(3)", "failed (exit 3)"),
+                        ("print('{\"error\": \"no memory\"}')", "error: no memory"),
+                        ("import time; time.sleep(5)", "timed out after 1 s")):
+        with pytest.raises(ChildFailed, match=re.escape(words)):
+            run_child([sys.executable, "-c", code], 1 if "sleep" in code else 60)

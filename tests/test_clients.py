@@ -4,7 +4,7 @@ folder, remote models off), onnxruntime-web (its WebAssembly build, as a page ru
 onnxruntime-genai, Triton's own ModelConfig proto (tritonclient);
 and our own runners from text, through the folder's tokenizer. Each generates the greedy tokens
 of transformers' generate, a single prompt and a padded batch. Optimum pins an older
-transformers: bench-clients (posbias_export/bench/clients.py) checks it in a side environment
+transformers: bench-clients (posbias_export/clients/checks.py) checks it in a side environment
 (benchmarks/clients.md)."""
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from posbias_export.hf.ship import ship  # noqa: E402
 from posbias_export.parity import load_runner  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-JS = ROOT / "posbias_export" / "bench" / "clients_js"
+JS = ROOT / "posbias_export" / "clients" / "js"
 PROMPTS = [[5, 60, 7, 81, 9, 100, 11, 12, 140, 33], [20, 210, 22]]  # no special token among them
 NEW = 12
 # The int8 folder's prompt: after PROMPTS[0] this random model's int8 file (7-bit weights) falls
@@ -82,7 +82,7 @@ def _varied(tokens: list[list[int]]) -> None:
 
 
 @pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir(),
-                    reason="transformers.js not installed (cd posbias_export/bench/clients_js && npm install --ignore-scripts)")
+                    reason="transformers.js not installed (cd posbias_export/clients/js && npm install --ignore-scripts)")
 @pytest.mark.parametrize("batch", [1, 2], ids=["single", "padded-batch"])
 @pytest.mark.parametrize("kind", CLIENT_KINDS)
 def test_transformers_js_generates_transformers_tokens(shipped, kind, batch):
@@ -100,7 +100,7 @@ def test_transformers_js_generates_transformers_tokens(shipped, kind, batch):
 
 
 @pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir(),
-                    reason="transformers.js not installed (cd posbias_export/bench/clients_js && npm install --ignore-scripts)")
+                    reason="transformers.js not installed (cd posbias_export/clients/js && npm install --ignore-scripts)")
 @pytest.mark.parametrize("kind", ["bloom", "falcon"])
 def test_transformers_js_takes_a_last_logits_folder(shipped, tmp_path, kind):
     """--out-dir --logits last: the decoder returns [B, 1, V]; transformers.js reads only the
@@ -117,7 +117,7 @@ def test_transformers_js_takes_a_last_logits_folder(shipped, tmp_path, kind):
 
 
 WEB = pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "onnxruntime-web").is_dir(),
-                         reason="onnxruntime-web not installed (cd posbias_export/bench/clients_js && npm install --ignore-scripts)")
+                         reason="onnxruntime-web not installed (cd posbias_export/clients/js && npm install --ignore-scripts)")
 
 
 def _web_tokens(folder: Path, prompt: list[int]) -> list[int]:
@@ -393,7 +393,7 @@ def _greedy_consistent(model_path: Path, tokens: list[int], start: int) -> list[
 
 
 @pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir(),
-                    reason="transformers.js not installed (cd posbias_export/bench/clients_js && npm install --ignore-scripts)")
+                    reason="transformers.js not installed (cd posbias_export/clients/js && npm install --ignore-scripts)")
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_quantized_folder_runs_in_the_clients(shipped, tmp_path, scheme):
     """--out-dir --quantize: transformers.js (onnxruntime-node), onnxruntime-web and

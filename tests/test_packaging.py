@@ -33,9 +33,9 @@ def test_wheel_installs_and_serves_from_another_folder(tmp_path):
     subprocess.run(pip + ["wheel", "--no-deps", "-w", str(wheels), str(ROOT)], check=True, timeout=600)
     wheel = next(wheels.glob("posbias_export-*.whl"))
     subprocess.run(pip + ["install", "--no-deps", "--target", str(site), str(wheel)], check=True, timeout=600)
-    bench = site / "posbias_export" / "bench"  # bench-clients runs installed: its side scripts are package data
-    assert all((bench / f).is_file() for f in ("optimum_env.sh", "optimum_client.py", "clients_js/generate.mjs",
-                                               "clients_js/web.mjs", "clients_js/package.json"))
+    clients = site / "posbias_export" / "clients"  # bench-clients runs installed: its side scripts are package data
+    assert all((clients / f).is_file() for f in ("optimum_env.sh", "optimum_client.py", "js/generate.mjs",
+                                                 "js/web.mjs", "js/package.json"))
     # the installed copy must win over the editable one this environment may have
     env = {**os.environ, "PYTHONPATH": str(site), "PYTHONNOUSERSITE": "1"}
 

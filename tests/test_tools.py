@@ -14,6 +14,7 @@ import posbias_export as pbe
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "tools").glob("*.py"))
+sys.path.insert(0, str(ROOT / "tools"))  # the tools import each other as a script run by path does
 
 
 def test_benchmarks_holds_results_only():
@@ -73,7 +74,7 @@ def test_order_case_judges_each_run_against_the_cpu_outputs(tiny_attention, tmp_
 
 def test_gpu_worker_profiles_what_ran(tiny_attention):
     """run_ort's rows (ORT CPU standing in for CUDA): times per length, then the profiled ops."""
-    from posbias_export.bench import gpu_attention as g
+    g = load_tool("gpu_attention")
 
     rows = g.run_ort(tiny_attention, [8, 32], "float32", 2, 8, 2, provider="cpu", profile=True)
     assert [r["length"] for r in rows] == [8, 32] and all(len(r["times"]) == 2 for r in rows)
@@ -84,7 +85,7 @@ def test_gpu_worker_profiles_what_ran(tiny_attention):
 
 def test_gpu_targets_with_cudnn_off_and_what_ran():
     """cuDNN-off rows get their own targets; profiled rows are listed at 1024 and the target length."""
-    from posbias_export.bench import gpu_attention as g
+    g = load_tool("gpu_attention")
 
     def row(config, length, ms, profile=None):
         return {"bias": "alibi", "dtype": "float16", "config": config, "length": length, "times": [ms / 1e3] * 3,
@@ -184,3 +185,30 @@ def test_gpu_lease_rehearsal_runs_every_step_on_the_cpu(tmp_path):
     load_tool("gpu_session").part_write([ort_part], tmp_path)
     assert "## What ran" in (tmp_path / "gpu_attention.md").read_text()
     load_tool("gpu_decode_real").write(torch_part, tmp_path / "gpu_decode_real.md")
+
+
+def test_gpu_attention_lengths_come_from_the_arguments_not_sys_argv(monkeypatch, tmp_path):
+    """main([...]) called from Python: the lengths given in the list are used (not whatever
+    sys.argv holds), and without --lengths the GPU defaults. The GPU work itself is stubbed."""
+    import torch
+
+    gpu_attention = load_tool("gpu_attention")
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_attention, "run", lambda biases, lengths, *a, **k: seen.append(tuple(lengths)) or {})
+    monkeypatch.setattr(gpu_attention, "write", lambda result, out: [])
+    monkeypatch.setattr(sys, "argv", ["python", "-m", "pytest"])
+    assert gpu_attention.main(["--lengths", "512,1024", "--out-dir", str(tmp_path)]) == 0
+    assert gpu_attention.main(["--out-dir", str(tmp_path)]) == 0
+    assert seen == [(512, 1024), tuple(gpu_attention.LENGTHS)]
+
+
+def test_gpu_attention_without_a_gpu_is_one_line(monkeypatch, capsys, tmp_path):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert load_tool("gpu_attention").main(["--out-dir", str(tmp_path / "gpu")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["gpu_attention: error: the GPU attention benchmark needs a CUDA GPU visible to PyTorch"]
+    assert not (tmp_path / "gpu").exists()

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # hf_folders: the tiny imported models the suite uses
 
-from posbias_export.bench import gpu_attention as g  # noqa: E402
+import gpu_attention as g  # noqa: E402
 from posbias_export.biases import BIASES  # noqa: E402
 from posbias_export.environment import describe_gpu, gpu_environment  # noqa: E402
 
@@ -45,7 +45,8 @@ def _export(args: list[str]) -> str | None:
 
 
 def _export_attention(bias: str, models: Path) -> str | None:
-    code = (f"from pathlib import Path; from posbias_export.bench import gpu_attention as g; "
+    code = (f"import sys; from pathlib import Path; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            f"import gpu_attention as g; "
             f"g.export_files([{bias!r}], g.DTYPES, g.TARGETS, 8, 64, Path({str(models)!r}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
     return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]

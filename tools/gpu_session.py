@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from posbias_export.bench import gpu_attention as g
+import gpu_attention as g
 from posbias_export.biases import BIASES
 from posbias_export.environment import describe_gpu, gpu_environment
 

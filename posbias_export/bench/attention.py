@@ -9,8 +9,6 @@ block in PyTorch with the fused causal kernel and no bias.
 """
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -21,7 +19,7 @@ from ..environment import describe, environment
 from ..export.files import write_text_atomic
 from ..plots import pyplot_for
 from ..runners import atomic
-from .cells import Measured
+from .harness import ChildFailed, Measured, run_child, write_results
 
 LENGTHS = (512, 2048, 8192, 16384)
 CONFIGS = ("ort-blocked", "ort-plain", "openvino", "torch-eager", "torch-sdpa")
@@ -95,15 +93,10 @@ def run_cell(cell: Timing, model: Path | None, heads: int, head_dim: int, repeat
     if model is not None:
         cmd += ["--model", str(model)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        cell.skipped = f"timed out after {timeout:.0f} s"
+        result = run_child(cmd, timeout)
+    except ChildFailed as err:
+        cell.skipped = str(err)
         return cell
-    if proc.returncode != 0:
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        cell.skipped = f"failed (exit {proc.returncode}): {lines[-1] if lines else 'no message'}"
-        return cell
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
     cell.times, cell.peak_rss, cell.loaded_rss = result["times"], result["peak_rss"], result["loaded_rss"]
     return cell
 
@@ -321,11 +314,11 @@ def plot(cells, path: Path) -> bool:
 def write(cells, out_dir: Path, heads: int, head_dim: int, stem: str = "attention") -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     env = environment()
-    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md", out_dir / f"{stem}.png"]
-    write_text_atomic(paths[0], json.dumps({"heads": heads, "head_dim": head_dim, "environment": env,
-                                    "targets": targets(cells), "cells": [c.as_dict() for c in cells]}, indent=1))
-    write_text_atomic(paths[1], markdown(cells, env, heads, head_dim))
-    return paths if plot(cells, paths[2]) else paths[:2]
+    data = {"heads": heads, "head_dim": head_dim, "environment": env, "targets": targets(cells),
+            "cells": [c.as_dict() for c in cells]}
+    json_md = write_results(out_dir, stem, data, markdown(cells, env, heads, head_dim))[::-1]
+    png = out_dir / f"{stem}.png"
+    return json_md + [png] if plot(cells, png) else json_md
 
 
 def profile_biases(biases) -> list[str]:

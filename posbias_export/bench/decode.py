@@ -2,8 +2,6 @@
 eager with the same model and the same cache, measured side by side in one process."""
 from __future__ import annotations
 
-import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -11,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..export.files import write_text_atomic
 from ..biases import BIASES
 from ..environment import describe, environment
 from ..export import export_onnx
 from ..nn import ModelConfig, build_model
 from ..parity import load_runner
+from .harness import median, write_results
 
 
 def _time_alternating(first, second, steps: int, chunk: int = 16, settle: int = 8) -> tuple[list[float], list[float]]:
@@ -77,7 +75,7 @@ def measure(bias: str, contexts=(512, 4096), steps: int = 32, cfg_kwargs: dict |
             t_state["len"] += 1
 
         ort_times, torch_times = _time_alternating(ort_step, torch_step, steps)
-        ort_med, torch_med = statistics.median(ort_times), statistics.median(torch_times)
+        ort_med, torch_med = median(ort_times), median(torch_times)
         rows.append({
             "bias": bias, "context": context, "steps": steps, "device": device, "target": target,
             "ort_ms_median": ort_med * 1e3, "ort_ms_min": min(ort_times) * 1e3,
@@ -117,7 +115,7 @@ def run(biases=BIASES, contexts=(512, 4096), steps: int = 32, out_dir: str | Non
             if progress:
                 progress(1)
     if out_dir:
-        write_results(rows, Path(out_dir), contexts, steps, device)
+        write_decode(rows, Path(out_dir), contexts, steps, device)
     return rows
 
 
@@ -139,13 +137,12 @@ def gpu_targets(rows: list[dict]) -> list[dict]:
              "met": r["ort_tokens_per_s"] >= GPU_TARGET_SPEEDUP * r["torch_tokens_per_s"]} for r in rows]
 
 
-def write_results(rows: list[dict], out_dir: Path, contexts, steps: int, device: str = "cpu") -> None:
+def write_decode(rows: list[dict], out_dir: Path, contexts, steps: int, device: str = "cpu") -> None:
     """decode.md/.json (CPU) or gpu_decode.md/.json (CUDA): the rows, the machine, the targets."""
     out_dir.mkdir(parents=True, exist_ok=True)
     machine, cfg, gpu = environment(), ModelConfig(), device == "cuda"
     checks = gpu_targets(rows) if gpu else targets(rows)
     stem = "gpu_decode" if gpu else "decode"
-    write_text_atomic(out_dir / f"{stem}.json", json.dumps({"machine": machine, "rows": rows, "targets": checks}, indent=1))
     model = f"Model: the default decoder (dim {cfg.dim}, {cfg.num_heads} heads, {cfg.num_layers} layers, byte vocab), float32"
     where = "ORT CUDA" if gpu else "ORT"
     torch_side = "PyTorch CUDA" if gpu else "PyTorch"
@@ -175,4 +172,4 @@ def write_results(rows: list[dict], out_dir: Path, contexts, steps: int, device:
                      f"{r['torch_tokens_per_s']:.0f} | {ratio(r):.2f} |")
     lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     lines += [f"| {t['target']} | {t['measured']:.2f}x | {'yes' if t['met'] else 'NO'} |" for t in checks]
-    write_text_atomic(out_dir / f"{stem}.md", "\n".join(lines) + "\n")
+    write_results(out_dir, stem, {"machine": machine, "rows": rows, "targets": checks}, "\n".join(lines) + "\n")

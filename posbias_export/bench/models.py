@@ -8,8 +8,6 @@ The models are random-weight transformers models of the issue's size (hidden 256
 """
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -19,10 +17,9 @@ import numpy as np
 import torch
 
 from ..environment import describe, environment
-from ..export.files import write_text_atomic
 from ..hf.models import SUPPORTED as KINDS
 from .attention import memory_budget
-from .cells import Measured
+from .harness import ChildFailed, Measured, run_child, write_results
 
 LENGTHS = (2048, 8192, 16384)
 EXPORTERS = ("posbias", "dynamo", "optimum")
@@ -89,18 +86,9 @@ def run_cell(cell: ModelCell, model: Path, work: Path, repeats: int, timeout: fl
     cmd = [sys.executable, str(WORKER), "--model", str(model), "--length", str(cell.length), "--vocab", str(VOCAB),
            "--repeats", str(repeats), "--save", str(saved)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        cell.skipped = f"timed out after {timeout:.0f} s"
-        return None
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        cell.skipped = "killed (out of memory?)" if proc.returncode < 0 else f"failed: {tail[:160]}"
-        return None
-    result = json.loads(lines[-1])
-    if "error" in result:
-        cell.skipped = f"error: {result['error']}"
+        result = run_child(cmd, timeout)
+    except ChildFailed as err:
+        cell.skipped = str(err)
         return None
     cell.times, cell.peak_rss = result["times"], result["peak_rss"]
     output = np.load(saved)
@@ -199,10 +187,8 @@ def exporter_versions() -> dict[str, str]:
 def write(cells: list[ModelCell], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {**environment(), "exporters": exporter_versions()}
-    md, js = out_dir / "models.md", out_dir / "models.json"
-    write_text_atomic(md, markdown(cells, env))
-    write_text_atomic(js, json.dumps({"environment": env, "cells": [asdict(c) for c in cells]}, indent=1))
-    return [md, js]
+    return write_results(out_dir, "models", {"environment": env, "cells": [asdict(c) for c in cells]},
+                         markdown(cells, env))
 
 
 def run_and_write(kinds=KINDS, lengths=LENGTHS, repeats: int = 2, out_dir="benchmarks", progress=None) -> list[Path]:

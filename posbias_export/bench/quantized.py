@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..export.schemes import scheme as quant_scheme
 from . import real_models as real
+from .harness import copy_bandwidth_gbs, measured_python, median, write_results
 
 TRAIN_LENGTH_FACTOR = 16  # extrapolation: 16x the training length, as the issue asks
 # (scheme, options) of the checkpoint table; the variants run on the ALiBi checkpoint only
@@ -49,15 +50,14 @@ def checkpoint_perplexity(models_dir: Path, corpus: Path, max_tokens: int, progr
     """Held-out perplexity of every checkpoint, float32 / int8 / int4, at its training length and
     16x it; the int4/int8 variants on the ALiBi checkpoint."""
     from ..export import checkpoint_metadata, export_onnx
-    from ..nn import load_checkpoint
+    from ..nn import checkpoint_card, load_checkpoint
     from ..study.evaluate import evaluate
 
     rows, variants, lengths = {}, {}, ()
     with tempfile.TemporaryDirectory(prefix="posbias-quant-") as tmp:
         for ckpt in sorted(models_dir.glob("*.safetensors")):
             model = load_checkpoint(ckpt)
-            train_len = int(json.loads(ckpt.with_suffix(".md").read_text().split("| train_len | `")[1].split("`")[0])) \
-                if ckpt.with_suffix(".md").is_file() else 64
+            train_len = int(checkpoint_card(ckpt).get("train_len", 64))
             lengths = tuple(train_len * 2 ** k for k in range(TRAIN_LENGTH_FACTOR.bit_length()))  # 64 .. 1024
             if model.cfg.position == "learned":
                 continue  # its table stops at the training length: no 16x to measure
@@ -85,7 +85,7 @@ def real_rows(name: str, work: Path, threads: int, new_tokens: int, progress=pri
         real.write_folder(name, folder)
     if name in real.SEQ2SEQ:
         return seq2seq_rows(name, folder, work, threads, new_tokens, progress)
-    bandwidth = real.copy_bandwidth_gbs()
+    bandwidth = copy_bandwidth_gbs()
     out = []
     float_tokens = None
     for label, spec in (("float32", None), ("int8", SCHEMES["int8"]), ("int4", SCHEMES["int4"]),
@@ -102,9 +102,9 @@ def real_rows(name: str, work: Path, threads: int, new_tokens: int, progress=pri
         if "tokens" in out[-1]:
             out[-1]["tokens_equal_float"] = sum(a == b for a, b in zip(out[-1]["tokens"], float_tokens or []))
     progress(f"{name}: transformers eager")
-    _, _, text = real.measured_python(["-m", "posbias_export.bench.real_models", "transformers", str(folder), "512",
+    _, _, text = measured_python(["-m", "posbias_export.bench.real_models", "transformers", str(folder), "512",
                                        str(new_tokens), str(threads)])
-    eager = real._median(json.loads(text.strip().splitlines()[-1])["decode_ms"])
+    eager = median(json.loads(text.strip().splitlines()[-1])["decode_ms"])
     for row in out:
         row["eager_ms"] = eager
     return out
@@ -112,16 +112,16 @@ def real_rows(name: str, work: Path, threads: int, new_tokens: int, progress=pri
 
 def _real_row(name, label, spec, folder, path, threads, new_tokens, bandwidth, progress) -> dict:
     progress(f"{name}: export {label}")
-    seconds, peak, _ = real.measured_python(["-m", "posbias_export", "--model", str(folder), "--kv-cache",
+    seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--kv-cache",
                                              "--logits", "last", "--out", str(path), "--skip-growth-check",
                                              *(spec.flags() if spec else [])])
     size = real.weight_bytes(path)
     progress(f"{name}: run {label}")
-    _, run_peak, text = real.measured_python(["-m", "posbias_export.bench.real_models", "ort", str(path), "512",
+    _, run_peak, text = measured_python(["-m", "posbias_export.bench.real_models", "ort", str(path), "512",
                                               str(new_tokens), str(threads)])
     got = json.loads(text.strip().splitlines()[-1])
     return {"model": name, "scheme": label, "file_gb": size / 1e9, "export_s": seconds, "export_peak_gb": peak,
-            "prefill_s": got["prefill_s"], "run_peak_gb": run_peak, "decode_ms": real._median(got["decode_ms"]),
+            "prefill_s": got["prefill_s"], "run_peak_gb": run_peak, "decode_ms": median(got["decode_ms"]),
             "floor_ms": size / (bandwidth * 1e9) * 1e3, "bandwidth_gbs": bandwidth, "tokens": got["tokens"],
             "step_profile": decode_step_profile(path, threads, past=512)}
 
@@ -134,23 +134,23 @@ def seq2seq_rows(name: str, folder: Path, work: Path, threads: int, new_tokens: 
 
     from ..hf.validate_seq2seq import run_seq2seq_matrix
 
-    bandwidth = real.copy_bandwidth_gbs()
+    bandwidth = copy_bandwidth_gbs()
     out, float_tokens = [], None
     for label, spec in (("float32", None), ("int8", SCHEMES["int8"]), ("int4", SCHEMES["int4"])):
         ship_dir = work / f"{name}_{label}"
         shutil.rmtree(ship_dir, ignore_errors=True)
         try:
             progress(f"{name}: export {label}")
-            seconds, peak, _ = real.measured_python(["-m", "posbias_export", "--model", str(folder), "--out-dir",
+            seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--out-dir",
                                                      str(ship_dir), "--skip-growth-check", *(spec.flags() if spec else [])])
             files = ship_dir / "encoder_model.onnx", ship_dir / "decoder_model_merged.onnx"
             progress(f"{name}: run {label}")
-            _, run_peak, text = real.measured_python(["-m", "posbias_export.bench.real_models", "seq2seq", str(ship_dir),
+            _, run_peak, text = measured_python(["-m", "posbias_export.bench.real_models", "seq2seq", str(ship_dir),
                                                       "512", str(new_tokens), str(threads)])
             got = json.loads(text.strip().splitlines()[-1])
             row = {"model": name, "scheme": label, "file_gb": sum(real.weight_bytes(f) for f in files) / 1e9,
                    "decoder_gb": real.weight_bytes(files[1]) / 1e9, "export_s": seconds, "export_peak_gb": peak,
-                   "prefill_s": got["prefill_s"], "run_peak_gb": run_peak, "decode_ms": real._median(got["decode_ms"]),
+                   "prefill_s": got["prefill_s"], "run_peak_gb": run_peak, "decode_ms": median(got["decode_ms"]),
                    "floor_ms": real.weight_bytes(files[1]) / (bandwidth * 1e9) * 1e3, "bandwidth_gbs": bandwidth,
                    "tokens": got["tokens"], "step_profile": decode_step_profile(files[1], threads, past=16, source=512)}
             if spec is not None:
@@ -169,9 +169,9 @@ def seq2seq_rows(name: str, folder: Path, work: Path, threads: int, new_tokens: 
         if "tokens" in out[-1]:
             out[-1]["tokens_equal_float"] = sum(a == b for a, b in zip(out[-1]["tokens"], float_tokens or []))
     progress(f"{name}: transformers eager")
-    _, _, text = real.measured_python(["-m", "posbias_export.bench.real_models", "transformers-seq2seq", str(folder),
+    _, _, text = measured_python(["-m", "posbias_export.bench.real_models", "transformers-seq2seq", str(folder),
                                        "512", str(new_tokens), str(threads)])
-    eager = real._median(json.loads(text.strip().splitlines()[-1])["decode_ms"])
+    eager = median(json.loads(text.strip().splitlines()[-1])["decode_ms"])
     for row in out:
         row["eager_ms"] = eager
     return out
@@ -261,9 +261,6 @@ def render(r: QuantResults) -> str:
     lines += ["", "## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     verdicts = targets(r)
     lines += [f"| {t} | {v} | {'met' if ok else 'NOT met'} |" for t, v, ok in verdicts]
-    missed = sorted({key for t, _, ok in verdicts if not ok for key in MISSES if key in t})
-    if missed:
-        lines += ["", "## The misses", ""] + [f"- {MISSES[key]}" for key in missed]
     return "\n".join(lines) + "\n"
 
 
@@ -325,43 +322,6 @@ def _profile_lines(rows: list[dict], top: int = 8) -> list[str]:
     return lines
 
 
-# What is known of each miss (measured on this machine; the per-op tables above are the profile).
-MISSES = {
-    "decode <= 0.": "decode against float32 (int8 <= 0.5x, int4 <= 0.3x): the weights shrink 2.7x / 4.3x, a step "
-    "does not. The profile "
-    "tables above show why: MatMulNBits itself runs near its bytes' floor, but every file, whatever its weights, "
-    "also copies its whole KV cache each step (Concat of past and new keys/values in every layer: the cache grows "
-    "by copying, as onnxruntime-genai's non-shared buffer does, several ms at 512 cached tokens and growing with "
-    "the context) and runs a few hundred small float32 ops (shapes, adds, norms, the GELU, the last position's "
-    "logits). Those fixed costs are a larger share of a quantized step. The lever is a cache written in place (a "
-    "shared past/present buffer), not fewer weight bytes. The ratio also moves with the float32 step, the noisiest "
-    "number here: BLOOM-560m's measured 64-92 ms/token across three runs on this machine (below the copy-bandwidth "
-    "floor in one: a step reads, and reading alone outruns numpy's read-and-write copy). MatMulNBits' accuracy "
-    "level 0 (float32 compute) took 1.4-1.8x longer than level 4 (int8 compute) at equal perplexity, hence level 4 "
-    "is the default.",
-    "bandwidth floor": "within 1.5x of the bandwidth floor: the floor counts the weight bytes only; the same "
-    "per-step cache copy and small float32 ops (see the decode entry below and the profile tables) sit on top of it, and "
-    "weigh more the fewer weight bytes a file has. int8's DynamicQuantizeMatMul also quantizes each activation "
-    "row before it multiplies.",
-    "(encoder-decoder)": "T5-base (encoder-decoder): its decoder file recomputes the cross-attention keys and values "
-    "from the 512 encoder states at every step (hf/architectures/t5_decoder.py keeps no second cache), 2 x 12 layers "
-    "of [512, 768] x [768, 768], about 19 GFLOP a step: compute, not weight bytes, so the bandwidth floor says little. "
-    "The decode-step profile above shows it: float32 spends 81 of 101 ms in MatMul, int8 22 of 40 ms in "
-    "MatMulIntegerToFloat, int4 62 of 75 ms in MatMulNBits, whose accuracy-level-4 kernel quantizes those 512 "
-    "activation rows each step and gains nothing over float32 (0.91x). transformers caches the cross-attention keys "
-    "and values and decodes in 46 ms/step, faster than our float32 file (90 ms); the lever is the same second cache "
-    "(Optimum's present.N.encoder.* outputs), which would make the step read weights only. The int4 policy: each "
-    "file alone passes (KL 0.0178 for the encoder, 0.0172 for the decoder at 64 tokens) but the pair adds up to "
-    "0.033 nats, over the 0.0296 budget, and validate says FAIL. Measured on the pair at 64 tokens: block 16 "
-    "0.0284 (passes), accuracy level 0 0.0328, symmetric 0.0368; leaving the embedding or the head in float changed "
-    "nothing (0.0329): the error is spread over the 24 layers' linear weights (random weights here, at T5's own "
-    "initialization). For a T5 in int4, use --quant-block 16 and let validate judge it.",
-    "sinusoidal int4": "sinusoidal int4: the one checkpoint over 3% is the sinusoidal baseline (no attention bias; "
-    "absolute sinusoids added to the token embedding), +3.6% at its training length; every bias family stays "
-    "within +1.6%. Smaller blocks did not help it (block 16: +4.5%).",
-}
-
-
 def targets(r: QuantResults) -> list[tuple[str, str, bool]]:
     out = []
     for name, got in r.checkpoints.items():
@@ -419,14 +379,8 @@ def plot(r: QuantResults, path: Path) -> None:
 
 def run_and_write(models_dir: Path, corpus: Path, real_names: list[str], work: Path, out_dir: Path, threads: int,
                   max_tokens: int, command: str, progress=print) -> list[Path]:
-    from ..export.files import write_text_atomic
-
     out_dir.mkdir(parents=True, exist_ok=True)
-    previous = out_dir / "quantized.json"
-    results = QuantResults()
-    if previous.is_file():  # rows of other runs are kept (a real-size run takes minutes per model)
-        results = QuantResults(**json.loads(previous.read_text()))
-        results.lengths = tuple(results.lengths)
+    results = previous_results(out_dir / "quantized.json")  # other runs' rows: a real-size run takes minutes
     if models_dir is not None:
         rows, variants, lengths = checkpoint_perplexity(models_dir, corpus, max_tokens, progress)
         results.checkpoints = {k: {s: {str(n): p for n, p in v.items()} for s, v in got.items()} for k, got in rows.items()}
@@ -435,7 +389,19 @@ def run_and_write(models_dir: Path, corpus: Path, real_names: list[str], work: P
     for name in real_names:
         results.real = [x for x in results.real if x["model"] != name] + real_rows(name, work, threads, 16, progress)
     results.commands = sorted(set(results.commands) | {command})
-    write_text_atomic(out_dir / "quantized.json", json.dumps(results.__dict__, indent=1))
-    write_text_atomic(out_dir / "quantized.md", render(results))
+    paths = write_results(out_dir, "quantized", results.__dict__, render(results))
     plot(results, out_dir / "quantized.png")
-    return [out_dir / "quantized.md", out_dir / "quantized.json", out_dir / "quantized.png"]
+    return [*paths, out_dir / "quantized.png"]
+
+
+def previous_results(path: Path) -> QuantResults:
+    """The results file of an earlier run, or empty ones; ValueError (one line) for a file of
+    another shape (not ours to overwrite)."""
+    if not path.is_file():
+        return QuantResults()
+    try:
+        results = QuantResults(**json.loads(path.read_text()))
+    except (ValueError, TypeError, UnicodeDecodeError):
+        raise ValueError(f"{path} is not a results file of bench-quant; move it away") from None
+    results.lengths = tuple(results.lengths)
+    return results

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import resource
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from .harness import copy_bandwidth_gbs, kept_rows, measured_python, median, write_results
 
 # Published configurations (the sizes of the Hugging Face checkpoints; random weights here).
 PUBLISHED = {
@@ -32,7 +33,6 @@ PUBLISHED = {
                                                                num_layers=12, num_heads=12)),
 }
 SEQ2SEQ = {"t5-base"}  # an encoder file and a cached decoder file; the encoder's prefill is run
-PYTHON = sys.executable
 # What an export's process holds whatever the model (Python, torch, onnx, onnxscript, transformers):
 # exporting a model of a 300-token vocabulary peaks at 0.45-0.46 GB here. Export targets allow it.
 FIXED_OVERHEAD_GB = 0.5
@@ -51,34 +51,6 @@ def write_folder(name: str, out: Path, dtype: str = "float32", seed: int = 0) ->
     return out
 
 
-def measured_python(args: list[str], timeout: float = 3600, program: str = PYTHON) -> tuple[float, float, str]:
-    """python ARGS (or PROGRAM ARGS) in a child, its peak RSS read by wait4 from a wrapper
-    process (GB): a child forked from a large process counts that process's pages until it execs."""
-    wrapper = ("import os, subprocess, sys, time, json\n"
-               "t = time.perf_counter(); p = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, text=True)\n"
-               "out = p.stdout.read(); _, status, usage = os.wait4(p.pid, 0)\n"
-               "print(json.dumps({'s': time.perf_counter() - t, 'kb': usage.ru_maxrss, 'rc': os.waitstatus_to_exitcode(status), 'out': out}))\n")
-    proc = subprocess.run([PYTHON, "-c", wrapper, program, *args], capture_output=True, text=True, timeout=timeout)
-    if proc.returncode or not proc.stdout.strip():
-        raise RuntimeError(f"{' '.join(args[:4])}...: {proc.stderr.strip()[-500:]}")
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    if got["rc"]:
-        raise RuntimeError(f"{' '.join(args[:4])}... exited {got['rc']}: {proc.stderr.strip()[-500:]}")
-    return got["s"], got["kb"] / 1e6, got["out"]
-
-
-def copy_bandwidth_gbs(megabytes: int = 512, repeats: int = 5) -> float:
-    """Memory bandwidth as a numpy copy moves it: the bytes read plus the bytes written, per second."""
-    a = np.ones(megabytes * (1 << 20) // 4, np.float32)
-    b = np.empty_like(a)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(b, a)
-        best = min(best, time.perf_counter() - start)
-    return 2 * a.nbytes / best / 1e9
-
-
 def weight_bytes(onnx_path: Path) -> int:
     """The model file and its external data (ours: NAME.data; Optimum's: NAME_data)."""
     extra = [Path(str(onnx_path) + ".data"), Path(str(onnx_path) + "_data")]
@@ -91,7 +63,7 @@ def _folder_bytes(folder: Path) -> int:
 
 
 def optimum_cli() -> Path | None:
-    """optimum-cli of the side environment bench/optimum_env.sh makes (it pins transformers
+    """optimum-cli of the side environment clients/optimum_env.sh makes (it pins transformers
     < 4.58), if it has been made; None otherwise."""
     import os
 
@@ -233,7 +205,7 @@ def _optimum_export(row: RealRow, folder: Path, out: Path, task: str, label: str
     try:
         seconds, peak, _ = measured_python(["export", "onnx", "--model", str(folder), "--task", task, str(out)],
                                            program=str(cli))
-    except (RuntimeError, subprocess.TimeoutExpired, ValueError) as err:
+    except (RuntimeError, ValueError) as err:  # a failed child: harness.ChildFailed is a RuntimeError
         row.exports.append({"dtype": label, "error": _short(err)})
         return False
     gb = size() / 1e9
@@ -263,10 +235,6 @@ def _encoder_runs(row: RealRow, folder: Path, work: Path, threads: int, progress
         row.runs.append({"prompt": prompt, "encoder": "transformers eager",
                          "prefill_s": json.loads(text.splitlines()[-1])["prefill_s"], "peak_gb": peak})
     return row
-
-
-def _median(values: list[float]) -> float:
-    return float(np.median(values)) if values else float("nan")
 
 
 def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: int, new_tokens: int,
@@ -304,13 +272,13 @@ def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: 
             try:
                 _, peak, text = measured_python(["-m", "posbias_export.bench.real_models", "ort", str(out / "model.onnx"),
                                                  str(prompt), str(new_tokens), str(threads)])
-            except (RuntimeError, subprocess.TimeoutExpired) as err:
+            except RuntimeError as err:  # a failed child (harness.ChildFailed)
                 row.runs.append({"prompt": prompt, "optimum": True, "error": _short(err)})
                 continue
             theirs = json.loads(text.strip().splitlines()[-1])
             row.runs.append({"prompt": prompt, "lean": False, "optimum": True, "prefill_s": theirs["prefill_s"],
                              "peak_gb": peak, "prefill_peak_gb": theirs.get("prefill_peak_gb", peak),
-                             "decode_ms": _median(theirs["decode_ms"]), "floor_ms": floor_ms,
+                             "decode_ms": median(theirs["decode_ms"]), "floor_ms": floor_ms,
                              "bandwidth_gbs": bandwidth, "tokens": theirs["tokens"],
                              "weights_gb": _folder_bytes(out) / 1e9})
     path = work / f"{name}_float32.onnx"  # the runs are of the float32 file
@@ -321,14 +289,14 @@ def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: 
         ours = json.loads(out.strip().splitlines()[-1])
         entry = {"prompt": prompt, "lean": lean, "prefill_s": ours["prefill_s"], "peak_gb": peak,
                  "prefill_peak_gb": ours.get("prefill_peak_gb", peak),
-                 "decode_ms": _median(ours["decode_ms"]), "floor_ms": 1e3 * weight_bytes(path) / 1e9 / bandwidth,
+                 "decode_ms": median(ours["decode_ms"]), "floor_ms": 1e3 * weight_bytes(path) / 1e9 / bandwidth,
                  "bandwidth_gbs": bandwidth, "tokens": ours["tokens"], "weights_gb": weight_bytes(path) / 1e9}
         if prompt == 512:
             progress(f"{name}: transformers eager prefill {prompt} + decode")
             _, their_peak, out = measured_python(["-m", "posbias_export.bench.real_models", "transformers",
                                                   str(folder), str(prompt), str(new_tokens), str(threads)])
             theirs = json.loads(out.strip().splitlines()[-1])
-            entry.update(transformers_decode_ms=_median(theirs["decode_ms"]), transformers_prefill_s=theirs["prefill_s"],
+            entry.update(transformers_decode_ms=median(theirs["decode_ms"]), transformers_prefill_s=theirs["prefill_s"],
                          transformers_peak_gb=their_peak, tokens_equal=theirs["tokens"] == ours["tokens"])
         row.runs.append(entry)
     return row
@@ -384,28 +352,7 @@ def render(rows: list[RealRow], command: str) -> str:
     lines += ["", "## Targets", "", "| model | target | measured | verdict |", "|---|---|---|---|"]
     verdicts = targets(rows)
     lines += [f"| {m} | {t} | {v} | {'met' if ok else 'NOT met'} |" for m, t, v, ok in verdicts]
-    missed = {key for _, t, _, ok in verdicts if not ok for key in MISSES if key in t}
-    if missed:
-        lines += ["", "## Why the misses (profiled)", ""] + [f"- {MISSES[key]}" for key in sorted(missed)]
     return "\n".join(lines) + "\n"
-
-
-# What profiling found behind each target this machine misses (measured on bloom-560m, float32).
-MISSES = {
-    "prefill 4096": "Prefill peak at 4096 tokens: the peak grows linearly with the prompt (blocked attention "
-    "keeps it from growing quadratically): 2.70 / 3.09 / 3.85 GB at 1024 / 2048 / 4096 tokens (weights "
-    "memory-mapped, no prepacking), about 380 KB per token. Half of that is the KV cache the step returns "
-    "(196 KB per token: 0.8 GB, 0.36x the weights at 4096); the rest is transient: per query block the "
-    "bias, scores and softmax rows [heads, 256, keys] and the MLP's [tokens, 4 x hidden] temporaries. "
-    "Query blocks of 64 instead of 256 (`--block 64`) lower the peak by 0.13 GB for 27% more prefill time; "
-    "ONNX Runtime without its arena and glibc's fixed mmap threshold by 0.1-0.2 GB for 1.9x the time. "
-    "Meeting 1.5x would leave 0.14x the weights for every activation: within reach only by chunking the "
-    "MLP over the sequence or a float16 cache.",
-    "decode >= 2x": "Decode against transformers eager: our float32 decode sits at the bandwidth floor "
-    "(decode / floor = 1.00), and eager at 1B width is itself bandwidth-bound (1.6-1.7x the floor), so "
-    "no float32 graph can be 2x faster: the lever is fewer weight bytes (int8 / int4 files: "
-    "benchmarks/quantized.md).",
-}
 
 
 def targets(rows: list[RealRow]) -> list[tuple[str, str, str, bool]]:
@@ -475,23 +422,18 @@ def _session(run: dict) -> str:
 
 def run_and_write(names: list[str], work: Path, out_dir: Path, run_names: set[str], threads: int = 2,
                   new_tokens: int = 16, command: str = "python -m posbias_export bench-real") -> list[Path]:
-    from ..export.files import write_text_atomic
-
     out_dir.mkdir(parents=True, exist_ok=True)
     # a slow bench runs in parts: the rows of models this run does not measure are kept
-    previous = out_dir / "real_models.json"
-    kept = [RealRow(**r) for r in json.loads(previous.read_text())] if previous.is_file() else []
-    kept = [r for r in kept if r.name not in names]
-    rows = []
+    kept = [RealRow(**r) for r in kept_rows(out_dir / "real_models.json", set(names))]
+    rows, paths = [], []
     for name in names:
         source_dtype = "float16" if name == "bloom-3b" else "float32"  # 12 GB of float32 would not fit beside its export
         rows.append(measure(name, work, ("float32", "float16"), name in run_names, threads, new_tokens, source_dtype,
                             progress=lambda m: print(m, file=sys.stderr, flush=True)))
         rows[-1].command = command
         every = sorted(kept + rows, key=lambda r: list(PUBLISHED).index(r.name))
-        write_text_atomic(out_dir / "real_models.md", render(every, command))
-        write_text_atomic(out_dir / "real_models.json", json.dumps([asdict(r) for r in every], indent=1))
-    return [out_dir / "real_models.md", out_dir / "real_models.json"]
+        paths = write_results(out_dir, "real_models", [asdict(r) for r in every], render(every, command))
+    return paths
 
 
 def main_worker(argv: list[str]) -> None:

@@ -12,11 +12,12 @@ def build_bench_parser() -> argparse.ArgumentParser:
 
     p = parser("bench", "Long-context attention: our export on ONNX Runtime CPU (blocked and plain forms) and OpenVINO "
                 "vs PyTorch eager with the same bias and PyTorch fused causal SDPA without a bias; one process per "
-                "configuration. Writes attention.md/.json/.png.", "examples:\n  python -m posbias_export bench\n  "
+                "configuration. Writes attention.md/.json/.png. (On a GPU: python tools/gpu_attention.py from a "
+                "checkout.)", "examples:\n  python -m posbias_export bench\n  "
                 "python -m posbias_export bench --biases alibi --lengths 512,2048 --repeats 2 --out-dir /tmp/bench")
     p.add_argument("--biases", type=name_list, default=bench.BIASES, help="comma-separated bias families (default all)")
-    p.add_argument("--lengths", type=int_list, default=None, help=f"comma-separated sequence lengths (default "
-                   f"{','.join(map(str, bench.LENGTHS))}; --device cuda: 1024,4096,16384,32768)")
+    p.add_argument("--lengths", type=int_list, default=bench.LENGTHS, help=f"comma-separated sequence lengths (default "
+                   f"{','.join(map(str, bench.LENGTHS))})")
     p.add_argument("--configs", type=name_list, default=bench.CONFIGS, help=f"from: {', '.join(bench.CONFIGS)}")
     p.add_argument("--variants", type=name_list, default=bench.VARIANTS, help=f"from: {', '.join(bench.VARIANTS)} "
                    f"(bidirectional and block run at the lengths >= {bench.LONG}, or the longest given; default all)")
@@ -29,28 +30,20 @@ def build_bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default="benchmarks", help="where the results files go (default benchmarks)")
     p.add_argument("--ignore-size-limits", action="store_true", help="run lengths whose memory estimate exceeds this "
                    "machine's (refused by default)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="cuda: our GPU-shaped and portable exports on ONNX Runtime CUDA vs PyTorch eager, fused SDPA "
-                   "and FlexAttention on the GPU, float16 and float32; writes gpu_attention.md/.json")
     return p
 
 
 def run_bench(args) -> int:
     from tqdm import tqdm
 
-    from ..bench import attention, gpu_attention
+    from ..bench import attention
 
-    if args.device == "cuda":
-        paths = gpu_attention.run_and_write(args.biases, args.lengths, args.heads, args.head_dim, args.repeats,
-                                            args.out_dir)
-    else:
-        lengths = args.lengths or attention.LENGTHS
-        with tqdm(total=attention.count(args.biases, lengths, args.configs, args.variants), desc="bench",
-                  unit="config", disable=None, file=sys.stderr) as bar:
-            paths = attention.run_and_write(args.biases, lengths, args.configs, args.variants, args.repeats, args.heads,
-                                            args.head_dim, args.timeout, args.profile_length, args.out_dir, bar.update,
-                                            args.ignore_size_limits)
-        print(paths[1].read_text())
+    with tqdm(total=attention.count(args.biases, args.lengths, args.configs, args.variants), desc="bench",
+              unit="config", disable=None, file=sys.stderr) as bar:
+        paths = attention.run_and_write(args.biases, args.lengths, args.configs, args.variants, args.repeats, args.heads,
+                                        args.head_dim, args.timeout, args.profile_length, args.out_dir, bar.update,
+                                        args.ignore_size_limits)
+    print(paths[1].read_text())
     print("wrote " + ", ".join(str(x) for x in paths))
     return 0
 
@@ -192,8 +185,8 @@ def build_bench_clients_parser() -> argparse.ArgumentParser:
     from ..hf.models import SUPPORTED
 
     p = parser("bench-clients", "The serving folder (--model DIR --out-dir OUT) in the clients people run: our "
-               "generate, transformers.js and onnxruntime-web (posbias_export/bench/clients_js), onnxruntime-genai, Optimum (its own "
-               "environment, posbias_export/bench/optimum_env.sh; also Optimum's own export): tokens and logits vs transformers at "
+               "generate, transformers.js and onnxruntime-web (posbias_export/clients/js), onnxruntime-genai, Optimum (its own "
+               "environment, posbias_export/clients/optimum_env.sh; also Optimum's own export): tokens and logits vs transformers at "
                "a short and a 1024-token prompt; the same clients on --quantize int8/int4 folders; writes clients.md/.json.")
     p.add_argument("--models", type=name_list, default=SUPPORTED, help=f"from: {', '.join(SUPPORTED)}")
     p.add_argument("--no-optimum", action="store_true", help="skip Optimum (it builds a side environment once)")
@@ -204,7 +197,7 @@ def build_bench_clients_parser() -> argparse.ArgumentParser:
 def run_bench_clients(args) -> int:
     from tqdm import tqdm
 
-    from ..bench import clients
+    from ..clients import checks as clients
 
     with tqdm(total=len(args.models), desc="bench-clients", unit="model", disable=None, file=sys.stderr) as bar:
         paths = clients.run_and_write(tuple(args.models), args.out_dir, not args.no_optimum, bar.update)

@@ -16,7 +16,7 @@ from ..export.naming import NAMINGS, POSBIAS, Naming
 from ..export.pipeline import ExportReport, ExportRequest, run_passes
 from ..export.options import ExportOptions, options_from
 from ..export.signature import ExportSpec, Signature, cached_signature, lm_signature
-from ..nn import DEFAULT_BLOCK, file_sha256
+from ..nn import file_sha256
 from .folder import folder_files
 from .layers import ImportedModel
 from .models import has_decoder, load_model

@@ -83,6 +83,21 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def checkpoint_card(path: str | os.PathLike) -> dict:
+    """The training card a checkpoint of `train` carries in its safetensors metadata
+    (posbias.card: corpus, steps, train_len, command ...); {} for any other checkpoint."""
+    import json
+
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            card = json.loads((f.metadata() or {}).get("posbias.card", "{}"))
+    except Exception:  # noqa: BLE001 - not a safetensors file, or a card that is not JSON: no card
+        return {}
+    return card if isinstance(card, dict) else {}
+
+
 def checkpoint_config(path, saved_cfg: dict | None, given: dict | ModelConfig | None = None) -> ModelConfig:
     """The config a checkpoint is loaded with: its saved one, which options given alongside (a
     dict of ModelConfig fields, or a whole ModelConfig) may repeat but not contradict; without a

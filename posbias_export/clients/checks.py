@@ -28,7 +28,7 @@ from ..hf.models import SUPPORTED, architecture
 from ..parity import load_runner
 
 COMMAND = "python -m posbias_export bench-clients"
-JS = Path(__file__).with_name("clients_js")  # the Node clients (package data); `npm install` there once
+JS = Path(__file__).with_name("js")  # the Node clients (package data); `npm install` there once
 OPTIMUM = Path(__file__).with_name("optimum_env.sh")  # package data: runs from an installed package
 VOCAB, HIDDEN, HEADS, LAYERS = 1000, 64, 4, 2
 PAD, BOS, EOS = 0, 1, 2
@@ -117,7 +117,7 @@ def transformers_js(kind: str, folder: Path, prompt: list[int], tmp: Path) -> tu
 
 def web(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
     if kind == "t5":
-        raise RuntimeError("not measured: the page script (clients_js/web.mjs) drives decoder-only folders")
+        raise RuntimeError("not measured: the page script (js/web.mjs) drives decoder-only folders")
     if shutil.which("node") is None or not (JS / "node_modules" / "onnxruntime-web").is_dir():
         raise RuntimeError(f"not installed (cd {JS} && npm install --ignore-scripts)")
     proc = subprocess.run(["node", str(JS / "web.mjs"), str(folder.resolve()), json.dumps(prompt), str(NEW_TOKENS),
@@ -226,7 +226,7 @@ def _quantized(kind, source, tmp, scheme, prompt, label, float_tokens) -> tuple[
 
 
 def run_optimum(cases: list[dict], tmp: Path) -> list[dict]:
-    """Optimum in its side environment (bench/optimum_env.sh), on our folders and on its own
+    """Optimum in its side environment (clients/optimum_env.sh), on our folders and on its own
     export of the same source folders."""
     (tmp / "cases.json").write_text(json.dumps(cases))
     proc = subprocess.run(["bash", str(OPTIMUM), str(tmp / "cases.json")], capture_output=True, text=True, timeout=7200)

@@ -1,4 +1,4 @@
-"""Attention on the GPU, side by side in one run (`bench --device cuda`): our exports on ONNX
+"""Attention on the GPU, side by side in one run: our exports on ONNX
 Runtime CUDA (the GPU-shaped targets cuda and cuda-ort, and the portable file) against PyTorch
 eager with the same bias, PyTorch's fused causal SDPA without a bias, and FlexAttention with the
 bias as a score_mod. Causal, batch 1, [1, H, L, d]; float16 and float32; GPU memory included.
@@ -7,6 +7,10 @@ ONNX Runtime runs each file in its own process (gpu_worker.py: its arena and con
 PyTorch runs here. FlexAttention's score_mod: ALiBi's closed form (slope * (kv - q)); any other
 relative family reads a [H, L] table of its own bias per distance (the family's from_positions),
 under a causal block mask (a local window: the window's block mask, which skips blocks).
+
+    python tools/gpu_attention.py [--biases alibi,t5] [--lengths 1024,4096] [--out-dir benchmarks]
+
+On a lease the same work runs in parts, one GPU call each (tools/gpu_session.py, gpu_lease.sh).
 """
 from __future__ import annotations
 
@@ -17,12 +21,16 @@ import sys
 import time
 from pathlib import Path
 
-from ..export.files import write_text_atomic
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run by path from a checkout
+    sys.path.insert(0, str(ROOT))
+
+from posbias_export.export.files import write_text_atomic  # noqa: E402
 
 
 def attention_bias(model):
     """The model's bias module (an attention-only model holds one, shared by its layers)."""
-    from ..biases import AttentionBias
+    from posbias_export.biases import AttentionBias
 
     return next(m for m in model.modules() if isinstance(m, AttentionBias))
 
@@ -40,8 +48,8 @@ EAGER_BUDGET = 48 << 30
 
 def export_files(biases, dtypes, targets, heads: int, head_dim: int, out_dir: Path) -> dict:
     """(bias, dtype, target) -> path of the attention-arch export."""
-    from ..export import export_onnx
-    from ..nn import ModelConfig, build_model
+    from posbias_export.export import export_onnx
+    from posbias_export.nn import ModelConfig, build_model
 
     files = {}
     for bias in biases:
@@ -134,7 +142,7 @@ def torch_cells(bias_name: str, dtype: str, lengths, heads: int, head_dim: int, 
     from torch.nn import functional as F
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from ..nn import ModelConfig, build_model
+    from posbias_export.nn import ModelConfig, build_model
 
     device = "cuda"
     tdtype = getattr(torch, dtype)
@@ -198,7 +206,7 @@ def flex_check(bias_name: str, heads: int, head_dim: int, length: int = 1024) ->
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from ..nn import ModelConfig, build_model
+    from posbias_export.nn import ModelConfig, build_model
 
     torch.backends.cuda.matmul.allow_tf32 = False
     model = build_model(ModelConfig(bias=bias_name, num_heads=heads, dim=heads * head_dim), arch="attention").cuda().eval()
@@ -368,7 +376,7 @@ def write(result: dict, out_dir: Path, machine: dict | None = None, stale: str |
     """gpu_attention.md/.json. `machine`: the GPU machine's description when the JSON parts were
     measured elsewhere (tools/gpu_session.py); by default this machine's. `stale`: why the
     timings no longer describe today's files: the targets then read "not measured"."""
-    from ..environment import describe, environment
+    from posbias_export.environment import describe, environment
 
     machine = machine or environment()
     checks = target_rows([], sorted({r["bias"] for r in result["rows"]})) if stale else targets(result)
@@ -406,17 +414,44 @@ def write(result: dict, out_dir: Path, machine: dict | None = None, stale: str |
 
 def run_and_write(biases, lengths=None, heads: int = 8, head_dim: int = 64, repeats: int = 10, out_dir="benchmarks",
                   progress=print) -> list[Path]:
-    """`bench --device cuda`: needs a CUDA GPU visible to PyTorch; lengths default to LENGTHS."""
+    """The whole run: needs a CUDA GPU visible to PyTorch; lengths default to LENGTHS."""
     import tempfile
 
     import torch
 
-    from ..export.files import output_folder
+    from posbias_export.export.files import output_folder
 
     if not torch.cuda.is_available():
-        raise ValueError("bench --device cuda needs a CUDA GPU visible to PyTorch")
+        raise ValueError("the GPU attention benchmark needs a CUDA GPU visible to PyTorch")
     out = output_folder(out_dir)
     with tempfile.TemporaryDirectory(prefix="posbias-gpu-") as tmp:
         result = run(biases, lengths or LENGTHS, DTYPES, TARGETS, heads, head_dim, max(repeats, 10), Path(tmp),
                      progress=progress)
     return write(result, out)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    from posbias_export.biases import BIASES
+    from posbias_export.commands.options import int_list, name_list
+
+    p = argparse.ArgumentParser(prog="tools/gpu_attention.py", description=__doc__.splitlines()[0])
+    p.add_argument("--biases", type=name_list, default=BIASES)
+    p.add_argument("--lengths", type=int_list, default=None, help=f"default {','.join(map(str, LENGTHS))}")
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--out-dir", default=str(ROOT / "benchmarks"))
+    args = p.parse_args(argv)
+    try:
+        paths = run_and_write(args.biases, args.lengths, args.heads, args.head_dim, args.repeats, args.out_dir)
+    except (ValueError, OSError) as err:
+        print(f"gpu_attention: error: {err}", file=sys.stderr)
+        return 2
+    print("wrote " + ", ".join(map(str, paths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
