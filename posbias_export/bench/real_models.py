@@ -263,25 +263,40 @@ def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: 
     if name in SEQ2SEQ:
         return _encoder_runs(row, folder, work, threads, progress)
     bandwidth = copy_bandwidth_gbs()
+    _optimum_runs(row, folder, work, bandwidth, threads, new_tokens, progress)
+    _our_runs(row, folder, work, bandwidth, threads, new_tokens, progress)
+    return row
+
+
+def _optimum_runs(row: RealRow, folder: Path, work: Path, bandwidth: float, threads: int, new_tokens: int,
+                  progress) -> None:
+    """Optimum's export of the folder (if its side environment exists), prefill and decode."""
+    name = row.name
     floor_ms = 1e3 * weight_bytes(work / f"{name}_float32.onnx") / 1e9 / bandwidth  # bytes a token must read
     out = work / f"{name}_optimum"
-    if _optimum_export(row, folder, out, "text-generation-with-past", "float32 (Optimum)", lambda: _folder_bytes(out),
-                       progress):
-        for prompt in (512, 4096) if (out / "model.onnx").is_file() else ():
-            progress(f"{name}: Optimum's file, prefill {prompt} + decode")
-            try:
-                _, peak, text = measured_python(["-m", "posbias_export.bench.real_models", "ort", str(out / "model.onnx"),
-                                                 str(prompt), str(new_tokens), str(threads)])
-            except RuntimeError as err:  # a failed child (harness.ChildFailed)
-                row.runs.append({"prompt": prompt, "optimum": True, "error": _short(err)})
-                continue
-            theirs = json.loads(text.strip().splitlines()[-1])
-            row.runs.append({"prompt": prompt, "lean": False, "optimum": True, "prefill_s": theirs["prefill_s"],
-                             "peak_gb": peak, "prefill_peak_gb": theirs.get("prefill_peak_gb", peak),
-                             "decode_ms": median(theirs["decode_ms"]), "floor_ms": floor_ms,
-                             "bandwidth_gbs": bandwidth, "tokens": theirs["tokens"],
-                             "weights_gb": _folder_bytes(out) / 1e9})
-    path = work / f"{name}_float32.onnx"  # the runs are of the float32 file
+    if not _optimum_export(row, folder, out, "text-generation-with-past", "float32 (Optimum)", lambda: _folder_bytes(out),
+                           progress):
+        return
+    for prompt in (512, 4096) if (out / "model.onnx").is_file() else ():
+        progress(f"{name}: Optimum's file, prefill {prompt} + decode")
+        try:
+            _, peak, text = measured_python(["-m", "posbias_export.bench.real_models", "ort", str(out / "model.onnx"),
+                                             str(prompt), str(new_tokens), str(threads)])
+        except RuntimeError as err:  # a failed child (harness.ChildFailed)
+            row.runs.append({"prompt": prompt, "optimum": True, "error": _short(err)})
+            continue
+        theirs = json.loads(text.strip().splitlines()[-1])
+        row.runs.append({"prompt": prompt, "lean": False, "optimum": True, "prefill_s": theirs["prefill_s"],
+                         "peak_gb": peak, "prefill_peak_gb": theirs.get("prefill_peak_gb", peak),
+                         "decode_ms": median(theirs["decode_ms"]), "floor_ms": floor_ms,
+                         "bandwidth_gbs": bandwidth, "tokens": theirs["tokens"],
+                         "weights_gb": _folder_bytes(out) / 1e9})
+
+
+def _our_runs(row: RealRow, folder: Path, work: Path, bandwidth: float, threads: int, new_tokens: int,
+              progress) -> None:
+    """Our float32 file: prefill 512 and 4096 (and a lean session) + decode; transformers eager at 512."""
+    name, path = row.name, work / f"{row.name}_float32.onnx"
     for prompt, lean in ((512, False), (4096, False), (4096, True)):
         progress(f"{name}: ORT prefill {prompt} + decode{' (lean session)' if lean else ''}")
         seconds, peak, out = measured_python(["-m", "posbias_export.bench.real_models", "ort", str(path), str(prompt),
@@ -299,7 +314,6 @@ def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: 
             entry.update(transformers_decode_ms=median(theirs["decode_ms"]), transformers_prefill_s=theirs["prefill_s"],
                          transformers_peak_gb=their_peak, tokens_equal=theirs["tokens"] == ours["tokens"])
         row.runs.append(entry)
-    return row
 
 
 def render(rows: list[RealRow], command: str) -> str:
