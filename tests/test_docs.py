@@ -4,13 +4,19 @@ resolves."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
+import pytest
+
 import posbias_export as pbe
-from posbias_export.biases import family_table
+from posbias_export.biases import FAMILY_TABLE_HEADER, family_row
 from posbias_export.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from family_docs import BLOCKS, generated_block  # noqa: E402
+
 README = ROOT / "README.md"
 PAGES = sorted((ROOT / "docs").glob("*.md"))
 TEXTS = {p: p.read_text() for p in [README, *PAGES]}
@@ -21,11 +27,36 @@ def test_readme_is_short():
     assert len(README.read_text().splitlines()) < 250
 
 
-def test_readme_family_table_is_the_registry():
-    text = README.read_text()
-    start = text.index("<!-- generated from the registry")
-    table = text[text.index("\n", start) + 1: text.index("<!-- end of generated table -->")]
-    assert table == family_table(), "README's family table is stale: paste posbias_export.biases.family_table()"
+STALE = "README's family table is stale: run python tools/family_docs.py"
+
+
+def _table_rows() -> list[str]:
+    table = generated_block(README.read_text(), "family-table")
+    assert table.startswith(FAMILY_TABLE_HEADER), STALE
+    return table[len(FAMILY_TABLE_HEADER):].splitlines()
+
+
+@pytest.mark.parametrize("name", pbe.BIASES)
+def test_readme_table_shows_the_family_as_it_declares_itself(name):
+    """Per family (so `pytest --family NAME` runs it): its row is what its class declares."""
+    assert family_row(name) in _table_rows(), STALE
+
+
+def test_readme_table_is_the_registry_in_order():
+    assert _table_rows() == [family_row(name) for name in pbe.BIASES], STALE
+    assert all(generated_block((ROOT / page).read_text(), key) == make() for key, (page, make) in BLOCKS.items())
+
+
+def test_docs_keep_no_family_list_by_hand():
+    """A line naming four or more families outside a generated block is a list someone must keep
+    when a family is added: generate it (tools/family_docs.py) or name none."""
+    names = re.compile(r"\b(" + "|".join(map(re.escape, pbe.BIASES)) + r")\b")
+    for path, text in TEXTS.items():
+        for key, (page, _) in BLOCKS.items():
+            if path == ROOT / page:
+                text = text.replace(generated_block(text, key), "")
+        listed = [line for line in text.splitlines() if len(set(names.findall(line))) >= 4]
+        assert not listed, f"{path.name} keeps a family list by hand: {listed[0][:120]}"
 
 
 def test_every_command_named_exists_and_every_command_is_in_the_readme():

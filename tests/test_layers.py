@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "posbias_export"
 # bottom up; a room may import its own layer and every layer before it
 LAYERS = [{"errors", "environment", "lazy", "plots", "runners", "limits"}, {"biases"}, {"nn"}, {"export"}, {"parity"}, {"study", "hf"},
-          {"bench", "validation"}, {"commands"}, {"cli", "__main__", "__init__"}]
+          {"bench", "clients", "validation"}, {"commands"}, {"cli", "__main__", "__init__"}]
 RANK = {room: rank for rank, rooms in enumerate(LAYERS) for room in rooms}
 
 
@@ -59,3 +59,46 @@ def test_runners_import_neither_torch_nor_the_package():
         names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
         assert not names & {"torch", "posbias_export"}, f"{path.relative_to(ROOT)} imports {names & {'torch', 'posbias_export'}}"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules a module imports (lazily too): `from .x import y` names x, or x.y
+    where y is a module itself."""
+    me = _module_name(path).split(".")
+    package = me if path.name == "__init__.py" else me[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - (node.level - 1)] if node.level else []
+            target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            subs = {f"{target}.{a.name}" for a in node.names} & modules
+            found |= subs if len(subs) == len(node.names) else {target} | subs
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names} & modules
+    return found & modules - {_module_name(path)}
+
+
+def test_no_import_cycle():
+    """No two modules of the package import each other, directly or around a circle (a lazy
+    import inside a function counts: it only hides the circle)."""
+    paths = {_module_name(p): p for p in MODULES}
+    graph = {name: _imported_modules(path, set(paths)) for name, path in paths.items()}
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(name, trail):
+        state[name] = 1
+        for nxt in sorted(graph[name]):
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(trail[trail.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])

@@ -25,10 +25,13 @@ BIASES = ROOT / "posbias_export" / "biases"
 NEW, WITH_PARAMS = "alibi_copy", "window_copy"
 
 
-def _renamed(source: str, cls: str, name: str, new_cls: str, new_name: str) -> str:
-    """The file with only its class and family name renamed."""
+def _renamed(source: str, cls: str, name: str, new_cls: str, new_name: str, keep_summary: bool = False) -> str:
+    """The file with its class, family name and summary renamed (what docs/adding-a-family.md
+    asks of a copy; keep_summary: the copy a newcomer forgot to describe)."""
     out = source.replace(f'name = "{name}"', f'name = "{new_name}"')
     out = re.sub(rf"\bclass {cls}\b", f"class {new_cls}", out)
+    if not keep_summary:
+        out = out.replace('    summary = "', f'    summary = "({new_name}, a copy of {name}) ', 1)
     assert out.count(f'"{new_name}"') == 1 and f"class {new_cls}" in out, f"{name}.py no longer has the expected shape"
     return out
 
@@ -44,7 +47,7 @@ def _window_copy(keep_flag: bool = False, keep_legacy: bool = False) -> str:
 
 def _copy_project(dest: Path, families: dict[str, str]) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "node_modules", "*.onnx", "*.data")
-    for name in ("posbias_export", "runtimes", "tests"):
+    for name in ("posbias_export", "runtimes", "tests", "tools", "docs", "benchmarks"):
         shutil.copytree(ROOT / name, dest / name, ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, dest / name)
@@ -57,6 +60,12 @@ def _copy_project(dest: Path, families: dict[str, str]) -> Path:
     return dest
 
 
+def _regenerate_docs(project: Path) -> None:
+    """The newcomer's one step besides the file: README's family table from the registry."""
+    out = _run(["tools/family_docs.py"], project)
+    assert out.returncode == 0 and "wrote README.md" in out.stdout, out.stdout + out.stderr
+
+
 def _run(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(cwd), "PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -65,7 +74,9 @@ def _run(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.Completed
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     alibi = _renamed((BIASES / "alibi.py").read_text(), "AlibiBias", "alibi", "AlibiCopyBias", NEW)
-    return _copy_project(tmp_path_factory.mktemp("contract"), {NEW: alibi, WITH_PARAMS: _window_copy()})
+    project = _copy_project(tmp_path_factory.mktemp("contract"), {NEW: alibi, WITH_PARAMS: _window_copy()})
+    _regenerate_docs(project)
+    return project
 
 
 def test_new_families_are_registered_from_the_copy(project):
@@ -94,6 +105,24 @@ def test_a_copy_that_keeps_a_shared_claim_is_refused_with_one_line(tmp_path, kep
         assert out.returncode == 2 and len(lines) == 1, out.stderr
         assert "'window'" in lines[0] and f"'{WITH_PARAMS}'" in lines[0] and claim in lines[0], lines[0]
         assert not (project / "m.onnx").exists()
+
+
+def test_a_copy_that_keeps_the_summary_is_refused_with_one_line(tmp_path):
+    """A copy that ships the original's summary (README would describe two families alike) is
+    refused at registration, naming both."""
+    copy = _renamed((BIASES / "alibi.py").read_text(), "AlibiBias", "alibi", "AlibiCopyBias", NEW, keep_summary=True)
+    project = _copy_project(tmp_path, {NEW: copy})
+    out = _run(["-m", "posbias_export", "--help"], project)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert "'alibi'" in lines[0] and f"'{NEW}'" in lines[0] and "summary" in lines[0], lines[0]
+
+
+def test_the_regenerated_readme_documents_the_copies(project):
+    """After tools/family_docs.py the docs checks pass for the new families (the contract's slow
+    run also runs them under --family)."""
+    out = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "tests/test_docs.py"], project)
+    assert out.returncode == 0, out.stdout[-3000:]
 
 
 FORMS = [("plain", False), ("plain", True), ("blocked", False), ("blocked", True)]

@@ -85,7 +85,7 @@ class RegistryError(ValueError):
 
 def _claims(cls) -> set[tuple[str, str]]:
     """What a family takes for itself in shared namespaces: (what, value) pairs."""
-    claims = {("name", cls.name), ("ONNX function name", cls.function_name)}
+    claims = {("name", cls.name), ("ONNX function name", cls.function_name), ("summary", cls.summary)}
     for f in dataclasses.fields(cls.Params):
         claims |= {(what, f.metadata[key]) for key, what in (("alias", "flag"), ("legacy_key", "legacy config key"))
                    if f.metadata.get(key)}
@@ -95,7 +95,8 @@ def _claims(cls) -> set[tuple[str, str]]:
 def check_unique(cls) -> None:
     """Refuse a family that claims what a registered one has: a copied file that kept the
     original's --flag would break --help, one that kept its legacy key would silently hand old
-    checkpoints' values to the copy."""
+    checkpoints' values to the copy, one that kept its summary would ship the original's
+    description (README's table would show two families adding the same thing)."""
     mine = _claims(cls)
     for other in FAMILIES.values():
         if (other.__module__, other.__qualname__) == (cls.__module__, cls.__qualname__):
@@ -159,6 +160,9 @@ class AttentionBias(nn.Module):
             cls.function_name = _camel(cls.name)
         if cls.function is None:
             raise TypeError(f"bias family {cls.name!r} declares no ONNX Script function")
+        if family and not cls.__dict__.get("summary"):  # inherited would be a copy's: README would show it twice
+            raise TypeError(f"bias family {cls.name!r} declares no summary of its own (what it adds to a score, one "
+                            "line: README's family table)")
         if cls.test_tier not in ("default", "extended"):
             raise TypeError(f"bias family {cls.name!r}: test_tier must be 'default' or 'extended', got {cls.test_tier!r}")
         if not family:
