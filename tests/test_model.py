@@ -116,3 +116,24 @@ def test_sdpa_form_equals_explicit_form(dtype):
     sdpa = attend(q, k, v, bias, allowed, "sdpa").double()
     tol = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 2e-3}[dtype]
     torch.testing.assert_close(sdpa, explicit, atol=tol, rtol=tol)
+
+
+def test_one_return_type_per_call():
+    """forward returns the output alone, whatever the inputs; the cache path is its own call,
+    step, which always returns (output, presents); the two agree on the logits."""
+    import torch
+
+    model = pbe.build_model(pbe.ModelConfig(bias="alibi", dim=32, num_heads=2, num_layers=2), seed=0).eval()
+    ids = torch.randint(0, 256, (2, 7))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        plain, masked = model(ids), model(ids, mask)
+        stepped = model.step(ids, mask, model.empty_past(2))
+    assert isinstance(plain, torch.Tensor) and isinstance(masked, torch.Tensor)
+    assert isinstance(stepped, tuple) and len(stepped) == 2 and len(stepped[1]) == 2
+    torch.testing.assert_close(stepped[0], plain, rtol=1e-5, atol=1e-6)
+    block = model.blocks[0]
+    x = torch.randn(2, 7, 32)
+    assert isinstance(block(x), torch.Tensor) and isinstance(block.attn(x), torch.Tensor)
+    out, (k, v) = block.step(x, None, (torch.zeros(2, 2, 0, 16), torch.zeros(2, 2, 0, 16)))
+    assert out.shape == x.shape and k.shape == v.shape == (2, 2, 7, 16)

@@ -18,7 +18,7 @@ def greedy_generate(model: DecoderLM, prompts: list[bytes], max_new_tokens: int)
     past = model.empty_past(len(prompts), next(model.parameters()).dtype)
     out = torch.zeros(len(prompts), max_new_tokens, dtype=torch.int64)
     for step in range(max_new_tokens):
-        logits, past = model(ids, mask, past)  # [B, L, V]
+        logits, past = model.step(ids, mask, past)  # [B, L, V]
         ids = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
         out[:, step] = ids[:, 0]
         mask = torch.cat([mask, torch.ones(len(prompts), 1, dtype=torch.int64)], dim=1)

@@ -63,13 +63,13 @@ def measure(bias: str, contexts=(512, 4096), steps: int = 32, cfg_kwargs: dict |
 
         # PyTorch eager, same weights, same cache layout.
         t_ids = torch.from_numpy(ids).to(device)
-        _, t_past = model(t_ids, torch.ones_like(t_ids), [(pk.to(device), pv.to(device)) for pk, pv in model.empty_past(1)])
+        _, t_past = model.step(t_ids, torch.ones_like(t_ids), [(pk.to(device), pv.to(device)) for pk, pv in model.empty_past(1)])
         t_state = {"past": t_past, "len": context}
 
         def torch_step():
             nxt = torch.tensor([[7]], device=device)
-            logits, t_state["past"] = model(nxt, torch.ones(1, t_state["len"] + 1, dtype=torch.int64, device=device),
-                                            t_state["past"])
+            logits, t_state["past"] = model.step(nxt, torch.ones(1, t_state["len"] + 1, dtype=torch.int64, device=device),
+                                                 t_state["past"])
             logits.cpu()  # as ORT's step: the logits reach the host
             sync()
             t_state["len"] += 1

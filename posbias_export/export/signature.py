@@ -52,7 +52,7 @@ class KVCacheLM(nn.Module):
 
     def forward(self, input_ids, attention_mask, *past_flat):
         past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
-        logits, presents = self.lm(input_ids, attention_mask, past, settings=self.settings)
+        logits, presents = self.lm.step(input_ids, attention_mask, past, settings=self.settings)
         return (logits, *[t for kv in presents for t in kv])
 
 

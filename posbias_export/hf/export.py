@@ -88,7 +88,7 @@ class CachedT5Decoder(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, *past_flat):
         past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
-        logits, presents = self.decoder(input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask,
+        logits, presents = self.decoder.step(input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask,
                                         past, settings=self.settings)
         return (logits, *[t for kv in presents for t in kv])
 
@@ -103,7 +103,7 @@ class CachedT5DecoderNoMask(torch.nn.Module):
 
     def forward(self, input_ids, encoder_hidden_states, encoder_attention_mask, *past_flat):
         past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
-        logits, presents = self.decoder(input_ids, None, encoder_hidden_states, encoder_attention_mask, past,
+        logits, presents = self.decoder.step(input_ids, None, encoder_hidden_states, encoder_attention_mask, past,
                                         settings=self.settings)
         return (logits, *[t for kv in presents for t in kv])
 

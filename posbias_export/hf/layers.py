@@ -3,9 +3,10 @@ self-attention through our biased attention (plain or blocked, with a KV cache),
 the slopes transformers computes.
 
 Every imported model mirrors its transformers class's parameter names, so weights map one to
-one (weights.py), and takes `forward(input_ids, attention_mask=None, past=None,
-settings=EAGER)` like our own DecoderLM, so the export signatures, the KV-cache wrapper and
-the float64 reference are the same code.
+one (weights.py), and has our own DecoderLM's two calls, one return type each:
+`forward(input_ids, attention_mask=None, settings=EAGER) -> logits` and, for a causal LM,
+`step(input_ids, attention_mask, past, settings=EAGER) -> (logits, presents)`, so the export
+signatures, the KV-cache wrapper and the float64 reference are the same code.
 """
 from __future__ import annotations
 
@@ -164,8 +165,21 @@ class CausalLM(ImportedModel):
         self.tied = config.tie_word_embeddings
         self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
+    def forward(self, input_ids, attention_mask=None, settings: AttentionSettings = EAGER) -> torch.Tensor:
+        """input_ids [B, L], attention_mask [B, L] or None -> logits [B, L, V]."""
+        return self.run(input_ids, attention_mask, None, settings)[0]
+
+    def step(self, input_ids, attention_mask, past: list, settings: AttentionSettings = EAGER) -> tuple[torch.Tensor, list]:
+        """The cache path: new tokens [B, L], attention_mask [B, P + L], past one (k, v) pair per
+        layer -> (logits [B, L, V], presents)."""
+        return self.run(input_ids, attention_mask, past, settings)
+
+    def run(self, input_ids, attention_mask, past, settings) -> tuple[torch.Tensor, list]:
+        """The embeddings, then decode(): each architecture's own."""
+        raise NotImplementedError
+
     def decode(self, x, layers, final_norm, embedding: nn.Embedding, attention_mask, past, settings):
-        """x [B, L, D] through the layers and the head -> logits [B, L, V] (with past: and the presents)."""
+        """x [B, L, D] through the layers and the head -> (logits [B, L, V], presents)."""
         presents = []
         for index, layer in enumerate(layers):
             x, present = layer(x, attention_mask, None if past is None else past[index], settings)
@@ -174,7 +188,7 @@ class CausalLM(ImportedModel):
             x = x[:, -1:]
         x = final_norm(x)
         logits = F.linear(x, embedding.weight) if self.tied else self.lm_head(x)  # [B, L, V]
-        return logits if past is None else (logits, presents)
+        return logits, presents
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:

@@ -54,7 +54,7 @@ def self_written_target(encoder, decoder, source: np.ndarray, mask: np.ndarray, 
     out = [torch.full((source.shape[0], 1), start, dtype=torch.int64)]
     past, total = decoder.empty_past(source.shape[0]), 1
     while total < length:
-        logits, past = decoder(out[-1], torch.ones(source.shape[0], total, dtype=torch.int64), states, src_mask, past,
+        logits, past = decoder.step(out[-1], torch.ones(source.shape[0], total, dtype=torch.int64), states, src_mask, past,
                                settings=BLOCKED)
         out.append(torch.multinomial(torch.softmax(logits[:, -1].double(), -1), 1, generator=gen))
         total += 1

@@ -115,15 +115,21 @@ class BiasedAttention(nn.Module):
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_base, cfg.rope_scaling, cfg.rope_factor) if cfg.use_rope else None
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None, settings: AttentionSettings = EAGER):
+                settings: AttentionSettings = EAGER) -> torch.Tensor:
         """x [B, Lq, D] (queries: the LAST Lq positions of the keys), context [B, Lk, D] or None,
-        key_mask [B, Lk] (1 = token, 0 = padding) or None. With a mask, positions come from
-        cumsum(mask) - 1, so left padding does not shift anyone's distances.
+        key_mask [B, Lk] (1 = token, 0 = padding) or None -> out [B, Lq, D]. With a mask,
+        positions come from cumsum(mask) - 1, so left padding does not shift anyone's distances."""
+        return self.attend(x, context, key_mask, None, settings)[0]
 
-        past: (k, v) [B, H, P, hd] each, keys already rotated: x then holds only the Lq new
-        tokens, the keys are past + new (Lk = P + Lq), and the return value is
-        (out [B, Lq, D], (k, v) [B, H, P + Lq, hd]) instead of out alone.
-        """
+    def step(self, x: torch.Tensor, key_mask: torch.Tensor | None, past: tuple[torch.Tensor, torch.Tensor],
+             settings: AttentionSettings = EAGER) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The cache path: past (k, v) [B, H, P, hd] each, keys already rotated; x holds only the
+        Lq new tokens (keys: past + new, Lk = P + Lq), key_mask [B, P + Lq] or None ->
+        (out [B, Lq, D], present (k, v) [B, H, P + Lq, hd])."""
+        return self.attend(x, None, key_mask, past, settings)
+
+    def attend(self, x, context, key_mask, past, settings) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Both paths: (out [B, Lq, D], (k, v) the keys and values attended, past included)."""
         H, hd = self.cfg.num_heads, self.cfg.head_dim
         kv_in = x if context is None else context
         B, Lq, D = x.shape
@@ -148,7 +154,7 @@ class BiasedAttention(nn.Module):
             v = torch.cat([past[1].to(v.dtype), v], dim=2)
         y = attention_heads(q, k, v, q_pos, k_pos, key_mask, self.bias, self.cfg.causal, settings)  # [B, H, Lq, hd]
         out = self.out(y.transpose(1, 2).reshape(B, Lq, D))  # [B, Lq, D]
-        return out if past is None else (out, (k, v))
+        return out, (k, v)
 
 
 class AttentionCore(nn.Module):

@@ -41,14 +41,19 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, key_mask: torch.Tensor | None = None,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None, settings: AttentionSettings = EAGER):
-        """Returns out [B, Lq, D], or (out, present (k, v)) when `past` is given."""
+                settings: AttentionSettings = EAGER) -> torch.Tensor:
+        """x [B, Lq, D] (+ context [B, Lk, D], key_mask [B, Lk]) -> [B, Lq, D]."""
         h = self.ln_attn(x)
-        attn = self.attn(h, None if context is None else self.ln_attn(context), key_mask, past, settings)
-        attn, present = attn if past is not None else (attn, None)
-        x = x + attn
-        x = x + self.mlp(self.ln_mlp(x))
-        return x if past is None else (x, present)
+        return self.feed_forward(x + self.attn(h, None if context is None else self.ln_attn(context), key_mask, settings))
+
+    def step(self, x: torch.Tensor, key_mask: torch.Tensor | None, past: tuple[torch.Tensor, torch.Tensor],
+             settings: AttentionSettings = EAGER) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The cache path: x [B, Lq, D] new tokens, past (k, v) [B, H, P, hd] -> (out, present)."""
+        attn, present = self.attn.step(self.ln_attn(x), key_mask, past, settings)
+        return self.feed_forward(x + attn), present
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.ln_mlp(x))
 
 
 class DecoderLM(nn.Module):
@@ -67,25 +72,36 @@ class DecoderLM(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, past: list | None = None,
-                settings: AttentionSettings = EAGER):
-        """input_ids [B, L]; attention_mask [B, P + L] (1 = token, 0 = padding), optional;
-        past: one (k, v) [B, H, P, hd] pair per layer (P may be 0), or None.
-        Returns logits [B, L, V], or (logits, presents) when `past` is given."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                settings: AttentionSettings = EAGER) -> torch.Tensor:
+        """input_ids [B, L]; attention_mask [B, L] (1 = token, 0 = padding), optional -> logits
+        [B, L, V] ([B, 1, V] on an export copy with last_logits_only)."""
+        x = self.embedded(input_ids, attention_mask, None)
+        for block in self.blocks:
+            x = block(x, None, attention_mask, settings)
+        return self.logits(x)
+
+    def step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, past: list,
+             settings: AttentionSettings = EAGER) -> tuple[torch.Tensor, list]:
+        """The cache path: input_ids [B, L] new tokens, attention_mask [B, P + L] or None, past
+        one (k, v) [B, H, P, hd] pair per layer (P may be 0) -> (logits [B, L, V], presents)."""
+        x = self.embedded(input_ids, attention_mask, past)
+        presents = []
+        for block, layer_past in zip(self.blocks, past):
+            x, present = block.step(x, attention_mask, layer_past, settings)
+            presents.append(present)
+        return self.logits(x), presents
+
+    def embedded(self, input_ids, attention_mask, past) -> torch.Tensor:
         x = self.embed(input_ids)  # [B, L, D]
         if self.cfg.position != "none":
             x = x + self.absolute_positions(input_ids, attention_mask, past).to(x.dtype)
-        presents = []
-        for index, block in enumerate(self.blocks):
-            if past is None:
-                x = block(x, None, attention_mask, None, settings)
-            else:
-                x, present = block(x, None, attention_mask, past[index], settings)
-                presents.append(present)
+        return x
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
         if self.last_logits_only:  # generation reads the last position only: [B, 1, D], no [B, L, V] tensor
             x = x[:, -1:]
-        logits = self.head(self.ln_f(x))  # [B, L, V]
-        return logits if past is None else (logits, presents)
+        return self.head(self.ln_f(x))  # [B, L, V]
 
     def absolute_positions(self, input_ids, attention_mask, past) -> torch.Tensor:
         """Position embeddings of the new tokens, [L, D] or [B, L, D]."""

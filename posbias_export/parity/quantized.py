@@ -104,6 +104,6 @@ def sampled_ids_cached(lm: torch.nn.Module, batch: int, length: int, vocab: int,
     past, out = lm.empty_past(batch), [ids]
     while sum(t.shape[1] for t in out) < length:
         total = sum(t.shape[1] for t in out)
-        logits, past = lm(out[-1], torch.ones(batch, total, dtype=torch.int64), past)
+        logits, past = lm.step(out[-1], torch.ones(batch, total, dtype=torch.int64), past)
         out.append(torch.multinomial(torch.softmax(logits[:, -1].double(), -1), 1, generator=gen))
     return torch.cat(out, 1).numpy().astype(np.int64)

@@ -133,7 +133,7 @@ class CachedLogits(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask, *past_flat, settings: AttentionSettings = EAGER):
         past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
-        logits = self.lm(input_ids, attention_mask, past, settings=settings)[0]  # [B, L, V]
+        logits = self.lm.step(input_ids, attention_mask, past, settings=settings)[0]  # [B, L, V]
         return logits[:, -1:] if self.last else logits
 
 

@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from ...biases import create_bias
-from ...nn.attention import EAGER
 from ..layers import CausalLM, Shape, bloom_style_slopes, merge_heads, self_attention
 
 
@@ -98,7 +97,7 @@ class BloomLM(CausalLM):
         """transformers adds slope * absolute key position (up to max slope * (L - 1))."""
         return float(self.transformer.h[0].self_attention.alibi.slopes.max()) * (length - 1)
 
-    def forward(self, input_ids, attention_mask=None, past=None, settings=EAGER):
+    def run(self, input_ids, attention_mask, past, settings):
         t = self.transformer
         x = t.word_embeddings_layernorm(t.word_embeddings(input_ids))  # [B, L, D]
         return self.decode(x, t.h, t.ln_f, t.word_embeddings, attention_mask, past, settings)

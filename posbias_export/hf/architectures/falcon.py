@@ -23,7 +23,6 @@ from torch import nn
 
 from ...biases import AttentionBias
 from ...biases.onnx_domain import posbias
-from ...nn.attention import EAGER
 from ..layers import CausalLM, Shape, bloom_style_slopes, merge_heads, self_attention
 
 BF16_SPLIT = 65537.0  # 2^16 + 1: keeps 24 - 16 = 8 significant bits
@@ -218,7 +217,7 @@ class FalconLM(CausalLM):
         return tf.FalconForCausalLM(tf.FalconConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                                                     num_attention_heads=heads, alibi=True, **config))
 
-    def forward(self, input_ids, attention_mask=None, past=None, settings=EAGER):
+    def run(self, input_ids, attention_mask, past, settings):
         t = self.transformer
         x = t.word_embeddings(input_ids)  # [B, L, D]
         return self.decode(x, t.h, t.ln_f, t.word_embeddings, attention_mask, past, settings)

@@ -19,7 +19,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from ...biases import create_bias
-from ...nn.attention import EAGER
 from ..layers import CausalLM, Shape, merge_heads, scale_queries, self_attention, split_heads
 
 
@@ -140,7 +139,7 @@ class MptLM(CausalLM):
         """transformers' table holds slope * (j - max_seq_len + 1), whatever the input length."""
         return float(self.transformer.blocks[0].attn.alibi.slopes.max()) * (max(length, self.config.max_seq_len) - 1)
 
-    def forward(self, input_ids, attention_mask=None, past=None, settings=EAGER):
+    def run(self, input_ids, attention_mask, past, settings):
         t = self.transformer
         x = t.wte(input_ids)  # [B, L, D]
         return self.decode(x, t.blocks, t.norm_f, t.wte, attention_mask, past, settings)

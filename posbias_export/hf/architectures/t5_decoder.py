@@ -108,8 +108,18 @@ class T5Decoder(ImportedModel, part="decoder"):
     def weight_key(self, name: str) -> str:
         return BIAS_KEY if name == "bias.relative_attention_bias.weight" else name
 
-    def forward(self, input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, past=None,
-                settings=EAGER):
+    def forward(self, input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask,
+                settings=EAGER) -> torch.Tensor:
+        """Target [B, T] (+ its mask), the encoder's states [B, S, D] and mask -> logits [B, T, V]."""
+        return self.run(input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, None, settings)[0]
+
+    def step(self, input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, past: list,
+             settings=EAGER) -> tuple[torch.Tensor, list]:
+        """The cache path: new target tokens, past one (k, v) self-attention pair per layer ->
+        (logits, presents)."""
+        return self.run(input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, past, settings)
+
+    def run(self, input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, past, settings):
         x = self.shared(input_ids)  # [B, L, D]
         presents = []
         for index, block in enumerate(self.decoder.block):
@@ -118,4 +128,4 @@ class T5Decoder(ImportedModel, part="decoder"):
             presents.append(present)
         x = self.decoder.final_layer_norm(x) * self.rescale
         logits = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.shared.weight)  # [B, L, V]
-        return logits if past is None else (logits, presents)
+        return logits, presents
