@@ -14,7 +14,7 @@ from .lazy import lazy_names
 _HOMES = {
     "BIASES": "biases", "AttentionBias": "biases", "alibi_slopes": "biases", "create_bias": "biases",
     "t5_relative_bucket": "biases",
-    "ExportReport": "export", "export_onnx": "export",
+    "ExportOptions": "export", "ExportReport": "export", "export_onnx": "export", "quantization_scheme": "export",
     "AttentionSettings": "nn", "ModelConfig": "nn", "build_model": "nn", "load_checkpoint": "nn",
     "save_checkpoint": "nn",
 }

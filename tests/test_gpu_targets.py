@@ -2,7 +2,7 @@
 CPU and the ONNX reference evaluator): same math as the PLAIN float64 form (an independent
 computation) across block boundaries, the graph shape the GPU needs (one fused attention op per
 block, its bias gathered from a per-distance vector, no tensor near 2^31 elements),
-and the options. The CUDA measurements are in benchmarks/gpu_*.md (bench --device cuda)."""
+and the options. The CUDA measurements are in benchmarks/gpu_*.md (tools/gpu_attention.py)."""
 from __future__ import annotations
 
 import onnx
@@ -143,21 +143,22 @@ def test_cli_target_flag(tmp_path, capsys):
     assert not (tmp_path / "n.onnx").exists()
 
 
-def test_bench_on_cuda_without_a_gpu_is_one_line(tmp_path):
-    import subprocess
-    import sys
+def _gpu_attention():
+    """tools/gpu_attention.py (the GPU benchmark lives with its lease tools; its no-GPU refusal
+    is tested in test_tools.py)."""
+    import importlib.util
+    from pathlib import Path
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU: bench --device cuda runs")
-    proc = subprocess.run([sys.executable, "-m", "posbias_export", "bench", "--device", "cuda", "--out-dir",
-                           str(tmp_path / "b")], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
-    assert not (tmp_path / "b").exists()
+    path = Path(__file__).resolve().parents[1] / "tools" / "gpu_attention.py"
+    spec = importlib.util.spec_from_file_location("tools_gpu_attention", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_gpu_bench_targets_are_ratios_of_the_measured_cells(tmp_path):
     """The targets table divides the right cells: synthetic rows with known times."""
-    from posbias_export.bench import gpu_attention as g
+    g = _gpu_attention()
 
     def row(bias, config, length, ms, gb=1.0, dtype="float16"):
         return {"bias": bias, "dtype": dtype, "config": config, "length": length, "times": [ms / 1e3] * 3,
@@ -187,7 +188,7 @@ def test_gpu_bench_targets_are_ratios_of_the_measured_cells(tmp_path):
 
 
 def test_gpu_bench_targets_without_a_gpu_read_not_measured():
-    from posbias_export.bench import gpu_attention as g
+    g = _gpu_attention()
 
     checks = g.target_rows([], ["alibi", "none", "kerple_log"])
     assert checks and all(c["measured"] is None and not c["met"] for c in checks)
@@ -196,7 +197,7 @@ def test_gpu_bench_targets_without_a_gpu_read_not_measured():
 
 def test_flex_cell_that_materialised_its_scores_is_not_a_time():
     """A Flex cell whose memory reaches the scores' size ran eagerly (the recompile limit spent)."""
-    from posbias_export.bench import gpu_attention as g
+    g = _gpu_attention()
 
     scores = 8 * 16384 * 16384 * 2  # H=8, float16
     assert g.ran_eagerly({"gpu_bytes": scores * 1.6}, 8, 16384, "float16")  # eager Flex: ~13 bytes per score

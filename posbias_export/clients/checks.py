@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..environment import describe, environment
+from ..export.schemes import SCHEMES as ALL_SCHEMES
 from ..export.files import output_folder, write_text_atomic
 from ..hf.models import SUPPORTED, architecture
 from ..parity import load_runner
@@ -36,7 +37,7 @@ PROMPTS = {"short": 10, "long": 1024}
 NEW_TOKENS = 16
 CLIENTS = ("posbias generate (ORT)", "transformers.js", "onnxruntime-web (wasm)", "onnxruntime-genai",
            "Optimum, this folder", "Optimum, its own export")
-SCHEMES = ("int8", "int4")
+SCHEMES = tuple(ALL_SCHEMES)
 QUANTIZED_CLIENTS = ("transformers.js", "onnxruntime-web (wasm)", "onnxruntime-genai", "Optimum, this folder")
 
 

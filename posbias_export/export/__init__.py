@@ -2,10 +2,13 @@
 the blocked-attention graph, the ONNX Script-authored block, metadata and atomic files."""
 from .checks import ExportCheckError
 from .files import check_outputs, ensure_writable
-from .metadata import checkpoint_metadata, read_metadata, settings_from_metadata, source_metadata
+from .metadata import FileMetadata, checkpoint_metadata, read_metadata, settings_from_metadata, source_metadata
+from .options import ExportOptions
 from .pipeline import DTYPES, ExportReport, export_onnx
 from .signature import INPUT_NAMES, OUTPUT_NAMES
+from .schemes import scheme as quantization_scheme
 from .targets import OPSETS, TARGETS
 
-__all__ = ["DTYPES", "INPUT_NAMES", "OPSETS", "OUTPUT_NAMES", "TARGETS", "ExportCheckError", "ExportReport", "check_outputs",
-           "checkpoint_metadata", "ensure_writable", "export_onnx", "read_metadata", "settings_from_metadata", "source_metadata"]
+__all__ = ["DTYPES", "INPUT_NAMES", "OPSETS", "OUTPUT_NAMES", "TARGETS", "ExportCheckError", "ExportOptions", "ExportReport",
+           "FileMetadata", "check_outputs", "checkpoint_metadata", "ensure_writable", "export_onnx", "quantization_scheme",
+           "read_metadata", "settings_from_metadata", "source_metadata"]
