@@ -159,14 +159,34 @@ def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=Non
     return result
 
 
+# What runs an in-place file (--kv-cache --target ort): ONNX Runtime's GroupQueryAttention, CPU or CUDA,
+# in Python or Node; why the others cannot.
+NO_INPLACE = {"reference": "the reference evaluator's GroupQueryAttention takes no cache",
+              "openvino": "OpenVINO has no com.microsoft.GroupQueryAttention",
+              "openvino-bf16": "OpenVINO has no com.microsoft.GroupQueryAttention"}
+
+
 def runnable(chosen: tuple[str, ...], defaults: bool, metas: list, result: Validation) -> tuple[str, ...]:
-    """The runtimes to run files with these metadata on: the default runtimes leave out the
-    reference evaluator for a quantized file (it implements no quantized op), saying why."""
-    if not (defaults and "reference" in chosen and any(m.scheme for m in metas)):
+    """The runtimes to run files with these metadata on. The default runtimes leave out the
+    reference evaluator for a quantized file (it implements no quantized op), and those that
+    cannot run an in-place cache for such a file, saying why; they add ort-cpu-shared for it
+    (its cache bound to one buffer as past and present, as onnxruntime-genai runs it)."""
+    from .parity.reference import inplace_cache
+
+    if not defaults:
         return chosen
-    result.skipped["reference"] = ("the ONNX reference evaluator implements no quantized op "
-                                   "(GatherBlockQuantized, int8 DequantizeLinear at opset 18)")
-    return tuple(r for r in chosen if r != "reference")
+    out = list(chosen)
+    if "reference" in out and any(m.scheme for m in metas):
+        result.skipped["reference"] = ("the ONNX reference evaluator implements no quantized op "
+                                       "(GatherBlockQuantized, int8 DequantizeLinear at opset 18)")
+        out.remove("reference")
+    if any(inplace_cache(m) for m in metas):
+        for name in [r for r in out if r in NO_INPLACE]:
+            result.skipped[name] = f"{NO_INPLACE[name]} (an in-place cache file)"
+            out.remove(name)
+        if "ort-cpu" in out:
+            out.insert(out.index("ort-cpu") + 1, "ort-cpu-shared")
+    return tuple(out)
 
 
 def seq2seq_pairs(files, model_dir=None) -> list[tuple]:

@@ -26,8 +26,10 @@ def check_symbolic_axes(model: onnx.ModelProto, dynamic_axes: dict[str, tuple[in
                 raise ExportCheckError(f"axis {axis} of {name!r} was exported static: shape {shown}")
 
 
-def check_domains(model: onnx.ModelProto, allowed_functions: tuple[str, ...] = (FUNCTION_DOMAIN,)) -> None:
-    """Only standard ONNX ops; the `posbias` domain only as model-local functions."""
+def check_domains(model: onnx.ModelProto, ort_ops: tuple[tuple[str, str], ...] = (),
+                  allowed_functions: tuple[str, ...] = (FUNCTION_DOMAIN,)) -> None:
+    """Only standard ONNX ops; the `posbias` domain only as model-local functions; `ort_ops`:
+    (domain, op) pairs of ONNX Runtime's contrib ops a target asks for."""
     local = {(f.domain, f.name) for f in model.functions}
     for domain, _ in local:
         if domain not in allowed_functions:
@@ -35,7 +37,7 @@ def check_domains(model: onnx.ModelProto, allowed_functions: tuple[str, ...] = (
     bodies = [model.graph.node] + [f.node for f in model.functions]
     for nodes in bodies:
         for node in nodes:
-            if node.domain in STANDARD_DOMAINS:
+            if node.domain in STANDARD_DOMAINS or (node.domain, node.op_type) in ort_ops:
                 continue
             if (node.domain, node.op_type) not in local:
                 raise ExportCheckError(

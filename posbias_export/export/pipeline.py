@@ -31,6 +31,7 @@ from . import checks, functions, streamed
 from .blocked_graph import function_proto as portable_function_proto
 from .files import SavedModel, ensure_writable, save_checked
 from .gpu_graph import gpu_function_proto
+from .inplace_graph import function_proto as inplace_function_proto
 from .metadata import FORMAT_VERSION, drop_machine_paths, write_metadata
 from .naming import POSBIAS, rename
 from .options import ExportOptions, options_from
@@ -38,6 +39,7 @@ from .signature import ExportSpec, ModelSpec, Signature
 from .targets import attention_settings, target, target_opset
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
+ORT_OPS = (("com.microsoft", "GroupQueryAttention"),)  # the in-place cache's step (export/inplace_graph.py)
 
 
 @dataclass
@@ -151,6 +153,9 @@ def generated_functions(model: torch.nn.Module, settings: AttentionSettings, dty
         if type(bias).name not in FAMILIES:
             for proto in reversed(type(bias).function_protos()):  # the key row first: the bias calls it
                 protos[proto.name] = proto
+        if settings.cache == "inplace":
+            proto = inplace_function_proto(bias, opset)
+            protos[proto.name] = proto
         if settings.form != "blocked":
             continue
         for indices in (False, True):  # the layers' nodes say which one they call
@@ -213,10 +218,13 @@ def inline(state: ExportState) -> None:
 
 def check_exported(state: ExportState) -> None:
     checks.check_symbolic_axes(state.proto, state.sig.dynamic_axes)
-    checks.check_domains(state.proto)
+    inplace = state.request.settings.cache == "inplace" and state.request.spec.kv_cache
+    checks.check_domains(state.proto, ORT_OPS if inplace else ())
     domains = "standard domain only" if state.request.options.inline_functions else "standard ops + posbias local functions"
     if target(state.request.target).fused_op == "ort":
         domains += " + com.microsoft.MultiHeadAttention (ONNX Runtime only)"
+    if inplace:
+        domains += " + com.microsoft.GroupQueryAttention (an in-place cache; ONNX Runtime only)"
     state.done += ["symbolic batch/seq axes", domains]
 
 
@@ -341,7 +349,12 @@ def report(state: ExportState) -> ExportReport:
     if per_token:
         notes.append(f"KV cache: {per_token} bytes per token and sequence ({per_token / 1024:.1f} KiB; "
                      f"{per_token * 4096 / 2**20:.1f} MiB at 4096 tokens)")
-    if proto.functions:
+    if r.settings.cache == "inplace" and r.spec.kv_cache:
+        notes.append("an in-place cache: bind each past_* and its present_* to one [batch, heads, capacity, head "
+                     "size] buffer and a step writes only its new rows (unbound, present grows as with --target "
+                     "portable); ONNX Runtime only (Python, Node, onnxruntime-genai); a prompt after cached tokens "
+                     "needs batch 1 (GroupQueryAttention's CPU kernel)")
+    elif proto.functions:
         notes.append("OpenVINO cannot load model-local functions: give it a file exported with --inline-functions "
                      "(ONNX Runtime, onnxruntime-node and the reference evaluator load this one as it is)")
     return ExportReport(

@@ -127,9 +127,23 @@ class ExportSpec:
             if request.dtype != "float32":
                 raise ValueError("quantize starts from float32 weights (the quantizers write their own scales); "
                                  "drop --dtype float16")
-            if request.target != "portable":
-                raise ValueError("quantize is for the portable target (ONNX Runtime's CPU kernels for quantized "
-                                 "MatMul); the GPU targets keep float weights")
+            if request.target not in ("portable", "ort"):
+                raise ValueError("quantize is for the portable and ort targets (ONNX Runtime's CPU kernels for "
+                                 "quantized MatMul); the GPU targets keep float weights")
+        if request.settings.cache == "inplace":
+            self.check_inplace(request)
+
+    def check_inplace(self, request) -> None:
+        """--target ort writes a KV cache in place: a cached decoder in float32 (float16's lowest
+        value cannot mask a padded key in GroupQueryAttention's bias)."""
+        if not self.kv_cache:
+            raise ValueError("target ort writes a KV cache in place: it needs kv_cache (--kv-cache)")
+        if request.dtype != "float32":
+            raise ValueError("target ort's in-place cache is float32 (a float16 bias cannot hold the mask's lowest "
+                             "value); drop --dtype float16")
+        if request.options.inline_functions:
+            raise ValueError("target ort keeps its cached attention a function around GroupQueryAttention; drop "
+                             "--inline-functions")
 
     def predicts_tokens(self) -> bool:
         """Whether the file's outputs lead to next-token predictions (what the quantized policy,

@@ -5,6 +5,8 @@ portable: runs everywhere; the blocked body multiplies, masks and softmaxes each
   separate standard ops (blocked_graph.py).
 cuda: GPU-shaped blocked body, each block one ONNX Attention op (opset 23; gpu_graph.py).
 cuda-ort: the same with ONNX Runtime's com.microsoft.MultiHeadAttention (ONNX Runtime only).
+ort: a --kv-cache file whose cache is written in place (inplace_graph.py: GroupQueryAttention;
+  ONNX Runtime only); the portable blocked body elsewhere.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ class Target:
     min_opset: int
     default_block: int
     help: str
+    inplace_cache: bool = False  # KV-cache files write the new rows into a buffer (inplace_graph.py)
 
     @property
     def default_opset(self) -> int:
@@ -36,6 +39,9 @@ TARGETS = {t.name: t for t in (
            "blocks, no tensor past 2^31 elements) for ONNX Runtime CUDA"),
     Target("cuda-ort", "ort", 18, GPU_DEFAULT_BLOCK, "the same with com.microsoft.MultiHeadAttention (ONNX Runtime "
            "only, CPU or CUDA)"),
+    Target("ort", None, 18, DEFAULT_BLOCK, "with --kv-cache: the cache written in place, past and present may share "
+           "one buffer (com.microsoft.GroupQueryAttention with the family's bias; ONNX Runtime only, float32)",
+           inplace_cache=True),
 )}
 
 
@@ -81,4 +87,4 @@ def attention_settings(opset: int, form: str | None, target_name: str = "portabl
     tgt = target(target_name)
     return AttentionSettings(form=form, block=tgt.default_block if block is None else block, functions=functions,
                              impl="sdpa" if opset >= SDPA_OPSET and form == "plain" else "explicit",
-                             fused=tgt.fused_op is not None)
+                             fused=tgt.fused_op is not None, cache="inplace" if tgt.inplace_cache else "concat")

@@ -73,6 +73,10 @@ class ImportedSpec(ExportSpec):
     def trailing_metadata(self) -> dict[str, str]:
         return {}
 
+    def check_inplace(self, request) -> None:
+        raise ValueError(f"target ort (an in-place KV cache) is built for our own models so far; {self.arch} files "
+                         "from a folder use the portable target")
+
     def predicts_tokens(self) -> bool:
         """A T5 encoder's features lead to predictions through its decoder (export_model refuses
         an encoder alone, whose features have none)."""

@@ -25,6 +25,7 @@ from .positions import RotaryEmbedding, logn_scale
 
 ATTENTION_FORMS = ("blocked", "plain")
 ATTENTION_IMPLS = ("explicit", "sdpa")
+CACHE_FORMS = ("concat", "inplace")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class AttentionSettings:
       with it returns placeholders).
     fused: the blocked form's GPU-shaped body (export/targets.py): each block ends in one fused
       attention op, rows budgeted for ONNX Runtime CUDA; the PyTorch twin cuts the same blocks.
+    cache: how a cached step's keys reach attention in an exported file: "concat" (past + new,
+      a new present each step) or "inplace" (export/inplace_graph.py: ONNX Runtime's
+      GroupQueryAttention writes the new rows into a buffer past and present may share). The same
+      math: an eager call computes it by concatenation either way.
     """
 
     form: str = "plain"
@@ -47,10 +52,13 @@ class AttentionSettings:
     impl: str = "explicit"
     functions: bool = False
     fused: bool = False
+    cache: str = "concat"
 
     def __post_init__(self):
         if self.form not in ATTENTION_FORMS:
             raise ValueError(f"attention form must be one of {', '.join(ATTENTION_FORMS)}, got {self.form!r}")
+        if self.cache not in CACHE_FORMS:
+            raise ValueError(f"cache form must be one of {', '.join(CACHE_FORMS)}, got {self.cache!r}")
         if self.impl not in ATTENTION_IMPLS:
             raise ValueError(f"attention impl must be one of {', '.join(ATTENTION_IMPLS)}, got {self.impl!r}")
         if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
@@ -82,6 +90,23 @@ def attention_heads(q, k, v, q_pos, k_pos, key_mask, bias: AttentionBias, causal
         allowed = keep if allowed is None else keep & allowed  # [B, 1, Lq, Lk]
     scores_bias = bias.compute(q_pos, k_pos, settings.functions)  # [H|1, Lq, Lk] or [B, H|1, Lq, Lk], float32
     return attend(q, k, v, scores_bias, allowed, settings.impl)  # [B, H, Lq, hd]
+
+
+def inplace_attention(q, k, v, past, key_mask, bias: AttentionBias):
+    """Traced for an in-place file: ONE posbias.CachedAttention<Family> node (its body:
+    export/inplace_graph.py) taking the new rows k, v [B, H, S, hd], the past buffers and the
+    mask [B, T] -> (out [B, H, S, hd], (present_key, present_value) [B, H, T, hd]; an in-place
+    buffer's capacity at run time)."""
+    if key_mask is None:
+        raise ValueError("an in-place cache takes its lengths from the attention mask; this call has none")
+    tensors, _ = bias.function_inputs()
+    tensors = [t.float() if t.is_floating_point() else t for t in tensors]
+    B, H, _, hd = q.shape
+    total = key_mask.shape[1]
+    out, present_key, present_value = torch.onnx.ops.symbolic_multi_out(
+        f"posbias::CachedAttention{bias.function_name}", [q, k, v, past[0], past[1], key_mask, *tensors], {},
+        dtypes=[q.dtype] * 3, shapes=[q.shape, (B, H, total, hd), (B, H, total, hd)], version=1)
+    return out, (present_key, present_value)
 
 
 def attend(q, k, v, bias, allowed, impl: str = "explicit") -> torch.Tensor:
@@ -137,7 +162,8 @@ class BiasedAttention(nn.Module):
         q = F.linear(x, w_q).view(B, Lq, H, hd).transpose(1, 2)  # [B, H, Lq, hd]
         k = F.linear(kv_in, w_k).view(B, -1, H, hd).transpose(1, 2)  # [B, H, Lnew, hd]
         v = F.linear(kv_in, w_v).view(B, -1, H, hd).transpose(1, 2)  # [B, H, Lnew, hd]
-        Lk = k.shape[2] if past is None else past[0].shape[2] + Lq
+        # with a cache, the keys are the mask's (an in-place buffer's length is its capacity, not P)
+        Lk = k.shape[2] if past is None else (key_mask.shape[1] if key_mask is not None else past[0].shape[2] + Lq)
         q_idx, k_idx = query_key_positions(Lq, Lk, device=x.device)  # [Lq], [Lk]
         if key_mask is None:
             q_pos, k_pos = q_idx, k_idx
@@ -149,6 +175,9 @@ class BiasedAttention(nn.Module):
         if self.rope is not None:
             q = self.rope(q, q_pos)
             k = self.rope(k, q_pos if past is not None else k_pos)  # new keys sit at the query positions
+        if past is not None and settings.cache == "inplace" and settings.functions:
+            y, present = inplace_attention(q, k, v, past, key_mask, self.bias)  # [B, H, Lq, hd], buffers
+            return self.out(y.transpose(1, 2).reshape(B, Lq, D)), present
         if past is not None:
             k = torch.cat([past[0].to(k.dtype), k], dim=2)  # [B, H, P + Lq, hd]
             v = torch.cat([past[1].to(v.dtype), v], dim=2)

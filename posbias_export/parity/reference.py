@@ -140,6 +140,11 @@ class CachedLogits(torch.nn.Module):
 CACHE_LEN = 5  # a --kv-cache file is validated on a step with this many cached positions before it
 
 
+def inplace_cache(meta) -> bool:
+    """A --kv-cache --target ort file: its cache is written in place (export/inplace_graph.py)."""
+    return meta.get("kv_cache") == "1" and meta.get("target") == "ort"
+
+
 def generated_inputs(meta: dict, length: int, batch: int, seed: int) -> dict[str, np.ndarray]:
     cfg = ModelConfig.from_dict(json.loads(meta["config"]))
     arch = meta.get("arch", "lm")
@@ -153,8 +158,11 @@ def generated_inputs(meta: dict, length: int, batch: int, seed: int) -> dict[str
     else:
         feeds = {"hidden_states": torch.randn(batch, length, cfg.dim, generator=gen).numpy().astype(dtype)}
     if meta.get("kv_cache") == "1":  # a decode step after CACHE_LEN cached positions (random keys and values)
-        feeds["attention_mask"] = np.ones((batch, CACHE_LEN + length), dtype=np.int64)
-        shape = (batch, cfg.num_heads, CACHE_LEN, cfg.head_dim)
+        # an in-place file as its clients run it: a prompt into an empty cache, or one token after
+        # cached ones (GroupQueryAttention's CPU kernel takes several new tokens after a cache at batch 1 only)
+        cached = CACHE_LEN if length == 1 or not inplace_cache(meta) else 0
+        feeds["attention_mask"] = np.ones((batch, cached + length), dtype=np.int64)
+        shape = (batch, cfg.num_heads, cached, cfg.head_dim)
         for layer in range(cfg.num_layers):
             for kind in ("key", "value"):
                 feeds[f"past_{kind}.{layer}"] = torch.randn(shape, generator=gen).numpy().astype(dtype)

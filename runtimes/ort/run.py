@@ -2,6 +2,7 @@
 """Run an ONNX model with ONNX Runtime on the CPU or CUDA execution provider.
 
     python runtimes/ort/run.py model.onnx inputs/ outputs/ [--provider cpu|cuda] [--threads N] [--tf32]
+                               [--shared-cache]
 
 Needs onnxruntime (or onnxruntime-gpu for cuda) and numpy. A CUDA request fails loudly when
 the CUDA provider is not really active: ONNX Runtime silently falls back to CPU otherwise.
@@ -15,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from common.cache import cache_layout  # noqa: E402
 from common.feeds import ONNX_TYPE_TO_NUMPY, InputSpec  # noqa: E402
 from common.runner_cli import parse, run_all  # noqa: E402
 from common.tensor_io import RunnerError  # noqa: E402
@@ -107,15 +109,66 @@ def run(session, feeds):
     return {o.name: v for o, v in zip(session.get_outputs(), values)}
 
 
+SHARED_SLACK = 3  # rows past a step's own in the shared buffer: a client's buffer is longer than the step
+
+
+def run_shared(session, feeds):
+    """The step as a client with ONE buffer per cache tensor runs it (onnxruntime-genai's
+    past_present_share_buffer): each past copied into a [B, H, past + new + SHARED_SLACK, d]
+    buffer, zeros after it, bound as the past input AND the present output; a file that writes
+    its cache in place fills rows [past, past + new). Returns the outputs, each present as the
+    buffer's first past + new rows. A file whose present is not the buffer (a Concat file)
+    fails here: ONNX Runtime refuses an output of another shape."""
+    import onnxruntime as ort
+
+    outputs = [o.name for o in session.get_outputs()]
+    try:
+        layout = cache_layout(feeds, outputs)
+    except ValueError as err:
+        raise RunnerError(str(err)) from None
+    if layout is None:
+        return run(session, feeds)
+    total = feeds["attention_mask"].shape[1]
+    buffers = {}
+    for name in layout.past:
+        past = feeds[name]
+        buffer = np.zeros((*past.shape[:2], total + SHARED_SLACK, past.shape[3]), past.dtype)
+        buffer[:, :, :past.shape[2]] = past
+        buffers[name] = ort.OrtValue.ortvalue_from_numpy(buffer)
+    binding = session.io_binding()
+    for name, value in feeds.items():
+        if name in buffers:
+            binding.bind_ortvalue_input(name, buffers[name])
+        else:
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+    present_of = dict(zip(layout.present, layout.past))
+    for name in outputs:
+        if name in present_of:
+            binding.bind_ortvalue_output(name, buffers[present_of[name]])
+        else:
+            binding.bind_output(name, "cpu")
+    try:
+        session.run_with_iobinding(binding)
+    except Exception as err:
+        raise RunnerError(f"onnxruntime failed with a shared cache buffer: {str(err).strip().splitlines()[0]}") from None
+    values = dict(zip([n for n in outputs if n not in present_of], binding.copy_outputs_to_cpu()))
+    for name in layout.present:
+        values[name] = buffers[present_of[name]].numpy()[:, :, :total].copy()
+    return {name: values[name] for name in outputs}
+
+
 def main(argv=None) -> int:
     def options(p):
         p.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
         p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: runtime default)")
         p.add_argument("--tf32", action="store_true", help="cuda: allow TF32 matmuls (faster, ~1e-3 error)")
+        p.add_argument("--shared-cache", action="store_true",
+                       help="bind each past and its present to one buffer (an in-place --target ort file)")
 
     args = parse(__doc__.splitlines()[0], options, argv)
-    return run_all(args, lambda path: create_session(path, args.provider, args.threads, args.tf32), input_specs, run,
-                   f"ort-{args.provider}{'-tf32' if args.tf32 else ''}",
+    return run_all(args, lambda path: create_session(path, args.provider, args.threads, args.tf32), input_specs,
+                   run_shared if args.shared_cache else run,
+                   f"ort-{args.provider}{'-tf32' if args.tf32 else ''}{'-shared' if args.shared_cache else ''}",
                    metadata_of=lambda session: session.get_modelmeta().custom_metadata_map)
 
 

@@ -1,0 +1,127 @@
+"""The in-place KV cache (--kv-cache --target ort, export/inplace_graph.py): for every family, a
+prompt then decode steps, left padding and a hole in the mask, run unbound (present fed back as
+past, as the Concat file) and with each past and present bound to ONE buffer longer than needed
+(as onnxruntime-genai's past_present_share_buffer does); each judged against the float64
+PyTorch cache path under the float32 policy, and the Concat file beside it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import tiers
+from conftest import SMALL, TRACE_LEN, cli_model
+
+from posbias_export.cli import main as cli_main
+from posbias_export.parity.tolerance import FLOAT32, compare
+
+ort = pytest.importorskip("onnxruntime")
+CAPACITY = 48  # the shared buffer: longer than prompt + steps, as a client sizes it
+
+
+def _export(tmp_path, bias: str, target: str):
+    path = tmp_path / f"{bias}_{target}.onnx"
+    argv = ["--bias", bias, "--kv-cache", "--target", target, "--out", str(path), "--trace-len", str(TRACE_LEN),
+            "--heads", str(SMALL["num_heads"]), "--dim", str(SMALL["dim"]), "--layers", str(SMALL["num_layers"]),
+            "--skip-growth-check"]
+    assert cli_main(argv) == 0
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _sequence(vocab: int = 256):
+    """A left-padded prompt [B=2, 9], then 4 one-token steps, the third with a hole in row 0."""
+    rng = np.random.default_rng(7)
+    mask = np.ones((2, 9), np.int64)
+    mask[1, :3] = 0
+    steps = [(rng.integers(0, vocab, (2, 9)), mask)]
+    for t in range(4):
+        mask = np.concatenate([mask, np.ones((2, 1), np.int64)], 1)
+        if t == 2:
+            mask[0, -1] = 0
+        steps.append((rng.integers(0, vocab, (2, 1)), mask))
+    return steps
+
+
+def _torch_run(model, steps, dtype):
+    model = model.to(dtype)
+    past, out = model.empty_past(2, dtype), []
+    with torch.no_grad():
+        for ids, mask in steps:
+            logits, past = model.step(torch.from_numpy(ids), torch.from_numpy(mask), past)
+            out.append(logits.double().numpy())
+    return out
+
+
+def _ort_run(session, steps, shared: bool):
+    names = [i.name for i in session.get_inputs() if i.name.startswith("past_")]
+    outputs = [o.name for o in session.get_outputs()]
+    heads, dim = session.get_inputs()[2].shape[1], session.get_inputs()[2].shape[3]
+    if shared:
+        buffers = [ort.OrtValue.ortvalue_from_numpy(np.zeros((2, heads, CAPACITY, dim), np.float32)) for _ in names]
+    else:
+        past = [np.zeros((2, heads, 0, dim), np.float32) for _ in names]
+    got = []
+    for ids, mask in steps:
+        if not shared:
+            logits, *past = session.run(None, {"input_ids": ids, "attention_mask": mask, **dict(zip(names, past))})
+            got.append(logits)
+            continue
+        binding = session.io_binding()
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("attention_mask", mask)
+        for name, buffer in zip(names, buffers):
+            binding.bind_ortvalue_input(name, buffer)
+        binding.bind_output(outputs[0], "cpu")
+        for name, buffer in zip(outputs[1:], buffers):
+            binding.bind_ortvalue_output(name, buffer)
+        session.run_with_iobinding(binding)
+        got.append(binding.copy_outputs_to_cpu()[0])
+    if shared:  # only the rows written so far are non-zero: the kernel wrote in place, nothing more
+        written = steps[-1][1].shape[1]
+        assert all(buffer.shape() == [2, heads, CAPACITY, dim] for buffer in buffers)
+        assert not np.abs(buffers[0].numpy()[:, :, written:]).any() and np.abs(buffers[0].numpy()[:, :, :written]).any()
+    return got
+
+
+@pytest.mark.parametrize("bias", tiers.families())
+def test_inplace_file_equals_the_reference_bound_and_unbound(tmp_path, bias):
+    inplace, concat = _export(tmp_path, bias, "ort"), _export(tmp_path, bias, "portable")
+    steps = _sequence()
+    model = cli_model(bias)
+    ref64, ref32 = _torch_run(model, steps, torch.float64), _torch_run(model, steps, torch.float32)
+    runs = {"in place, one buffer": _ort_run(inplace, steps, shared=True),
+            "in place, unbound": _ort_run(inplace, steps, shared=False),
+            "concat": _ort_run(concat, steps, shared=False)}
+    for label, got in runs.items():
+        for index, ((_, mask), out, r64, r32) in enumerate(zip(steps, got, ref64, ref32)):
+            real = mask[:, -out.shape[1]:].astype(bool)  # padding rows are arbitrary in every implementation
+            parity = compare(out[real], r64[real], r32[real], FLOAT32)
+            assert parity.passed, (label, index, str(parity))
+
+
+@pytest.mark.parametrize("argv, words", [
+    ([], "target ort writes a KV cache in place: it needs kv_cache"),
+    (["--kv-cache", "--dtype", "float16"], "target ort's in-place cache is float32"),
+    (["--kv-cache", "--inline-functions"], "drop --inline-functions"),
+])
+def test_inplace_refusals_are_one_line(tmp_path, capsys, argv, words):
+    out = tmp_path / "m.onnx"
+    assert cli_main(["--bias", "alibi", "--target", "ort", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not out.exists()
+
+
+def test_validate_runs_an_inplace_file_where_it_can_and_says_why_not_elsewhere(tmp_path):
+    """Default runtimes: ONNX Runtime in Python (also with the cache bound to one buffer) and Node;
+    the reference evaluator and OpenVINO are left out with their reasons."""
+    from posbias_export.validation import validate
+
+    path = tmp_path / "kv.onnx"
+    assert cli_main(["--bias", "alibi", "--kv-cache", "--target", "ort", "--out", str(path), "--skip-growth-check",
+                     "--heads", "4", "--dim", "64", "--layers", "2"]) == 0
+    result = validate([path], None, (1, 40), batch=3, order=False)
+    assert result.ok, [(c.runtime, c.case, c.verdict) for c in result.matrices[0].cells if not c.ok]
+    assert "ort-cpu-shared" in {c.runtime for c in result.matrices[0].cells}
+    assert "GroupQueryAttention" in result.skipped["reference"] and "openvino" in result.skipped
