@@ -125,3 +125,20 @@ def test_validate_runs_an_inplace_file_where_it_can_and_says_why_not_elsewhere(t
     assert result.ok, [(c.runtime, c.case, c.verdict) for c in result.matrices[0].cells if not c.ok]
     assert "ort-cpu-shared" in {c.runtime for c in result.matrices[0].cells}
     assert "GroupQueryAttention" in result.skipped["reference"] and "openvino" in result.skipped
+
+
+def test_generate_through_one_buffer_equals_the_concat_file(tmp_path):
+    """runtimes/ort/generate.py on an in-place file: one buffer per cache tensor for the whole
+    run; a padded batch, and one prompt longer than PREFILL_BLOCK (it enters the buffer in blocks)
+    give the Concat file's greedy tokens."""
+    from posbias_export.parity import load_runner
+
+    runner = load_runner("ort/generate.py")
+    inplace, concat = _export(tmp_path, "alibi", "ort"), _export(tmp_path, "alibi", "portable")
+    paths = [tmp_path / "alibi_ort.onnx", tmp_path / "alibi_portable.onnx"]
+    decoders = [runner.CachedDecoder(str(p)) for p in paths]
+    assert decoders[0].inplace and not decoders[1].inplace
+    long_prompt = bytes(np.random.default_rng(3).integers(32, 127, runner.PREFILL_BLOCK + 77).astype(np.uint8))
+    for prompts in ([b"To be, or not", b"Hi"], [long_prompt]):
+        tokens = [runner.generate(d, prompts, 24) for d in decoders]
+        assert tokens[0] == tokens[1], prompts[0][:20]

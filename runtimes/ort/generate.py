@@ -62,6 +62,8 @@ class CachedDecoder:
             raise RunnerError(f"{model_path}: its metadata posbias.max_positions is {limit[:40]!r}, not a positive integer")
         self.max_positions = int(limit) if limit is not None else None
         self.output_names = [self.session.get_outputs()[0].name, *layout.present]  # logits, then the cache in order
+        # --target ort: the cache is written in place, so one buffer per tensor serves every step
+        self.inplace = meta.get("posbias.target") == "ort" and meta.get("posbias.kv_cache") == "1"
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
         shape = (batch, self.heads, 0, self.head_dim)
@@ -122,6 +124,71 @@ class CachedDecoder:
         return outputs[0].numpy(), outputs[1:]
 
 
+    def shared_cache(self, batch: int, capacity: int) -> list:
+        """An in-place file's cache: one zeroed [B, H, capacity, d] OrtValue per tensor, on the
+        session's device, bound as past AND present at every step (nothing is allocated after)."""
+        import onnxruntime as ort
+
+        shape = (batch, self.heads, capacity, self.head_dim)
+        return [ort.OrtValue.ortvalue_from_shape_and_type(shape, self.dtype, self.device, 0)
+                for _ in range(2 * self.layers)]
+
+    def step_shared(self, input_ids: np.ndarray, attention_mask: np.ndarray, buffers: list) -> np.ndarray:
+        """One step of an in-place file into `buffers` (shared_cache): rows [T - L, T) of each
+        buffer are written, T the mask's length. -> logits [B, L, V] numpy."""
+        capacity = buffers[0].shape()[2]
+        if attention_mask.shape[1] > capacity:
+            raise RunnerError(f"the cache holds {capacity} tokens; this step needs {attention_mask.shape[1]}")
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, np.int64))
+        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, np.int64))
+        for name, value in zip(self.past_names, buffers):
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output(self.output_names[0], "cpu")
+        for name, value in zip(self.output_names[1:], buffers):
+            binding.bind_ortvalue_output(name, value)
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as err:
+            raise RunnerError(f"onnxruntime failed: {str(err).strip().splitlines()[0]}") from None
+        return binding.get_outputs()[0].numpy()
+
+
+PREFILL_BLOCK = 256  # an in-place file's prompt enters the buffer this many rows at a time (batch 1)
+
+
+def prefill_shared(decoder: CachedDecoder, ids: np.ndarray, mask: np.ndarray, buffers: list) -> np.ndarray:
+    """The prompt into an in-place file's buffers -> the last position's logits [B, 1, V]. At
+    batch 1 in blocks of PREFILL_BLOCK rows: the step's bias is [H, rows, T], not [H, T, T],
+    so memory stays linear in the prompt. A batch goes in whole: GroupQueryAttention's CPU
+    kernel takes several new rows after cached ones at batch 1 only."""
+    block = PREFILL_BLOCK if ids.shape[0] == 1 else ids.shape[1]
+    for start in range(0, ids.shape[1], block):
+        stop = min(start + block, ids.shape[1])
+        logits = decoder.step_shared(ids[:, start:stop], mask[:, :stop], buffers)
+    return logits[:, -1:]
+
+
+def stepper(decoder: CachedDecoder, batch: int, capacity: int):
+    """step(ids [B, L], mask [B, T]) -> logits [B, L|1, V], the cache kept between calls: an
+    in-place file's in one buffer per tensor of `capacity` tokens, written where it lies (no
+    copy of the cache per step, nothing allocated after the first); any other file's as the
+    OrtValues each step returns (step_on_device)."""
+    if decoder.inplace:
+        buffers = decoder.shared_cache(batch, capacity)
+
+        def step(ids, mask):
+            return prefill_shared(decoder, ids, mask, buffers) if ids.shape[1] > 1 else \
+                decoder.step_shared(ids, mask, buffers)
+        return step
+    cache = [decoder.empty_cache(batch)]
+
+    def step(ids, mask):
+        logits, cache[0] = decoder.step_on_device(ids, mask, cache[0])
+        return logits
+    return step
+
+
 def left_pad(prompts: list, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Prompts (bytes, or lists of token ids) -> input_ids [B, Lmax] and attention_mask
     [B, Lmax], padding on the left."""
@@ -177,10 +244,10 @@ def generate_steps(decoder: CachedDecoder, prompts: list, max_new_tokens: int, t
     check_temperature(temperature)
     rng = np.random.default_rng(seed)
     ids, mask = left_pad(prompts, pad_id)
-    cache = decoder.empty_cache(len(prompts))
+    step = stepper(decoder, len(prompts), ids.shape[1] + max_new_tokens)
     done = np.zeros(len(prompts), bool)
     for _ in range(max_new_tokens):
-        logits, cache = decoder.step_on_device(ids, mask, cache)  # prefill at step 0, then one token at a time
+        logits = step(ids, mask)  # prefill at step 0, then one token at a time
         chosen = np.where(done, pad_id, choose(logits[:, -1], temperature, rng))  # [B]
         ids = chosen[:, None].astype(np.int64)  # [B, 1]
         mask = np.concatenate([mask, np.ones((len(prompts), 1), np.int64)], axis=1)
