@@ -168,8 +168,42 @@ def test_onnxruntime_genai_generates_transformers_tokens(shipped, kind):
     on the right and decodes after the padding, which leaves holes in the mask: the file counts
     positions as transformers does (BLOOM, Falcon: cumsum of the mask, so each row is its prompt
     alone; MPT: the index), so genai's tokens are transformers' under the same inputs."""
-    og = pytest.importorskip("onnxruntime_genai")
     source, folder = shipped[kind]
+    _genai_generates_transformers_tokens(source, folder, kind)
+
+
+@pytest.fixture(scope="module")
+def shipped_inplace(shipped, tmp_path_factory):
+    """kind -> the folder written with --target ort (an in-place cache; genai shares its buffer)."""
+    root = tmp_path_factory.mktemp("inplace")
+    out = {}
+    for kind in ("bloom", "mpt", "falcon"):
+        out[kind] = root / kind
+        ship(shipped[kind][0], out[kind], target="ort", check_growth=False)
+    return out
+
+
+@pytest.mark.parametrize("kind", tiers.cases(["bloom", "mpt", "falcon"], ["bloom", "mpt", "falcon"], slow={"mpt"}))
+def test_onnxruntime_genai_shares_the_buffer_of_an_inplace_folder(shipped, shipped_inplace, kind):
+    """--target ort: genai_config.json says past_present_share_buffer, genai binds one
+    [B, H, max_length, d] buffer as past and present, and its tokens are still transformers'
+    (a single prompt, and a right-padded batch that decodes with holes in the mask)."""
+    folder = shipped_inplace[kind]
+    config = json.loads((folder / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is True
+    assert config["model"]["decoder"]["session_options"]["provider_options"] == []  # not a GPU folder
+    _genai_generates_transformers_tokens(shipped[kind][0], folder, kind)
+    if shutil.which("node") and (JS / "node_modules" / "@huggingface").is_dir():  # transformers.js grows the cache
+        cmd = ["node", str(JS / "generate.mjs"), "causal", str(folder.resolve()), json.dumps(PROMPTS), str(NEW)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=JS)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        start = max(len(p) for p in PROMPTS)
+        expected = until_eos(transformers_tokens(shipped[kind][0], kind, PROMPTS), start)
+        assert until_eos(json.loads(proc.stdout.strip().splitlines()[-1]), start) == expected
+
+
+def _genai_generates_transformers_tokens(source: Path, folder: Path, kind: str) -> None:
+    og = pytest.importorskip("onnxruntime_genai")
     for prompts in ([PROMPTS[0]], PROMPTS):
         width = max(len(p) for p in prompts)
         model = og.Model(str(folder))

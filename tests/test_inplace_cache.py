@@ -142,3 +142,32 @@ def test_generate_through_one_buffer_equals_the_concat_file(tmp_path):
     for prompts in ([b"To be, or not", b"Hi"], [long_prompt]):
         tokens = [runner.generate(d, prompts, 24) for d in decoders]
         assert tokens[0] == tokens[1], prompts[0][:20]
+
+
+@pytest.mark.parametrize("kind", tiers.cases(["bloom", "mpt", "falcon"], ["bloom", "mpt", "falcon"], slow={"mpt"}))
+def test_imported_inplace_file_equals_the_concat_file_and_the_folder(tmp_path, kind):
+    """BLOOM (positions from the mask), MPT (from key indices), Falcon (one key/value head): the
+    in-place file's steps, bound and unbound, equal the Concat file's within float32's error, and
+    validate --model judges its prefill against the folder's model on ORT with and without the
+    shared buffer."""
+    pytest.importorskip("transformers")
+    from hf_folders import save_tiny_model
+
+    from posbias_export.hf.export import export_model
+    from posbias_export.validation import validate
+
+    folder = save_tiny_model(kind, tmp_path / kind)
+    sessions = {}
+    for target in ("ort", "portable"):
+        path = tmp_path / f"{kind}_{target}.onnx"
+        export_model(folder, path, kv_cache=True, target=target, check_growth=False)
+        sessions[target] = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    steps = _sequence(vocab=200)
+    concat = _ort_run(sessions["portable"], steps, shared=False)
+    for shared in (True, False):
+        for index, (got, want, (_, mask)) in enumerate(zip(_ort_run(sessions["ort"], steps, shared), concat, steps)):
+            real = mask[:, -got.shape[1]:].astype(bool)
+            assert np.abs(got[real] - want[real]).max() <= 1e-5 * max(1.0, np.abs(want[real]).max()), (shared, index)
+    result = validate([tmp_path / f"{kind}_ort.onnx"], None, (1, 17, 40), batch=2, model_dir=folder, order=False)
+    assert result.ok, [(c.runtime, c.case, c.verdict) for c in result.matrices[0].cells if not c.ok]
+    assert {"ort-cpu", "ort-cpu-shared", "transformers"} <= {c.runtime for c in result.matrices[0].cells}

@@ -32,8 +32,10 @@ MS_DOMAIN = "com.microsoft"
 INPUTS = ["q", "k", "v", "past_key", "past_value", "mask"]
 
 
-def function_name(bias: AttentionBias) -> str:
-    return f"CachedAttention{bias.function_name}"
+def function_name(bias: AttentionBias, from_mask: bool = True) -> str:
+    """One per family and position convention (a model's key/value heads are baked in: one
+    model, one config)."""
+    return f"CachedAttention{bias.function_name}{'' if from_mask else 'Indices'}"
 
 
 def _const(name: str, value, elem=TensorProto.INT64, dims=()) -> onnx.NodeProto:
@@ -41,18 +43,25 @@ def _const(name: str, value, elem=TensorProto.INT64, dims=()) -> onnx.NodeProto:
     return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, elem, list(dims), values))
 
 
-def _positions() -> list[onnx.NodeProto]:
-    """k_pos [B, T] = max(cumsum(mask) - 1, 0); q_pos [B, S] its last S columns; T, S; keep."""
+def _positions(from_mask: bool) -> list[onnx.NodeProto]:
+    """k_pos [B, T] = max(cumsum(mask) - 1, 0), or the slots 0..T-1 [T] (models that count key
+    indices, MPT); q_pos its last S columns; T, S; keep [B, 1, 1, T]."""
+    if from_mask:
+        counted = [helper.make_node("CumSum", ["mask64", "axis1"], ["counted"]),  # [B, T]
+                   helper.make_node("Sub", ["counted", "one"], ["counted0"]),
+                   helper.make_node("Max", ["counted0", "zero"], ["k_pos"])]  # [B, T]
+    else:
+        counted = [helper.make_node("Shape", ["mask"], ["t_only"], start=1, end=2),
+                   helper.make_node("Squeeze", ["t_only"], ["t_end"]),
+                   helper.make_node("Range", ["zero", "t_end", "one"], ["k_pos"])]  # [T]
     return [
         _const("one", 1), _const("zero", 0), _const("axis1", 1), _const("axes12", [1, 2], dims=[2]),
         _const("minus1", [-1], dims=[1]), _const("max_index", [2**62], dims=[1]),
         helper.make_node("Cast", ["mask"], ["mask64"], to=TensorProto.INT64),
-        helper.make_node("CumSum", ["mask64", "axis1"], ["counted"]),  # [B, T]
-        helper.make_node("Sub", ["counted", "one"], ["counted0"]),
-        helper.make_node("Max", ["counted0", "zero"], ["k_pos"]),  # [B, T]
+        *counted,
         helper.make_node("Shape", ["q"], ["s_shape"], start=2, end=3),  # [S]
         helper.make_node("Neg", ["s_shape"], ["minus_s"]),
-        helper.make_node("Slice", ["k_pos", "minus_s", "max_index", "minus1"], ["q_pos"]),  # [B, S]
+        helper.make_node("Slice", ["k_pos", "minus_s", "max_index", "minus1"], ["q_pos"]),  # [B, S] or [S]
         helper.make_node("Shape", ["mask"], ["t_shape"], start=1, end=2),  # [T]
         helper.make_node("Cast", ["mask64"], ["keep_flat"], to=TensorProto.BOOL),
         helper.make_node("Unsqueeze", ["keep_flat", "axes12"], ["keep"]),  # [B, 1, 1, T]
@@ -65,15 +74,17 @@ def _heads_last(name: str, out: str) -> list[onnx.NodeProto]:
             helper.make_node("Reshape", [f"{name}_bshd", "bs_hd"], [out])]
 
 
-def function_proto(bias: AttentionBias, opset: int) -> onnx.FunctionProto:
+def function_proto(bias: AttentionBias, opset: int, kv_heads: int | None = None,
+                   from_mask: bool = True) -> onnx.FunctionProto:
     """posbias.CachedAttention<Family> for this bias (its attributes baked in, its tensors
-    inputs). Heads and head size are read from q at run time, the head count baked into the
-    GroupQueryAttention node (its attribute)."""
+    inputs): q has the bias's heads, the cache `kv_heads` (fewer for multi-query and grouped
+    layouts; GroupQueryAttention repeats them), both baked into the node's attributes.
+    from_mask: positions cumsum(mask) - 1 (ours, BLOOM, Falcon), else the key indices (MPT)."""
     tensors, attrs = bias.function_inputs()
     params = [f"bias_input_{i}" for i in range(len(tensors))]
     heads = bias.num_heads
     nodes = [
-        *_positions(),
+        *_positions(from_mask),
         call(bias.function_name, ["q_pos", "k_pos", *params], ["family_bias"], **attrs),  # [B, H|1, S, T]
         _const("lowest", FLOAT32_LOWEST, TensorProto.FLOAT),
         helper.make_node("Where", ["keep", "family_bias", "lowest"], ["masked_bias"]),  # padded keys: lowest
@@ -90,11 +101,11 @@ def function_proto(bias: AttentionBias, opset: int) -> onnx.FunctionProto:
                          ["q3", "k3", "v3", "past_key", "past_value", "seqlens_k", "total_length", "", "", "",
                           "attention_bias"],
                          ["out3", "present_key", "present_value"], domain=MS_DOMAIN, num_heads=heads,
-                         kv_num_heads=heads),
+                         kv_num_heads=kv_heads or heads),
         _const("bshd", [0, 0, heads, -1], dims=[4]),
         helper.make_node("Reshape", ["out3", "bshd"], ["out_bshd"]),
         helper.make_node("Transpose", ["out_bshd"], ["out"], perm=[0, 2, 1, 3]),  # [B, H, S, d]
     ]
     imports = [helper.make_opsetid("", opset), helper.make_opsetid(DOMAIN, VERSION), helper.make_opsetid(MS_DOMAIN, 1)]
-    return helper.make_function(DOMAIN, function_name(bias), [*INPUTS, *params], ["out", "present_key", "present_value"],
-                                nodes, imports)
+    return helper.make_function(DOMAIN, function_name(bias, from_mask), [*INPUTS, *params],
+                                ["out", "present_key", "present_value"], nodes, imports)

@@ -74,8 +74,10 @@ class ImportedSpec(ExportSpec):
         return {}
 
     def check_inplace(self, request) -> None:
-        raise ValueError(f"target ort (an in-place KV cache) is built for our own models so far; {self.arch} files "
-                         "from a folder use the portable target")
+        if self.model.arch != "lm":
+            raise ValueError(f"target ort (an in-place KV cache) is built for causal LMs (BLOOM, MPT, Falcon) so far; "
+                             f"a {self.model.model_type} {self.model.arch} file uses the portable target")
+        super().check_inplace(request)
 
     def predicts_tokens(self) -> bool:
         """A T5 encoder's features lead to predictions through its decoder (export_model refuses

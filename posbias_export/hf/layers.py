@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..biases import AttentionBias, query_key_positions
-from ..nn.attention import EAGER, AttentionSettings, attention_heads
+from ..nn.attention import EAGER, AttentionSettings, attention_heads, inplace_attention
 
 
 ARCHITECTURES: dict[str, type["ImportedModel"]] = {}  # model_type -> the class that imports it
@@ -48,6 +48,9 @@ class ImportedModel(nn.Module):
     arch: ClassVar[str] = "lm"  # "lm": input_ids -> logits; "encoder": input_ids -> last_hidden_state
     output_name: ClassVar[str] = "logits"
     causal: ClassVar[bool] = True
+    # positions cumsum(mask) - 1 (BLOOM, Falcon: what their layers pass self_attention), else the
+    # key indices (MPT); an in-place cache's function is made for the one the model uses
+    positions_from_mask: ClassVar[bool] = True
     transformers_class: ClassVar[str] = "AutoModelForCausalLM"  # what validate --model compares with
     optimum_task: ClassVar[str] = "text-generation"
     # The config's sizes, checked against the weights' shapes before anything is built:
@@ -220,6 +223,8 @@ def self_attention(q, k, v, attention_mask, past, bias: AttentionBias, settings:
     Positions are 0..Lk-1, or cumsum(mask) - 1 where the original model counts them so
     (Falcon: its rounded bias is not shift-invariant). Softmax scale 1/sqrt(d): callers fold
     a model's own scale into q. Returns y [B, H, Lq, d] and the present (k, v) [B, H, P+Lq, d]."""
+    if past is not None and settings.cache == "inplace" and settings.functions:  # --target ort: written in place
+        return inplace_attention(q, k, v, past, attention_mask, bias, positions_from_mask)
     if past is not None:
         k = torch.cat([past[0].to(k.dtype), k], dim=2)  # [B, H, P + Lq, d]
         v = torch.cat([past[1].to(v.dtype), v], dim=2)

@@ -29,6 +29,7 @@ import onnx
 
 from ..export.options import ExportOptions, options_from
 from ..export.pipeline import ExportReport
+from ..export.targets import target
 from ..runners import atomic
 from .export import export_model
 from .folder import FolderError, check_token_ids, read_json_object, resolves_inside
@@ -106,10 +107,11 @@ def copied_files(source: Path) -> list[Path]:
 
 
 def genai_config(model, config: dict, generation: dict, filename: str = "model.onnx", gpu: bool = False,
-                 context: int = DEFAULT_CONTEXT) -> dict:
+                 context: int = DEFAULT_CONTEXT, shared_buffer: bool = False) -> dict:
     """onnxruntime-genai's config for our cached decoder: its "llama" type runs any decoder
-    with input_ids, attention_mask and a per-layer cache under name templates; the cache grows
-    (no shared past/present buffer: ours is not written in place). gpu: the CUDA provider.
+    with input_ids, attention_mask and a per-layer cache under name templates. shared_buffer (a
+    --target ort file, whose cache is written in place): genai binds past and present to one
+    [B, H, max_length, d] buffer; otherwise the cache grows by copying. gpu: the CUDA provider.
     Token ids were checked (folder.check_token_ids) when the folder was read."""
     def token(key, default):
         value = generation.get(key, config.get(key))
@@ -132,7 +134,7 @@ def genai_config(model, config: dict, generation: dict, filename: str = "model.o
             },
         },
         "search": {"do_sample": False, "num_beams": 1, "num_return_sequences": 1, "max_length": context, "min_length": 0,
-                   "past_present_share_buffer": False, "repetition_penalty": 1.0, "temperature": 1.0, "top_k": 1,
+                   "past_present_share_buffer": shared_buffer, "repetition_penalty": 1.0, "temperature": 1.0, "top_k": 1,
                    "top_p": 1.0, "early_stopping": True, "length_penalty": 1.0, "no_repeat_ngram_size": 0,
                    "diversity_penalty": 0.0},
     }
@@ -205,7 +207,8 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
     generation = read_json_object(generation_file) if generation_file.is_file() else {}
     check_token_ids(generation, generation_file, model.vocab_size)
     copied = copied_files(source)
-    genai = genai_config(model, config, generation, gpu=options.target != "portable",
+    gpu = target(options.target).fused_op is not None  # the GPU targets; ort's in-place cache runs on either
+    genai = genai_config(model, config, generation, gpu=gpu, shared_buffer=target(options.target).inplace_cache,
                          context=DEFAULT_CONTEXT if context is None else context) if model.arch == "lm" else None
     report = ShipReport(out)
     with atomic().temporary_folder(out) as tmp:  # named after this process: a killed run's is swept later
@@ -215,7 +218,7 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
         if genai is not None:
             (stage / "genai_config.json").write_text(json.dumps(genai, indent=1))
             report.notes.append(_context_note(genai["model"]["context_length"], context, config))
-        _lay_out(stage, files, gpu=options.target != "portable")
+        _lay_out(stage, files, gpu=gpu)
         for path in copied:
             shutil.copy2(path.resolve(), stage / path.name)
         (stage / "config.json").write_text(json.dumps(model.shipped_config(config), indent=2))

@@ -92,20 +92,22 @@ def attention_heads(q, k, v, q_pos, k_pos, key_mask, bias: AttentionBias, causal
     return attend(q, k, v, scores_bias, allowed, settings.impl)  # [B, H, Lq, hd]
 
 
-def inplace_attention(q, k, v, past, key_mask, bias: AttentionBias):
+def inplace_attention(q, k, v, past, key_mask, bias: AttentionBias, from_mask: bool = True):
     """Traced for an in-place file: ONE posbias.CachedAttention<Family> node (its body:
-    export/inplace_graph.py) taking the new rows k, v [B, H, S, hd], the past buffers and the
-    mask [B, T] -> (out [B, H, S, hd], (present_key, present_value) [B, H, T, hd]; an in-place
-    buffer's capacity at run time)."""
+    export/inplace_graph.py) taking q [B, H, S, hd], the new rows k, v [B, Hkv, S, hd], the past
+    buffers and the mask [B, T] -> (out [B, H, S, hd], (present_key, present_value) [B, Hkv, T,
+    hd]; an in-place buffer's capacity at run time). from_mask: positions cumsum(mask) - 1, else
+    the key indices (the function's name says which)."""
     if key_mask is None:
         raise ValueError("an in-place cache takes its lengths from the attention mask; this call has none")
     tensors, _ = bias.function_inputs()
     tensors = [t.float() if t.is_floating_point() else t for t in tensors]
-    B, H, _, hd = q.shape
+    B, kv_heads, _, hd = k.shape
     total = key_mask.shape[1]
+    name = f"CachedAttention{bias.function_name}{'' if from_mask else 'Indices'}"  # inplace_graph.function_name
     out, present_key, present_value = torch.onnx.ops.symbolic_multi_out(
-        f"posbias::CachedAttention{bias.function_name}", [q, k, v, past[0], past[1], key_mask, *tensors], {},
-        dtypes=[q.dtype] * 3, shapes=[q.shape, (B, H, total, hd), (B, H, total, hd)], version=1)
+        f"posbias::{name}", [q, k, v, past[0], past[1], key_mask, *tensors], {},
+        dtypes=[q.dtype] * 3, shapes=[q.shape, (B, kv_heads, total, hd), (B, kv_heads, total, hd)], version=1)
     return out, (present_key, present_value)
 
 

@@ -93,6 +93,7 @@ class MptTransformer(nn.Module):
 class MptLM(CausalLM):
     model_type = "mpt"
     bias_name = "alibi"
+    positions_from_mask = False  # MPT's ALiBi counts key indices, padding included (its layers say so too)
     sizes = {"vocab": "vocab_size", "hidden": "d_model", "heads": "n_heads", "layers": "n_layers"}
     embedding_key = "transformer.wte.weight"
     layer_key = "transformer.blocks.{}."
