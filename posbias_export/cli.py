@@ -40,6 +40,8 @@ COMMANDS = (
             "bench", "build_bench_models_parser", "run_bench_models"),
     Command("bench-real", "imported models at published sizes (random weights): export memory, prefill, decode",
             "bench", "build_bench_real_parser", "run_bench_real"),
+    Command("bench-serving", "decode at length: the in-place KV cache vs the Concat file, beside the floor", "bench",
+            "build_bench_serving_parser", "run_bench_serving"),
     Command("bench-quant", "int8 / int4 files: held-out perplexity, size, export memory, decode vs float32",
             "bench", "build_bench_quant_parser", "run_bench_quant"),
     Command("bench-clients", "the serving folder in transformers.js, onnxruntime-genai, Optimum: tokens and logits",

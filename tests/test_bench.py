@@ -184,3 +184,27 @@ def test_run_child_reports_failures_in_one_line():
                         ("import time; time.sleep(5)", "timed out after 1 s")):
         with pytest.raises(ChildFailed, match=re.escape(words)):
             run_child([sys.executable, "-c", code], 1 if "sleep" in code else 60)
+
+
+def test_bench_serving_renders_targets_and_refuses_names_first(tmp_path, capsys):
+    """The serving table judges in-place against Concat and against the floor from measured
+    figures; an unknown model is one line and creates no folder."""
+    from posbias_export.bench.serving import ServingRow, render, targets
+
+    def run(scheme, file, ms, floor=10.0):
+        return {"scheme": scheme, "file": file, "context": 4096, "prefill_s": 1.0, "prefill_peak_gb": 1.0,
+                "peak_gb": 1.2, "decode_ms": ms, "floor_ms": floor, "tokens": [1, 2, 3]}
+
+    row = ServingRow("bloom-560m", runs=[run("int4", "concat", 50.0), run("int4", "in place", 25.0),
+                                         run("float32", "concat", 90.0, 60.0), run("float32", "in place", 80.0, 60.0)],
+                     bandwidth_gbs=40.0)
+    verdicts = {t: (v, ok) for _, t, v, ok in targets([row])}
+    assert verdicts["int4 at 4096: in place / Concat <= 0.6"] == ("0.50", True)
+    assert verdicts["int4 at 4096: in place / floor <= 1.3"] == ("2.50", False)
+    assert verdicts["float32 at 4096: in place / floor <= 1.2"] == ("1.33", False)
+    assert "| bloom-560m | int4 | in place | 4096 | 1.00 | 1.00 | 25.0 | 10.0 | 2.50 | yes |" in render([row], "cmd")
+    assert cli_main(["bench-serving", "--models", "gpt-17b", "--work", str(tmp_path / "w"),
+                     "--out-dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown model(s) gpt-17b" in err[0]
+    assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()

@@ -83,14 +83,17 @@ class RealRow:
 
 def worker(model_path: str, prompt: int, new_tokens: int, threads: int, lean: bool) -> dict:
     """In its own process: a prefill of `prompt` tokens, then greedy decode steps, on ORT CPU,
-    the cache kept as ONNX Runtime values between steps (as `generate` runs)."""
+    the cache kept as `generate` keeps it (runtimes/ort/generate.py stepper: an in-place file's
+    in one buffer written where it lies, another's as ONNX Runtime values between steps)."""
     from ..parity.runtimes import load_runner
 
-    decoder = load_runner("ort/generate.py").CachedDecoder(model_path, "cpu", threads, lean=lean)
+    runner = load_runner("ort/generate.py")
+    decoder = runner.CachedDecoder(model_path, "cpu", threads, lean=lean)
+    step = runner.stepper(decoder, 1, prompt + new_tokens)
     ids = _prompt(prompt)
     mask = np.ones_like(ids)
     start = time.perf_counter()
-    logits, past = decoder.step_on_device(ids, mask, decoder.empty_cache(1))
+    logits = step(ids, mask)
     prefill = time.perf_counter() - start
     prefill_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # GB, before any decode step
     tokens, times = [], []
@@ -99,7 +102,7 @@ def worker(model_path: str, prompt: int, new_tokens: int, threads: int, lean: bo
         tokens.append(int(token[0, 0]))
         mask = np.concatenate([mask, np.ones((1, 1), np.int64)], 1)
         start = time.perf_counter()
-        logits, past = decoder.step_on_device(token, mask, past)
+        logits = step(token, mask)
         times.append(time.perf_counter() - start)
         token = logits[:, -1].argmax(-1)[:, None]
     return {"prefill_s": prefill, "prefill_peak_gb": prefill_peak, "decode_ms": [1e3 * t for t in times],

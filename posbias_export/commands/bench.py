@@ -204,3 +204,36 @@ def run_bench_clients(args) -> int:
     print(paths[0].read_text())
     print("wrote " + ", ".join(str(x) for x in paths))
     return 0
+
+
+def build_bench_serving_parser() -> argparse.ArgumentParser:
+    from ..bench import serving as bench
+
+    p = parser("bench-serving", "Serving at length: the in-place KV cache (--target ort) against the Concat file on a "
+               "published configuration (random weights written once into --work), float32 and int4, decode per token "
+               "after prompts of several lengths beside the memory-bandwidth floor; writes serving.md/.json.",
+               "example:\n  python -m posbias_export bench-serving --models bloom-560m --contexts 512,4096 "
+               "--work /tmp/real")
+    p.add_argument("--models", type=name_list, default=["bloom-560m"], help="published decoder configurations "
+                   "(bench-real's list, T5 aside)")
+    p.add_argument("--contexts", type=int_list, default=list(bench.CONTEXTS), help="prompt lengths (default 512,4096)")
+    p.add_argument("--schemes", type=name_list, default=list(bench.SCHEMES), help=f"from: {', '.join(bench.SCHEMES)}")
+    p.add_argument("--steps", type=positive_int, default=16, help="timed decode steps after two warm-up steps")
+    p.add_argument("--work", required=True, help="folder for the random-weight models and the exported files")
+    p.add_argument("--threads", type=positive_int, default=2, help="ONNX Runtime threads (default 2)")
+    p.add_argument("--out-dir", default="benchmarks", help="where serving.md/.json go (default benchmarks)")
+    return p
+
+
+def run_bench_serving(args) -> int:
+    from pathlib import Path
+
+    from ..bench import serving as bench
+
+    command = (f"python -m posbias_export bench-serving --models {','.join(args.models)} --contexts "
+               f"{','.join(map(str, args.contexts))} --schemes {','.join(args.schemes)}")
+    paths = bench.run_and_write(args.models, Path(args.work), Path(args.out_dir), tuple(args.contexts), tuple(args.schemes),
+                                args.steps, args.threads, command,
+                                progress=lambda m: print(m, file=sys.stderr, flush=True))
+    print(paths[0].read_text())
+    return 0
