@@ -100,7 +100,7 @@ CLI_CASES = [
     ("quantize-block-arch", ["--bias", "alibi", "--quantize", "int8", "--arch", "block", "--out", "{d}/x.onnx"],
      "next-token predictions"),
     ("quantize-gpu-target", ["--bias", "alibi", "--quantize", "int4", "--target", "cuda", "--out", "{d}/x.onnx"],
-     "portable target"),
+     "portable and ort targets"),
     ("validate-missing-model", ["validate", "{d}/none.onnx", "--runtimes", "ort-cpu"], "does not exist"),
     ("validate-random-bytes-model", ["validate", "{d}/random.onnx", "--runtimes", "ort-cpu"], "not a valid ONNX"),
     ("validate-npy-inputs", ["validate", "{d}/model.onnx", "--inputs", "{d}/ids.npy"], "not an .npz archive"),

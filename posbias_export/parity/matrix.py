@@ -20,6 +20,7 @@ from .reference import (ModelFile, ParityInputError, generated_inputs, load_mode
 from .runs import NOT_RUN, Cell, Matrix, RuntimeRun, runtime_outputs  # noqa: F401  (the matrix's public names)
 from .runtimes import DEFAULT_RUNTIMES, RUNTIMES, runtimes_common
 
+
 def check_user_inputs(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> None:
     """The runners' own input check (runtimes/common/feeds.py), applied before PyTorch runs."""
     feeds_module, tensor_io = runtimes_common("feeds"), runtimes_common("tensor_io")
