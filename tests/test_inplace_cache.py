@@ -171,3 +171,22 @@ def test_imported_inplace_file_equals_the_concat_file_and_the_folder(tmp_path, k
     result = validate([tmp_path / f"{kind}_ort.onnx"], None, (1, 17, 40), batch=2, model_dir=folder, order=False)
     assert result.ok, [(c.runtime, c.case, c.verdict) for c in result.matrices[0].cells if not c.ok]
     assert {"ort-cpu", "ort-cpu-shared", "transformers"} <= {c.runtime for c in result.matrices[0].cells}
+
+
+@pytest.mark.parametrize("target", ["portable", "ort"])
+def test_generate_refuses_ids_past_the_embedding_of_an_int4_file(tmp_path, target):
+    """An int4 file's GatherBlockQuantized reads past its table without a check: the runner
+    checks every id against the model's vocabulary (its logits' width or recorded size) first,
+    whichever way the cache is kept."""
+    from posbias_export.parity import load_runner
+
+    runner = load_runner("ort/generate.py")
+    path = tmp_path / f"int4_{target}.onnx"
+    assert cli_main(["--bias", "alibi", "--kv-cache", "--target", target, "--quantize", "int4", "--out", str(path),
+                     "--heads", "4", "--dim", "64", "--layers", "1", "--skip-growth-check"]) == 0
+    decoder = runner.CachedDecoder(str(path))
+    assert decoder.vocab == 256
+    for prompt, bad in (([5, 1900, 7], 1900), ([5, -1], -1)):
+        with pytest.raises(runner.RunnerError, match=rf"token id {bad} is outside the vocabulary \[0, 256\)"):
+            runner.generate(decoder, [prompt], 4)
+    assert len(runner.generate(decoder, [[5, 255, 7]], 4)[0]) == 4

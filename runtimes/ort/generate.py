@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 
 from common.atomic import Terminated, clashing_input, on_sigterm_raise, write_bytes  # noqa: E402
 from common.cache import cache_layout  # noqa: E402
-from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
+from common.feeds import ONNX_TYPE_TO_NUMPY, token_limit  # noqa: E402
 from common.loading import load_runner  # noqa: E402
 from common.runner_cli import OneLineParser  # noqa: E402
 from common.tensor_io import RunnerError  # noqa: E402
@@ -62,8 +62,18 @@ class CachedDecoder:
             raise RunnerError(f"{model_path}: its metadata posbias.max_positions is {limit[:40]!r}, not a positive integer")
         self.max_positions = int(limit) if limit is not None else None
         self.output_names = [self.session.get_outputs()[0].name, *layout.present]  # logits, then the cache in order
+        # the rows of the embedding: an id past them is refused (an int4 file's GatherBlockQuantized
+        # reads past the table unchecked; a tokenizer may know more tokens than the model has rows)
+        logits_dim = self.session.get_outputs()[0].shape[-1]
+        self.vocab = token_limit(meta) or (logits_dim if isinstance(logits_dim, int) else None)
         # --target ort: the cache is written in place, so one buffer per tensor serves every step
         self.inplace = meta.get("posbias.target") == "ort" and meta.get("posbias.kv_cache") == "1"
+
+    def check_ids(self, input_ids: np.ndarray) -> None:
+        """Token ids in [0, vocab): what an embedding row exists for."""
+        if self.vocab is not None and input_ids.size and (input_ids.min() < 0 or input_ids.max() >= self.vocab):
+            bad = int(input_ids.max() if input_ids.max() >= self.vocab else input_ids.min())
+            raise RunnerError(f"token id {bad} is outside the vocabulary [0, {self.vocab})")
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
         shape = (batch, self.heads, 0, self.head_dim)
@@ -74,6 +84,7 @@ class CachedDecoder:
         -> (logits [B, L, V], presents [B, H, P+L, d])."""
         if input_ids.ndim != 2 or input_ids.dtype != np.int64:
             raise RunnerError(f"input_ids must be int64 [B, L], got {input_ids.dtype} {list(input_ids.shape)}")
+        self.check_ids(input_ids)
         batch, new = input_ids.shape
         if len(past) != 2 * self.layers:
             raise RunnerError(f"expected {2 * self.layers} past tensors, got {len(past)}")
@@ -104,6 +115,7 @@ class CachedDecoder:
         tensors stay on the device and are bound as the next step's past; only input_ids,
         the mask (host -> device) and the logits (device -> host) cross.
         -> (logits [B, L, V] numpy, present OrtValues [B, H, P+L, d])."""
+        self.check_ids(input_ids)
         past_len = cache[0].shape()[2]
         if attention_mask.shape != (input_ids.shape[0], past_len + input_ids.shape[1]):
             raise RunnerError(f"attention_mask must be [{input_ids.shape[0]}, past + new = "
@@ -136,6 +148,7 @@ class CachedDecoder:
     def step_shared(self, input_ids: np.ndarray, attention_mask: np.ndarray, buffers: list) -> np.ndarray:
         """One step of an in-place file into `buffers` (shared_cache): rows [T - L, T) of each
         buffer are written, T the mask's length. -> logits [B, L, V] numpy."""
+        self.check_ids(input_ids)
         capacity = buffers[0].shape()[2]
         if attention_mask.shape[1] > capacity:
             raise RunnerError(f"the cache holds {capacity} tokens; this step needs {attention_mask.shape[1]}")
