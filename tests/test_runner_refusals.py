@@ -192,3 +192,24 @@ def test_validate_inputs_are_guarded(served, tmp_path):
 
 def test_an_empty_runtime_list_is_a_usage_error(served):
     _one_line(_run([*CLI, "validate", served / "own.onnx", "--runtimes", ""]), "names no runtime")
+
+
+def test_seq2seq_bounds_a_request_and_pairs_one_folder(seq2seq_files, tmp_path):
+    """--max-new-tokens 100000000 is refused at once (it never stopped); an encoder and a decoder
+    of two folders of the same width (each file records its folder's weights) are refused; a
+    batch stops once every row has ended, as transformers' generate."""
+    _one_line(_run([PY, RUNTIMES_DIR / "ort/seq2seq.py", seq2seq_files / "t5_out", "--prompt", "To be",
+                    "--max-new-tokens", "100000000"]), "max_new_tokens is at most 8192")
+    other = tmp_path / "other_out"
+    ship(save_client_model("t5", tmp_path / "other", seed=1), other, check_growth=False)
+    seq2seq = load_runner("ort/seq2seq.py")
+    ids = np.array([[5, 6, 7]], np.int64)
+    encoder = str(seq2seq_files / "t5_out" / "encoder_model.onnx")
+    with pytest.raises(seq2seq.RunnerError, match="exported from different weights"):
+        seq2seq.greedy_generate(encoder, str(other / "decoder_model_merged.onnx"), ids, np.ones_like(ids), 2)
+    decoder = str(seq2seq_files / "t5_out" / "decoder_model_merged.onnx")
+    full = seq2seq.greedy_generate(encoder, decoder, ids, np.ones_like(ids), 40)
+    first = seq2seq.greedy_generate(encoder, decoder, ids, np.ones_like(ids), 1)
+    # the first token taken as the end token: the only row ends at step 1, so the run does
+    stopped = seq2seq.greedy_generate(encoder, decoder, ids, np.ones_like(ids), 40, eos_token=int(first[0, 0]))
+    assert stopped.shape == (1, 1) and full.shape == (1, 40)

@@ -34,15 +34,23 @@ from common.vocabulary import TokenizerVocabulary  # noqa: E402
 create_session = load_runner("ort/run.py").create_session
 
 
+MAX_NEW_TOKENS = 8192  # a bound on a request: the cache grows with each token (generate's --max-context default)
+
+
 def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray, attention_mask: np.ndarray,
                     max_new_tokens: int, start_token: int = 0, min_new_tokens: int = 0, eos_token: int | None = None,
                     provider: str = "cpu", timings: dict | None = None) -> np.ndarray:
-    """input_ids, attention_mask [B, Le] int64 -> generated tokens [B, max_new_tokens] (greedy;
+    """input_ids, attention_mask [B, Le] int64 -> generated tokens [B, n <= max_new_tokens] (greedy; it
+    stops once every row has produced `eos_token`, as transformers does, the ended rows repeating it;
     `eos_token` is forbidden for the first `min_new_tokens` steps, as transformers does).
     timings: a dict to receive encoder_s and steps_ms (each decoder step's wall time)."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
         raise RunnerError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    if max_new_tokens > MAX_NEW_TOKENS:
+        raise RunnerError(f"max_new_tokens is at most {MAX_NEW_TOKENS} (the decoder's cache grows with every token), "
+                          f"got {max_new_tokens}")
     encoder, decoder = create_session(encoder_path, provider), create_session(decoder_path, provider)
+    _check_same_weights(encoder, decoder, encoder_path, decoder_path)
     vocab = encoder.get_modelmeta().custom_metadata_map.get("posbias.vocab_size")
     ids = np.asarray(input_ids)
     if ids.dtype != np.int64 or ids.ndim != 2 or np.asarray(attention_mask).shape != ids.shape:
@@ -80,7 +88,7 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
     cache_dtype = np.dtype(ONNX_TYPE_TO_NUMPY[first.type])  # float16 for a float16 decoder
     past = [np.zeros((batch, heads, 0, head_dim), cache_dtype) for _ in range(2 * layers)]
     step = np.full((batch, 1), start_token, np.int64)
-    tokens = []
+    tokens, done = [], np.zeros(batch, bool)
     for index in range(max_new_tokens):
         feeds = {"input_ids": step, "encoder_hidden_states": states, "encoder_attention_mask": attention_mask,
                  **dict(zip(layout.past, past))}
@@ -93,8 +101,22 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
         if eos_token is not None and index < min_new_tokens:
             last[:, eos_token] = -np.inf
         step = last.argmax(-1)[:, None].astype(np.int64)
+        if eos_token is not None:  # a row that ended repeats its end token; all ended: stop (as transformers)
+            step[done, 0] = eos_token
+            done |= step[:, 0] == eos_token
         tokens.append(step)
+        if done.all():
+            break
     return np.concatenate(tokens, axis=1)
+
+
+def _check_same_weights(encoder, decoder, encoder_path: str, decoder_path: str) -> None:
+    """Files we export record their folder's weights (posbias.weights_sha256): an encoder and a
+    decoder of two different folders of the same width would run, and generate nonsense."""
+    recorded = [s.get_modelmeta().custom_metadata_map.get("posbias.weights_sha256") for s in (encoder, decoder)]
+    if all(recorded) and recorded[0] != recorded[1]:
+        raise RunnerError(f"{encoder_path} and {decoder_path} were exported from different weights (their "
+                          "posbias.weights_sha256 differ): give the encoder and decoder of one folder")
 
 
 def _run(session, outputs, feeds: dict, path: str) -> list:
