@@ -88,3 +88,18 @@ def test_a_t5_serving_folder_refuses_options_it_cannot_honour(tmp_path, capsys):
         assert cli_main(["--model", str(folder), "--out-dir", str(out), *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert words in err and len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_an_int4_file_says_what_it_needs(tmp_path, capsys):
+    """The summary names the contrib ops an int4 file needs (not "standard ops" alone), and its
+    metadata records the opset the file has (the 4-bit quantizer raises it to 21)."""
+    import onnx
+
+    out = tmp_path / "q.onnx"
+    assert cli_main(["--bias", "alibi", "--kv-cache", "--quantize", "int4", "--out", str(out), "--heads", "4",
+                     "--dim", "64", "--layers", "1", "--skip-growth-check"]) == 0
+    summary = capsys.readouterr().out
+    assert "com.microsoft.GatherBlockQuantized, MatMulNBits (ONNX Runtime only)" in summary
+    model = onnx.load(str(out))
+    opset = next(op.version for op in model.opset_import if op.domain in ("", "ai.onnx"))
+    assert {p.key: p.value for p in model.metadata_props}["posbias.opset"] == str(opset) == "21"

@@ -295,8 +295,13 @@ def quantize_weights(state: ExportState) -> None:
         save_checked(state.proto, float_path, checks.check_full, state.weights)
         state.proto, state.weights = quantize.quantize_file(float_path, spec), []
     count = quantize.quantized_node_count(state.proto)
-    write_metadata(state.proto, {**export_metadata(state.request), **spec.metadata(count)})
+    opset = next(op.version for op in state.proto.opset_import if op.domain in ("", "ai.onnx"))  # int4: 21
+    write_metadata(state.proto, {**export_metadata(state.request), "opset": str(opset), **spec.metadata(count)})
     state.proto.producer_name = "posbias_export"
+    contrib = sorted({n.op_type for n in state.proto.graph.node if n.domain == "com.microsoft"})
+    if contrib:  # the summary's list of what the file needs: these run on ONNX Runtime only
+        state.done = [f"{d} + com.microsoft.{', '.join(contrib)} (ONNX Runtime only)" if d.startswith("standard ops")
+                      else d for d in state.done]
     state.done.append(f"{spec.name} weights ({count} nodes by ONNX Runtime's quantizer)")
 
 
