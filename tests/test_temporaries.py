@@ -97,3 +97,14 @@ def test_an_unlocked_old_temporary_of_a_visible_process_is_swept(tmp_path):
     old = time.time() - 2 * atomic().YOUNG_S
     os.utime(stale, (old, old))
     assert atomic().sweep(tmp_path) == [stale]
+
+
+def test_a_long_legal_output_name_is_written(tmp_path):
+    """A 244-byte file name is legal (255 is the limit); its temporaries keep a shortened copy of
+    it, so the export is not refused as an unwritable directory."""
+    import posbias_export as pbe
+
+    out = tmp_path / ("a" * 239 + ".onnx")
+    model = pbe.build_model(pbe.ModelConfig(bias="alibi", dim=32, num_heads=2, num_layers=1), seed=0)
+    pbe.export_onnx(model, out, check_growth=False)
+    assert out.is_file() and [p.name for p in tmp_path.iterdir()] == [out.name]

@@ -28,7 +28,7 @@ def ensure_writable(path: str | os.PathLike) -> Path:
     if path.exists() and not os.access(path, os.W_OK):
         raise OSError(f"cannot write {path}: the existing file is read-only")
     try:  # the only reliable test (root ignores permission bits; read-only mounts do not)
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{path.name}.probe-"):
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{atomic().short_name(path.name)}.probe-"):
             pass
     except OSError as err:
         raise OSError(f"cannot write {path}: directory {parent} is not writable ({err.strerror})") from None

@@ -123,9 +123,18 @@ def sweep(folder: Path) -> list[Path]:
     return removed
 
 
+NAME_ROOM = 120  # bytes of the target's name a temporary keeps: with the pid, mkstemp's part and MARK it fits
+# a file system's 255-byte names whatever the target's (a legal 250-byte output must not fail for its temporary)
+
+
+def short_name(name: str) -> str:
+    """`name`, cut to NAME_ROOM bytes of UTF-8 (on a character boundary)."""
+    return name.encode()[:NAME_ROOM].decode("utf-8", "ignore")
+
+
 def temp_name(target: Path) -> str:
     """The prefix of a temporary for `target`: .<name>.<pid>. (mkstemp adds a random part)."""
-    return f".{target.name}.{os.getpid()}."
+    return f".{short_name(target.name)}.{os.getpid()}."
 
 
 class LockedTemporaryDirectory(tempfile.TemporaryDirectory):
