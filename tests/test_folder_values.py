@@ -252,3 +252,31 @@ def test_a_hugging_face_cache_snapshot_ships(tiny, tmp_path):
     code, lines, _ = _cli(["--model", snapshot, "--out-dir", tmp_path / "out", "--skip-growth-check"])
     assert code == 0, lines
     assert (tmp_path / "out" / "tokenizer.json").read_text() == "{}"
+
+
+def test_every_file_a_folder_supplies_is_its_own_and_parses(tmp_path):
+    """One rule for a folder's files: the weights file and the copied tokenizer/config files must
+    resolve inside the folder (a model.safetensors linked to another model's is refused, as an
+    index's shards are) and a JSON file must parse (a truncated tokenizer.json is refused before
+    any export, not copied into the serving folder for every client to fail on)."""
+    import shutil
+
+    from hf_folders import save_client_model
+
+    from posbias_export.hf.folder import FolderError
+    from posbias_export.hf.models import load_model
+    from posbias_export.hf.ship import ship
+
+    source = save_client_model("bloom", tmp_path / "bloom")
+    elsewhere = shutil.copytree(source, tmp_path / "elsewhere")
+    linked = shutil.copytree(source, tmp_path / "linked")
+    (linked / "model.safetensors").unlink()
+    (linked / "model.safetensors").symlink_to(elsewhere / "model.safetensors")
+    with pytest.raises(FolderError, match="model.safetensors links to .*outside"):
+        load_model(linked)
+    truncated = shutil.copytree(source, tmp_path / "truncated")
+    text = (truncated / "tokenizer.json").read_text()
+    (truncated / "tokenizer.json").write_text(text[: len(text) // 2])
+    with pytest.raises(FolderError, match="tokenizer.json is not valid JSON"):
+        ship(truncated, tmp_path / "out", check_growth=False)
+    assert not (tmp_path / "out").exists()

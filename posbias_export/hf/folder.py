@@ -166,11 +166,23 @@ def folder_files(path) -> list[Path]:
     return [path, *files]
 
 
+def own_file(folder: Path, file: Path) -> Path:
+    """A file the folder supplies, checked as every such file is: it resolves inside the folder
+    (or to its blob in the Hugging Face cache's layout) and is a regular file. A link out of the
+    folder (a secret beside the download, another model's weights) is one FolderError."""
+    if not resolves_inside(file, folder):
+        raise FolderError(f"{file} links to {Path(file).resolve()}, outside {folder}: a folder's files are its own "
+                          "(put the file itself in the folder)")
+    if not Path(file).resolve().is_file():
+        raise FolderError(f"{file} is not a regular file")
+    return Path(file)
+
+
 def weight_files(path: Path) -> list[Path]:
-    """The files holding the weights, in the order transformers prefers them."""
+    """The files holding the weights, in the order transformers prefers them, each the folder's own."""
     single, _, pickled = (path / name for name in WEIGHT_FILES)
     if single.is_file():
-        return [single]
+        return [own_file(path, single)]
     shards = index_shards(path)
     if shards is not None:
         missing = [s for s in shards if not s.is_file()]
@@ -178,7 +190,7 @@ def weight_files(path: Path) -> list[Path]:
             raise FolderError(f"{path / WEIGHT_FILES[1]} names {missing[0].name}, which is missing from {path}")
         return shards
     if pickled.is_file():
-        return [pickled]
+        return [own_file(path, pickled)]
     raise FolderError(f"{path} has no weights ({', '.join(WEIGHT_FILES)})")
 
 

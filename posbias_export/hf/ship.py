@@ -32,7 +32,7 @@ from ..export.pipeline import ExportReport
 from ..export.targets import target
 from ..runners import atomic
 from .export import export_model
-from .folder import FolderError, check_token_ids, read_json_object, resolves_inside
+from .folder import check_token_ids, own_file, read_json_object
 from .models import has_decoder, load_model
 
 COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -88,21 +88,18 @@ def _check_out_dir(out: Path, model_dir: Path) -> None:
 
 
 def copied_files(source: Path) -> list[Path]:
-    """The folder's files copied into the serving folder (tokenizer, configs), each checked to
-    be a regular file inside the folder: a link to a file elsewhere (a secret, a key) is refused,
-    not copied into what people upload."""
+    """The folder's files copied into the serving folder (tokenizer, configs), each the folder's
+    own (folder.own_file: a link to a file elsewhere, a secret, a key, is refused, not copied into
+    what people upload), and each JSON file parsed: a truncated tokenizer.json would make every
+    client fail later, so it is refused now, by name."""
     found = []
     for name in COPIED:
         path = source / name
         if not path.exists():
             continue  # absent, or a dangling link: nothing to copy
-        resolved = path.resolve()
-        if not resolves_inside(path, source):
-            raise FolderError(f"{path} links to {resolved}, outside {source}: not copied into the serving folder "
-                              f"(put the file itself in the folder)")
-        if not resolved.is_file():
-            raise FolderError(f"{path} is not a regular file")
-        found.append(path)
+        found.append(own_file(source, path))
+        if name.endswith(".json"):
+            read_json_object(path)
     return found
 
 
