@@ -280,3 +280,21 @@ def test_every_file_a_folder_supplies_is_its_own_and_parses(tmp_path):
     with pytest.raises(FolderError, match="tokenizer.json is not valid JSON"):
         ship(truncated, tmp_path / "out", check_growth=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_mpt_without_alibi_is_refused(tmp_path):
+    """attn_config.alibi false: MPT with learned absolute positions, not ALiBi; exporting it as
+    ALiBi would compute another model. One line, naming the key."""
+    import json
+
+    from hf_folders import save_tiny_model
+
+    from posbias_export.hf.folder import FolderError
+    from posbias_export.hf.models import load_model
+
+    folder = save_tiny_model("mpt", tmp_path / "mpt")
+    config = json.loads((folder / "config.json").read_text())
+    config["attn_config"]["alibi"] = False
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FolderError, match="attn_config.alibi is False"):
+        load_model(folder)

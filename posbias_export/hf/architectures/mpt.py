@@ -94,6 +94,15 @@ class MptLM(CausalLM):
     model_type = "mpt"
     bias_name = "alibi"
     positions_from_mask = False  # MPT's ALiBi counts key indices, padding included (its layers say so too)
+
+    @classmethod
+    def check_config(cls, config, where) -> str | None:
+        """An MPT without ALiBi (attn_config.alibi false: learned absolute positions instead) is
+        not this model: exporting it with ALiBi would compute something else."""
+        if getattr(config.attn_config, "alibi", True) is not True:
+            return (f"{where}: config attn_config.alibi is {config.attn_config.alibi!r}: an MPT without ALiBi is not "
+                    "a positional-bias model this tool exports")
+        return None
     sizes = {"vocab": "vocab_size", "hidden": "d_model", "heads": "n_heads", "layers": "n_layers"}
     embedding_key = "transformer.wte.weight"
     layer_key = "transformer.blocks.{}."
