@@ -298,3 +298,23 @@ def test_an_mpt_without_alibi_is_refused(tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(FolderError, match="attn_config.alibi is False"):
         load_model(folder)
+
+
+def test_validate_reads_transformers_in_float32_whatever_the_config_says(tmp_path):
+    """A folder of float32 weights whose config names bfloat16 (as published configs do):
+    transformers' row is computed in float32, so a correct file passes (transformers 5 would
+    load in the config's dtype and round every weight)."""
+    import json
+
+    from hf_folders import save_tiny_model
+
+    from posbias_export.hf.export import export_model
+    from posbias_export.validation import validate
+
+    folder = save_tiny_model("bloom", tmp_path / "bloom")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16", "dtype": "bfloat16"}))
+    export_model(folder, tmp_path / "b.onnx", check_growth=False)
+    result = validate([tmp_path / "b.onnx"], ("ort-cpu",), (17,), batch=2, model_dir=folder, order=False)
+    assert result.ok, [(c.runtime, c.verdict, c.parity) for c in result.matrices[0].cells if not c.ok]
+    assert any(c.runtime == "transformers" for c in result.matrices[0].cells)

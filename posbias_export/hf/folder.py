@@ -38,6 +38,14 @@ def transformers_module():
     return transformers
 
 
+def float32_pretrained(cls, folder):
+    """transformers' model of `folder` in float32, whatever dtype its config names (transformers
+    5 loads in the config's dtype by default: a bfloat16 config rounds float32 weights, and a
+    reference row computed from them fails a correct file)."""
+    major = int(transformers_module().__version__.split(".")[0])
+    return cls.from_pretrained(str(folder), **{"dtype" if major >= 5 else "torch_dtype": torch.float32}).float()
+
+
 def read_json_object(file: Path) -> dict:
     """A JSON object from a file the folder supplies (runtimes/common/json_files.py, which the
     runners read the same files with): any problem is one FolderError."""

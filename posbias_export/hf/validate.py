@@ -25,7 +25,7 @@ from ..parity.runs import NOT_RUN, Matrix, RuntimeRun, runtime_outputs
 from ..parity.runtimes import DEFAULT_RUNTIMES
 from ..parity.tolerance import FLOAT32, Tolerance
 from .cases import BLOCKED, TRANSFORMERS_ROW, check_weights, file_dtype, file_inputs, left_padded, self_written
-from .folder import transformers_module
+from .folder import float32_pretrained, transformers_module
 from .models import architecture, load_model
 
 
@@ -49,7 +49,7 @@ def transformers_model(model_dir: Path, model_type: str):
     from .models import load_model
 
     cls = getattr(transformers_module(), architecture(model_type).transformers_class)
-    reference = cls.from_pretrained(str(model_dir)).float().eval()
+    reference = float32_pretrained(cls, model_dir).eval()
     return load_model(model_dir, lazy=True).as_trained(reference)
 
 

@@ -31,7 +31,7 @@ from ..parity.reference import ModelFile, ParityInputError, model_file
 from ..parity.runs import Matrix, RuntimeRun, runtime_outputs
 from ..parity.runtimes import load_runner
 from .cases import BLOCKED, TRANSFORMERS_ROW, check_weights, file_dtype, file_inputs, left_padded
-from .folder import transformers_module
+from .folder import float32_pretrained, transformers_module
 from .models import load_model
 
 
@@ -131,7 +131,7 @@ def check_fits_seq2seq(decoder, lengths, batch: int, ignore_size_limits: bool) -
 @torch.no_grad()
 def transformers_run(model_dir: Path, inputs: list[Seq2SeqCase]) -> RuntimeRun:
     """transformers' T5ForConditionalGeneration, float32, on every case: a reference row."""
-    theirs = getattr(transformers_module(), "T5ForConditionalGeneration").from_pretrained(str(model_dir)).float()
+    theirs = float32_pretrained(getattr(transformers_module(), "T5ForConditionalGeneration"), model_dir)
     outputs = [theirs(input_ids=torch.from_numpy(c.source), attention_mask=torch.from_numpy(c.mask),
                       decoder_input_ids=torch.from_numpy(c.target)).logits.numpy() for c in inputs]
     return RuntimeRun(TRANSFORMERS_ROW, None, outputs=outputs)
