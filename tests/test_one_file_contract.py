@@ -63,7 +63,8 @@ def _copy_project(dest: Path, families: dict[str, str]) -> Path:
 def _regenerate_docs(project: Path) -> None:
     """The newcomer's one step besides the file: README's family table from the registry."""
     out = _run(["tools/family_docs.py"], project)
-    assert out.returncode == 0 and "wrote README.md" in out.stdout, out.stdout + out.stderr
+    check = _run(["tools/family_docs.py", "--check"], project)  # up to date now (a second run writes nothing)
+    assert out.returncode == 0 and check.returncode == 0 and "up to date" in check.stdout, out.stdout + out.stderr
 
 
 def _run(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
