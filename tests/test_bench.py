@@ -208,3 +208,40 @@ def test_bench_serving_renders_targets_and_refuses_names_first(tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown model(s) gpt-17b" in err[0]
     assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()
+
+
+def test_a_bench_writes_only_what_it_made(tmp_path, monkeypatch):
+    """bench-quant once deleted WORK/<name>_<scheme>.onnx and WORK/<name>_<scheme>/ it had not
+    made, and bench-real measured whatever folder it found at WORK/<name>: now every file a bench
+    makes lives in its own scratch folder (gone after the run), and WORK/<name> is reused only if it
+    is the published configuration."""
+    import json
+
+    from posbias_export.bench import quantized, real_models
+
+    work = tmp_path / "work"
+    folder = work / "bloom-560m"
+    folder.mkdir(parents=True)
+    published = real_models.PUBLISHED["bloom-560m"][2]
+    (folder / "config.json").write_text(json.dumps({**published, "model_type": "bloom"}))
+    mine = [work / "bloom-560m_int8.onnx", work / "bloom-560m_int4" / "keep.txt"]
+    for path in mine:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("a user's file")
+    made = []
+
+    def fake_row(name, label, spec, folder, path, *rest):
+        path.write_text("export")
+        made.append(path)
+        return {"model": name, "scheme": label, "tokens": [1]}
+
+    monkeypatch.setattr(quantized, "_real_row", fake_row)
+    monkeypatch.setattr(quantized, "copy_bandwidth_gbs", lambda: 40.0)
+    monkeypatch.setattr(quantized, "measured_python", lambda *a, **k: (0.0, 0.0, json.dumps({"decode_ms": [1.0]})))
+    rows = quantized.real_rows("bloom-560m", work, 1, 2, progress=lambda m: None)
+    assert len(rows) == 4 and all(p.parent != work for p in made)
+    assert all(p.read_text() == "a user's file" for p in mine)
+    assert sorted(p.name for p in work.iterdir()) == ["bloom-560m", "bloom-560m_int4", "bloom-560m_int8.onnx"]
+    (folder / "config.json").write_text(json.dumps({**published, "hidden_size": 64, "model_type": "bloom"}))
+    with pytest.raises(ValueError, match="not the published bloom-560m configuration \\(hidden_size is 64"):
+        real_models.published_folder("bloom-560m", work)

@@ -107,6 +107,16 @@ def copy_bandwidth_gbs(megabytes: int = 512, repeats: int = 5) -> float:
     return 2 * a.nbytes / best / 1e9
 
 
+def scratch(work: Path):
+    """A private folder inside `work` for every file a benchmark makes (exports, serving
+    folders), removed when the run ends, killed or not (its writer's lock marks it live): a
+    bench writes only what it made, and never over a file of the same name a user keeps there."""
+    from ..runners import atomic
+
+    work.mkdir(parents=True, exist_ok=True)
+    return atomic().temporary_folder(work / "bench-files")
+
+
 def kept_rows(path: Path, measured: set[str], key: str = "name") -> list[dict]:
     """The rows of an earlier results JSON (a list of objects) whose `key` this run does not
     measure. ValueError (one line) for a file of another shape: it is not ours to overwrite."""

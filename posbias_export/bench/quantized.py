@@ -20,7 +20,7 @@ from pathlib import Path
 from ..export.schemes import SCHEMES as ALL_SCHEMES
 from ..export.schemes import scheme as quant_scheme
 from . import real_models as real
-from .harness import copy_bandwidth_gbs, measured_python, median, write_results
+from .harness import copy_bandwidth_gbs, measured_python, median, scratch, write_results
 
 TRAIN_LENGTH_FACTOR = 16  # extrapolation: 16x the training length, as the issue asks
 # (scheme, options) of the checkpoint table; the variants run on the ALiBi checkpoint only
@@ -81,12 +81,14 @@ def real_rows(name: str, work: Path, threads: int, new_tokens: int, progress=pri
     export (own process, peak RSS), prefill 512, decode, tokens vs the float file's, and where a
     decode step's time goes (ONNX Runtime's profiler, per operator type). A scheme whose export or
     run fails is a row with its error (an export killed for memory is a result)."""
-    folder = work / name
-    if not (folder / "config.json").is_file():
-        progress(f"{name}: writing random weights")
-        real.write_folder(name, folder)
-    if name in real.SEQ2SEQ:
-        return seq2seq_rows(name, folder, work, threads, new_tokens, progress)
+    folder = real.published_folder(name, work, progress=progress)
+    with scratch(work) as files:  # every file made goes here, never over one of the user's in WORK
+        if name in real.SEQ2SEQ:
+            return seq2seq_rows(name, folder, Path(files), threads, new_tokens, progress)
+        return _decoder_rows(name, folder, Path(files), threads, new_tokens, progress)
+
+
+def _decoder_rows(name: str, folder: Path, work: Path, threads: int, new_tokens: int, progress) -> list[dict]:
     bandwidth = copy_bandwidth_gbs()
     out = []
     float_tokens = None

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .harness import copy_bandwidth_gbs, kept_rows, measured_python, median, write_results
+from .harness import copy_bandwidth_gbs, kept_rows, measured_python, median, scratch, write_results
 
 # Published configurations (the sizes of the Hugging Face checkpoints; random weights here).
 PUBLISHED = {
@@ -49,6 +49,30 @@ def write_folder(name: str, out: Path, dtype: str = "float32", seed: int = 0) ->
     model = getattr(tf, model_class)._from_config(config, torch_dtype=getattr(torch, dtype))
     model.save_pretrained(out, max_shard_size="2GB")
     return out
+
+
+def published_folder(name: str, work: Path, dtype: str = "float32", progress=print) -> Path:
+    """WORK/<name>: written with random weights for the published configuration if absent; if
+    present, checked to BE that configuration (its config.json's fields), so a figure reported for
+    a published size was measured on it. ValueError (one line) names the first field that differs."""
+    from ..hf.folder import FolderError, read_json_object
+
+    folder = work / name
+    if not (folder / "config.json").is_file():
+        if folder.exists() and any(folder.iterdir()):
+            raise ValueError(f"{folder} holds files but no config.json: not a model folder this bench made; "
+                             "give another --work")
+        progress(f"{name}: writing a random-weight folder ({dtype})")
+        return write_folder(name, folder, dtype)
+    try:
+        config = read_json_object(folder / "config.json")
+    except FolderError as err:
+        raise ValueError(str(err)) from None
+    for key, value in PUBLISHED[name][2].items():
+        if config.get(key) != value:
+            raise ValueError(f"{folder} is not the published {name} configuration ({key} is {config.get(key)!r}, "
+                             f"not {value!r}); give another --work")
+    return folder
 
 
 def weight_bytes(onnx_path: Path) -> int:
@@ -240,21 +264,19 @@ def _encoder_runs(row: RealRow, folder: Path, work: Path, threads: int, progress
     return row
 
 
-def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: int, new_tokens: int,
+def measure(name: str, work: Path, files: Path, dtypes: tuple[str, ...], run: bool, threads: int, new_tokens: int,
             source_dtype: str, progress=print) -> RealRow:
+    """WORK/<name> (published_folder) exported and run; every file made goes to `files` (harness.scratch)."""
     import transformers as tf
 
-    folder = work / name
-    if not (folder / "config.json").is_file():
-        progress(f"{name}: writing a random-weight folder ({source_dtype})")
-        write_folder(name, folder, source_dtype)
+    folder = published_folder(name, work, source_dtype, progress)
     source = sum(p.stat().st_size for p in folder.glob("*.safetensors")) / 1e9
     row = RealRow(name, {**PUBLISHED[name][2], "model_type": getattr(tf, PUBLISHED[name][1])().model_type}, source)
     parts = ((" encoder", []), (" decoder", ["--part", "decoder"])) if name in SEQ2SEQ else (("", ["--kv-cache",
                                                                                                    "--logits", "last"]),)
     for dtype in dtypes:
         for part, flags in parts:
-            path = work / f"{name}{part.replace(' ', '_')}_{dtype}.onnx"
+            path = files / f"{name}{part.replace(' ', '_')}_{dtype}.onnx"
             progress(f"{name}: export{part} {dtype}")
             seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), *flags, "--dtype", dtype,
                                                 "--out", str(path)])
@@ -264,10 +286,10 @@ def measure(name: str, work: Path, dtypes: tuple[str, ...], run: bool, threads: 
     if not run:
         return row
     if name in SEQ2SEQ:
-        return _encoder_runs(row, folder, work, threads, progress)
+        return _encoder_runs(row, folder, files, threads, progress)
     bandwidth = copy_bandwidth_gbs()
-    _optimum_runs(row, folder, work, bandwidth, threads, new_tokens, progress)
-    _our_runs(row, folder, work, bandwidth, threads, new_tokens, progress)
+    _optimum_runs(row, folder, files, bandwidth, threads, new_tokens, progress)
+    _our_runs(row, folder, files, bandwidth, threads, new_tokens, progress)
     return row
 
 
@@ -445,8 +467,9 @@ def run_and_write(names: list[str], work: Path, out_dir: Path, run_names: set[st
     rows, paths = [], []
     for name in names:
         source_dtype = "float16" if name == "bloom-3b" else "float32"  # 12 GB of float32 would not fit beside its export
-        rows.append(measure(name, work, ("float32", "float16"), name in run_names, threads, new_tokens, source_dtype,
-                            progress=lambda m: print(m, file=sys.stderr, flush=True)))
+        with scratch(work) as files:
+            rows.append(measure(name, work, Path(files), ("float32", "float16"), name in run_names, threads, new_tokens,
+                                source_dtype, progress=lambda m: print(m, file=sys.stderr, flush=True)))
         rows[-1].command = command
         every = sorted(kept + rows, key=lambda r: list(PUBLISHED).index(r.name))
         paths = write_results(out_dir, "real_models", [asdict(r) for r in every], render(every, command))

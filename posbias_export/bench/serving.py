@@ -12,8 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .harness import copy_bandwidth_gbs, kept_rows, measured_python, median, write_results
-from .real_models import PUBLISHED, SEQ2SEQ, weight_bytes, write_folder
+from .harness import copy_bandwidth_gbs, kept_rows, measured_python, median, scratch, write_results
+from .real_models import PUBLISHED, SEQ2SEQ, published_folder, weight_bytes
 
 FILES = {"concat": ["--target", "portable"], "in place": ["--target", "ort"]}
 SCHEMES = {"float32": [], "int4": ["--quantize", "int4"]}
@@ -44,15 +44,14 @@ def cache_bytes_per_token(path: Path) -> int:
     return total
 
 
-def measure(name: str, work: Path, contexts, schemes, new_tokens: int, threads: int, progress=print) -> ServingRow:
-    folder = work / name
-    if not (folder / "config.json").is_file():
-        progress(f"{name}: writing a random-weight folder")
-        write_folder(name, folder)
+def measure(name: str, work: Path, files: Path, contexts, schemes, new_tokens: int, threads: int,
+            progress=print) -> ServingRow:
+    """WORK/<name> (published_folder) exported and run; the files made go to `files` (harness.scratch)."""
+    folder = published_folder(name, work, progress=progress)
     row = ServingRow(name, bandwidth_gbs=copy_bandwidth_gbs())
     for scheme, flags in ((s, SCHEMES[s]) for s in schemes):
         for label, target in FILES.items():
-            path = work / f"{name}_{scheme}_{label.replace(' ', '_')}.onnx"
+            path = files / f"{name}_{scheme}_{label.replace(' ', '_')}.onnx"
             progress(f"{name}: export {scheme}, {label}")
             seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--kv-cache", "--logits",
                                                 "last", *target, *flags, "--skip-growth-check", "--out", str(path)])
@@ -128,7 +127,8 @@ def run_and_write(names, work: Path, out_dir: Path, contexts=CONTEXTS, schemes=t
     kept = [ServingRow(**r) for r in kept_rows(out_dir / "serving.json", set(names))]  # rows of other runs
     rows = []
     for name in names:
-        rows.append(measure(name, work, contexts, schemes, new_tokens, threads, progress))
+        with scratch(work) as files:
+            rows.append(measure(name, work, Path(files), contexts, schemes, new_tokens, threads, progress))
         rows[-1].command = command
     every = sorted(kept + rows, key=lambda r: list(PUBLISHED).index(r.name))
     return write_results(out_dir, "serving", [asdict(r) for r in every], render(every, command))
