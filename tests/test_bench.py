@@ -245,3 +245,9 @@ def test_a_bench_writes_only_what_it_made(tmp_path, monkeypatch):
     (folder / "config.json").write_text(json.dumps({**published, "hidden_size": 64, "model_type": "bloom"}))
     with pytest.raises(ValueError, match="not the published bloom-560m configuration \\(hidden_size is 64"):
         real_models.published_folder("bloom-560m", work)
+
+
+def test_bench_clients_checks_names_before_making_its_folder(tmp_path, capsys):
+    assert cli_main(["bench-clients", "--models", "gpt2", "--out-dir", str(tmp_path / "o"), "--no-optimum"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown model(s) gpt2" in err[0] and not (tmp_path / "o").exists()

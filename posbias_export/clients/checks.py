@@ -329,10 +329,10 @@ def _quantized_markdown(rows: list[dict]) -> list[str]:
 
 
 def run_and_write(kinds=SUPPORTED, out_dir="benchmarks", optimum: bool = True, progress=None) -> list[Path]:
-    out = output_folder(out_dir)
     unknown = [k for k in kinds if k not in SUPPORTED]
-    if unknown:
+    if unknown:  # names first: a refused run makes no folder
         raise ValueError(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(SUPPORTED)}")
+    out = output_folder(out_dir)
     rows = run(kinds, optimum, progress)
     env = {**environment(), **client_versions()}
     md, js = out / "clients.md", out / "clients.json"
