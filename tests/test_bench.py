@@ -251,3 +251,11 @@ def test_bench_clients_checks_names_before_making_its_folder(tmp_path, capsys):
     assert cli_main(["bench-clients", "--models", "gpt2", "--out-dir", str(tmp_path / "o"), "--no-optimum"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown model(s) gpt2" in err[0] and not (tmp_path / "o").exists()
+
+
+def test_bench_real_refuses_a_run_it_would_ignore(tmp_path, capsys):
+    assert cli_main(["bench-real", "--models", "bloom-560m", "--run", "bloom-3b", "--work", str(tmp_path / "w"),
+                     "--out-dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--run bloom-3b is not among --models" in err[0]
+    assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()

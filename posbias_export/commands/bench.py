@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import UsageError
 from .options import int_list, name_list, parser, positive_int
 
 
@@ -133,6 +134,9 @@ def run_bench_real(args) -> int:
     unknown = [m for m in args.models if m not in bench.PUBLISHED]
     if unknown:
         raise ValueError(f"unknown model {unknown[0]!r}; choose from {', '.join(bench.PUBLISHED)}")
+    not_measured = [r for r in args.run if r not in args.models]
+    if not_measured:  # it was ignored: a run the user asked for silently did not happen
+        raise UsageError(f"--run {not_measured[0]} is not among --models ({', '.join(args.models)})")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     command = "python -m posbias_export bench-real --models " + ",".join(args.models) + " --run " + ",".join(args.run)
