@@ -318,3 +318,27 @@ def test_validate_reads_transformers_in_float32_whatever_the_config_says(tmp_pat
     result = validate([tmp_path / "b.onnx"], ("ort-cpu",), (17,), batch=2, model_dir=folder, order=False)
     assert result.ok, [(c.runtime, c.verdict, c.parity) for c in result.matrices[0].cells if not c.ok]
     assert any(c.runtime == "transformers" for c in result.matrices[0].cells)
+
+
+def test_a_tied_config_with_a_head_of_its_own_is_refused(tmp_path):
+    """tie_word_embeddings true but a stored lm_head.weight that differs from the embedding: we
+    would tie, transformers uses the stored head (logits far apart): one line instead. A stored
+    head equal to the embedding is a tied model saved with its copy, and loads."""
+    import json
+
+    from hf_folders import save_tiny_model
+    from safetensors.torch import load_file, save_file
+
+    from posbias_export.hf.folder import FolderError
+    from posbias_export.hf.models import load_model
+
+    folder = save_tiny_model("bloom", tmp_path / "bloom")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    state = load_file(folder / "model.safetensors")
+    embedding = state["transformer.word_embeddings.weight"]
+    save_file({**state, "lm_head.weight": embedding.clone()}, folder / "model.safetensors")
+    load_model(folder)  # the tied head's copy: fine
+    save_file({**state, "lm_head.weight": embedding + 0.5}, folder / "model.safetensors")
+    with pytest.raises(FolderError, match="tie_word_embeddings but lm_head.weight differs"):
+        load_model(folder)

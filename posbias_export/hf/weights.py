@@ -29,6 +29,7 @@ def attach_weights(model: ImportedModel, state: dict[str, TensorReader], where: 
                 raise FolderError(f"{where}: weight {key} is {tensor.dtype}, not a floating-point tensor")
             readers[name] = tensor
             used.add(key)
+    check_tied_copies(model, state, where)
     unused = sorted(k for k in state if k not in used and k not in model.tied_keys
                     and not k.startswith(model.ignored_prefixes))
     if unused:
@@ -36,6 +37,27 @@ def attach_weights(model: ImportedModel, state: dict[str, TensorReader], where: 
         raise FolderError(f"{where}: weight {unused[0]}{more} has no place in a {model.model_type} model with this "
                           "config (a different architecture or a config that does not match the weights?)")
     attach_readers(model, readers)
+
+
+def check_tied_copies(model: ImportedModel, state: dict[str, TensorReader], where: Path) -> None:
+    """A folder that says its head is tied (tie_word_embeddings) may still store lm_head.weight:
+    a copy of the embedding is fine; a different head is not this config's model (transformers
+    then uses the stored head, we would tie), so it is refused in one line, read row block by
+    row block (no second copy of a large table in memory)."""
+    if not getattr(model, "tied", False):
+        return
+    embedding = state.get(model.embedding_key)
+    for key in model.tied_keys:
+        head = state.get(key)
+        if head is None or embedding is None or tuple(head.shape) != tuple(embedding.shape):
+            continue
+        rows = head.shape[0]
+        for start in range(0, rows, 4096):
+            stop = min(start + 4096, rows)
+            if not torch.equal(head.rows(start, stop).float(), embedding.rows(start, stop).float()):
+                raise FolderError(f"{where}: config.json says tie_word_embeddings but {key} differs from "
+                                  f"{model.embedding_key}: set tie_word_embeddings to false for a head of its own, "
+                                  f"or drop {key}")
 
 
 def load_weights(model: ImportedModel, where: Path) -> None:
