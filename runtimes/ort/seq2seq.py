@@ -50,7 +50,6 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
         raise RunnerError(f"max_new_tokens is at most {MAX_NEW_TOKENS} (the decoder's cache grows with every token), "
                           f"got {max_new_tokens}")
     encoder, decoder = create_session(encoder_path, provider), create_session(decoder_path, provider)
-    _check_same_weights(encoder, decoder, encoder_path, decoder_path)
     vocab = encoder.get_modelmeta().custom_metadata_map.get("posbias.vocab_size")
     ids = np.asarray(input_ids)
     if ids.dtype != np.int64 or ids.ndim != 2 or np.asarray(attention_mask).shape != ids.shape:
@@ -72,6 +71,7 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
         raise RunnerError(f"{decoder_path}: its cache's heads and head size are symbolic ({first.shape}); "
                           "a cached T5 decoder written by --model DIR --part decoder names them")
     _check_pair(encoder, names["encoder_hidden_states"], encoder_path, decoder_path)
+    _check_same_weights(encoder, decoder, encoder_path, decoder_path)  # after: a BLOOM "encoder" is named for what it is
     vocab_out = decoder.get_outputs()[0].shape[-1]
     if not isinstance(start_token, (int, np.integer)) or isinstance(start_token, bool) or start_token < 0 or (
             isinstance(vocab_out, int) and start_token >= vocab_out):
