@@ -302,3 +302,25 @@ def test_quantizing_an_encoder_alone_is_refused(tmp_path):
     with pytest.raises(ValueError, match="leads to none"):
         export_model(folder, tmp_path / "e.onnx", quantize=quant_scheme("int8"), check_growth=False)
     assert not (tmp_path / "e.onnx").exists()
+
+
+def test_the_quantizers_temporaries_live_beside_the_output(tmp_path, monkeypatch):
+    """quantize_dynamic copies the model into the system temp folder: a kill -9 left 0.8 GB there
+    at BLOOM-560m. During quantization the temp folder is the export's own temporary (locked,
+    swept), beside the output; after it, the system's again."""
+    import tempfile
+
+    from posbias_export.export import schemes
+
+    seen = []
+    real = schemes.Int8.quantize
+
+    def spying(self, path, nodes):
+        seen.append(tempfile.gettempdir())
+        return real(self, path, nodes)
+
+    monkeypatch.setattr(schemes.Int8, "quantize", spying)
+    before = tempfile.gettempdir()
+    _export("alibi", "int8", tmp_path / "q.onnx")
+    assert seen and Path(seen[0]).resolve().parent == tmp_path.resolve()
+    assert tempfile.gettempdir() == before

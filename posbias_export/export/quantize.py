@@ -128,9 +128,23 @@ def quantize_file(float_path: Path, spec: Scheme) -> onnx.ModelProto:
 
 def quantize_path(path: str, spec: Scheme, nodes: list[str]) -> onnx.ModelProto:
     """ONNX Runtime's quantizer of the scheme applied to the model file at `path` (its tensors
-    in external data), at the named `nodes`."""
-    with _quiet():
+    in external data), at the named `nodes`. The quantizers' own temporaries (quantize_dynamic
+    copies the model into the system temp folder) go beside `path` instead: inside our locked
+    temporary folder, gone with it, swept after a kill -9, never left in /tmp."""
+    with _quiet(), _temporaries_in(Path(path).parent):
         return _quantize(path, spec, nodes)
+
+
+@contextlib.contextmanager
+def _temporaries_in(folder: Path):
+    import tempfile
+
+    previous = tempfile.tempdir
+    tempfile.tempdir = str(folder)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = previous
 
 
 @contextlib.contextmanager
