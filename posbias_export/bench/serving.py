@@ -33,15 +33,12 @@ class ServingRow:
 
 
 def cache_bytes_per_token(path: Path) -> int:
-    """A token's keys and values over every layer, from the file's past inputs [B, H, P, d]."""
+    """A token's keys and values over every layer (export/pipeline.py reads them off the past inputs)."""
     import onnx
 
-    total = 0
-    for value in onnx.load(str(path), load_external_data=False).graph.input:
-        dims = value.type.tensor_type.shape.dim
-        if value.name.startswith("past") and len(dims) == 4:
-            total += dims[1].dim_value * dims[3].dim_value * 4  # float32 cache
-    return total
+    from ..export.pipeline import cache_bytes_per_token as per_token
+
+    return per_token(onnx.load(str(path), load_external_data=False))
 
 
 def measure(name: str, work: Path, files: Path, contexts, schemes, new_tokens: int, threads: int,
