@@ -241,6 +241,16 @@ def test_validate_cuda_without_provider_is_a_failing_verdict(exports):
     assert "error: CUDA requested" in proc.stdout
 
 
+def test_validate_reference_on_a_missing_gpu_is_one_line(exports):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("PyTorch sees a CUDA GPU here")
+    proc = _validate(exports.cli("alibi"), "--runtimes", "ort-cpu", "--lengths", "5", "--reference-device", "cuda")
+    assert proc.returncode == 2 and "PyTorch sees no CUDA GPU" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
 def test_validate_unknown_runtime_is_usage_error(exports):
     proc = _validate(exports.cli("alibi"), "--runtimes", "tensorrt")
     assert proc.returncode == 2 and "unknown runtime" in proc.stderr

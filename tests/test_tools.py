@@ -46,8 +46,49 @@ def test_gpu_lease_script_parses_and_lists_no_families():
     text = (ROOT / "tools" / "gpu_lease.sh").read_text()
     assert subprocess.run(["bash", "-n", str(ROOT / "tools" / "gpu_lease.sh")]).returncode == 0
     assert not any(f" {b} " in f" {text} " for b in pbe.BIASES if b not in ("none",)), "a family named in the script"
-    for step in ("prepare", "correctness", "parity", "ort", "torch", "all"):
+    for step in ("pack", "receive", "work", "rehearse"):
         assert f"  {step})" in text
+
+
+def fat_binary(entries: list[tuple[int, bytes]]) -> bytes:
+    """A fat binary as nvcc lays it out: header, then per entry a 64-byte header (kind 2 = ELF,
+    arch at +28) and its payload."""
+    import struct
+
+    body = b"".join(struct.pack("<HHIQ", 2, 0x101, 64, len(payload)) + bytes(12) + struct.pack("<I", arch)
+                    + bytes(32) + payload for arch, payload in entries)
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+def test_gpu_wheel_zeroes_every_architecture_but_sm90():
+    """The slim provider keeps sm_90's code byte for byte and every entry's header; the other
+    architectures' payloads become zeros (they compress to nothing)."""
+    wheel = load_tool("gpu_wheel")
+    code = {80: b"\x11" * 40, 90: b"\x22" * 24, 120: b"\x33" * 8}
+    blob = bytearray(b"PAD!" * 2 + fat_binary(list(code.items())) + fat_binary([(90, b"\x44" * 16), (86, b"\x55" * 32)]))
+    before = bytes(blob)
+    zeroed = wheel.zero_other_arches(blob, 8, len(blob) - 8)
+    assert zeroed == {80: 40, 120: 8, 86: 32}
+    assert blob.count(b"\x22" * 24) == 1 and blob.count(b"\x44" * 16) == 1  # sm_90 untouched
+    assert b"\x11" * 40 not in blob and b"\x33" * 8 not in blob and b"\x55" * 32 not in blob
+    assert len(blob) == len(before) and sum(a != b for a, b in zip(blob, before)) == 40 + 8 + 32  # payloads only
+
+
+def test_gpu_wheel_cuts_the_blob_to_the_calls(tmp_path, monkeypatch):
+    """Each call's folder plus the working tree fits the carry limit; the first carries the files."""
+    wheel = load_tool("gpu_wheel")
+    monkeypatch.setattr(wheel, "CALL_LIMIT", 1000)
+    monkeypatch.setattr(wheel, "MARGIN", 100)
+    monkeypatch.setattr(wheel, "tree_bytes", lambda: 300)
+    blob, files = tmp_path / "ort.tar.xz", tmp_path / "files.tar.xz"
+    blob.write_bytes(bytes(range(256)) * 6)  # 1536 bytes
+    files.write_bytes(b"f" * 200)
+    folders = wheel.split(blob, files, tmp_path / "out")
+    sizes = [sum(f.stat().st_size for f in folder.iterdir()) for folder in folders]
+    assert [f.name for f in folders] == ["c1", "c2", "c3"] and max(sizes) <= 1000 - 100 - 300
+    assert (folders[0] / "files.tar.xz").exists() and not (folders[1] / "files.tar.xz").exists()
+    joined = b"".join((f / f"ort.tar.xz.{i}").read_bytes() for i, f in enumerate(folders, start=1))
+    assert joined == blob.read_bytes()
 
 
 @pytest.fixture(scope="module")
@@ -104,27 +145,44 @@ def test_gpu_targets_with_cudnn_off_and_what_ran():
 
 
 def test_gpu_parity_plan_covers_every_file_kind(tmp_path):
+    """Issue 50's list: every family's default LM, the fused / slim-table / window attention files
+    in both dtypes to 32768, an imported BLOOM float16 cuda-ort file, the in-place cache file on
+    the shared-buffer runtimes; short jobs first."""
     parity = load_tool("gpu_parity")
     exports, jobs = parity.plan(tmp_path, small=False)
     names = {j["name"]: j for j in jobs}
     for b in pbe.BIASES:
-        for kind in ("lm", "lm_cuda-ort", "kv", "bidirectional", "lm_long", "bidirectional_long"):
-            assert f"{b}_{kind}" in names
+        assert names[f"{b}_lm"]["runtimes"] == "ort-cpu,ort-cuda,ort-cuda-tf32" and names[f"{b}_lm_long"]["lengths"] == "16384"
         for dtype in ("float32", "float16"):
-            for target in ("portable", "cuda", "cuda-ort"):
-                long = names[f"att_{b}_{dtype}_{target}_long"]
-                assert long["lengths"] == "16384,32768" and long["batch"] == 1
-                assert ("tf32" in long["runtimes"]) == (dtype == "float32")  # TF32 changes float32 matmuls only
-                assert "ort-cpu" not in long["runtimes"]
-    for kind in ("bloom", "mpt", "falcon"):
-        assert names[f"hf_{kind}_float16_cuda-ort"]["model"] == f"hf/{kind}"  # relative: the files travel
-        assert names[f"hf_{kind}_float32_portable_long"]["lengths"] == "16384"
-    assert len(names["hf_t5_pair"]["files"]) == 2
+            long = names[f"att_{b}_{dtype}_cuda-ort_long"]
+            assert long["lengths"] == "16384,32768" and long["batch"] == 1
+            assert ("tf32" in long["runtimes"]) == (dtype == "float32")  # TF32 changes float32 matmuls only
+            assert "ort-cpu" not in long["runtimes"]
+    assert names["hf_bloom_float16_cuda-ort"]["model"] == "hf/bloom"  # relative: the files travel
+    assert names["hf_bloom_float16_cuda-ort_long"]["lengths"] == "16384"
+    assert "ort-cuda-shared" in names["alibi_kv_inplace"]["runtimes"].split(",")
     assert all("ort-cuda" in j["runtimes"] for j in jobs)
+    assert parity.job_runtimes(names["alibi_kv_inplace"], cpu_only=True) == "ort-cpu,ort-cpu-shared"
+    assert parity.job_runtimes(names["att_alibi_float16_cuda-ort_long"], cpu_only=True) == "ort-cpu"
     longs = [j["name"].endswith("_long") for j in jobs]
     assert longs == sorted(longs)  # every short job before the first long one
-    assert {Path(p) for p, _ in exports} >= {tmp_path / f for j in jobs for f in j["files"] if not f.startswith("models/")
-                                             and "t5_files" not in f}
+    assert {Path(p) for p, _ in exports} >= {tmp_path / f for j in jobs for f in j["files"] if not f.startswith("models/")}
+
+
+def test_gpu_parity_write_names_the_jobs_that_did_not_run(tmp_path):
+    import json
+
+    parity = load_tool("gpu_parity")
+    jobs = [{"name": n, "files": [f"lm/{n}.onnx"], "lengths": "16384"} for n in ("a_long", "b_long", "c_long")]
+    run = tmp_path / "run"
+    (run / "par").mkdir(parents=True)
+    (run / "jobs.json").write_text(json.dumps({"jobs": jobs}))
+    (run / "par" / "a_long.json").write_text(json.dumps({"ok": True, "models": []}))
+    (run / "par" / "b_long.txt").write_text("...\nvalidate: error: CUDA out of memory\n")
+    assert parity.not_run([run]) == ["b_long (lm/b_long.onnx; 16384): validate: error: CUDA out of memory",
+                                     "c_long (lm/c_long.onnx; 16384): not started before the deadline"]
+    parity.write([run], tmp_path)
+    assert "## Not run" in (tmp_path / "gpu_parity.md").read_text()
 
 
 def test_gpu_parity_write_lists_each_failing_cell(tmp_path):
@@ -145,8 +203,8 @@ def test_gpu_parity_write_lists_each_failing_cell(tmp_path):
     failures = parity.write([tmp_path / "run"], tmp_path)
     assert failures == ["alibi_lm.onnx ort-cuda L=4096 B=3: FAIL, max abs err 5.40e+00 (budget 3.00e-05)"]
     text = (tmp_path / "gpu_parity.md").read_text()
-    assert "| alibi_lm.onnx | ort-cuda | 3 | 5.40e+00 | 3.00e-05 | FAIL |" in text
-    assert "| alibi_lm.onnx | ort-cpu | 1 | 2.00e-06 | 3.00e-05 | pass |" in text
+    assert "| alibi_lm.onnx | ort-cuda | 1024,4096 (3 cells) | 5.40e+00 | 3.00e-05 | FAIL |" in text
+    assert "| alibi_lm.onnx | ort-cpu | 4096 (1 cells) | 2.00e-06 | 3.00e-05 | pass |" in text
 
 
 def test_gpu_decode_real_write_counts_agreeing_tokens(tmp_path):
@@ -169,22 +227,27 @@ def test_gpu_decode_real_write_counts_agreeing_tokens(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_lease_rehearsal_runs_every_step_on_the_cpu(tmp_path):
-    """The whole lease (REHEARSAL=1: ORT CPU, short lengths, two families) end to end, and each
-    writer reads what it left: what a GPU session must not find broken."""
+    """The whole lease (REHEARSAL=1: pack, receive, work on ORT CPU, short lengths, two
+    families) end to end, and each writer reads what it left: what a GPU session must not find
+    broken."""
     import os
 
+    out = tmp_path / "out"
     env = {**os.environ, "REHEARSAL": "1", "PYTHON": sys.executable, "GPU_WORK": str(tmp_path / "work")}
-    proc = subprocess.run(["bash", str(ROOT / "tools" / "gpu_lease.sh"), "all", str(tmp_path / "out")], env=env,
+    proc = subprocess.run(["bash", str(ROOT / "tools" / "gpu_lease.sh"), "rehearse", str(out)], env=env,
                           capture_output=True, text=True, timeout=1800, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    correctness, ort_part, torch_part = (tmp_path / "out" / s for s in ("correctness", "ort", "torch"))
-    subprocess.run(["tar", "-xzf", str(correctness / "parity.tar.gz"), "-C", str(correctness)], check=True)
-    assert load_tool("gpu_parity").write([correctness], tmp_path) == []
-    load_tool("gpu_order").write(correctness, tmp_path / "gpu_order.md")
+    assert [line.split()[0] for line in (out / "calls.txt").read_text().splitlines()] == ["pack", "receive", "work"]
+    subprocess.run(["tar", "-xzf", str(out / "results.tar.gz"), "-C", str(out)], check=True)
+    results = out / "r"
+    assert load_tool("gpu_parity").write([results], tmp_path) == []
+    assert "## Not run" not in (tmp_path / "gpu_parity.md").read_text()
+    load_tool("gpu_order").write(results / "order", tmp_path / "gpu_order.md")
     assert "DIFFER" not in (tmp_path / "gpu_order.md").read_text()
-    load_tool("gpu_session").part_write([ort_part], tmp_path)
+    load_tool("gpu_session").part_write([results / "timing"], tmp_path)
     assert "## What ran" in (tmp_path / "gpu_attention.md").read_text()
-    load_tool("gpu_decode_real").write(torch_part, tmp_path / "gpu_decode_real.md")
+    assert "GENERATE TOKENS EQUAL" in (results / "generate.log").read_text()
+    assert (results / "decode" / "decode.json").exists()
 
 
 def test_gpu_attention_lengths_come_from_the_arguments_not_sys_argv(monkeypatch, tmp_path):

@@ -1,107 +1,132 @@
 #!/usr/bin/env bash
-# Issue 38 in one lease of the GPU machine (device tool; a session has ~30 min of device time and
-# 10 min a call, so the calls below are planned to ~9 min each and run back to back).
+# Issue 50 in ONE lease of 15 device minutes (start, every call, idle waits and give-back counted;
+# 10 min a call; an idle machine goes back after ~30 s): two calls, back to back.
 #
-#   here, before:  bash ../shared/tools/gpu-ort-wheel.sh        # .gpu/p1..pN (git-ignored), ~5 min
-#                  PYTHON=.venv/bin/python bash tools/gpu_lease.sh pack   # every file exported here: .gpu/files
-#                  REHEARSAL=1 PYTHON=.venv/bin/python bash tools/gpu_lease.sh all /tmp/rehearsal   # ORT CPU, short
-#   call 0   (carry .gpu/files):  bash tools/gpu_lease.sh prepare
-#   call k   (carry .gpu/pk):  mkdir -p /root/parts && cp .gpu/pk/* /root/parts/
-#   call N   (carry .gpu/pN):  cp as above && bash tools/gpu_lease.sh correctness $OUT   # steps 1, 2, 5
-#   call N+1:                  bash tools/gpu_lease.sh ort $OUT                          # step 3, ONNX Runtime
-#   call N+2:                  bash tools/gpu_lease.sh torch $OUT                        # step 3, PyTorch; step 4
-#   call N+3, if time remains: bash tools/gpu_lease.sh parity $OUT   # the parity jobs correctness left
-#   here, after (each call's files_at as A, B, C):
-#     python tools/gpu_order.py write A; tar -xzf A/parity.tar.gz -C A; python tools/gpu_parity.py write A
-#     (after a `parity` call D: its tarball holds every report so far; write D instead)
-#     python tools/gpu_session.py write B C; python tools/gpu_decode_real.py write C
-#     cp C/dec/gpu_decode.* benchmarks/
+#   here, before:  bash ../shared/tools/gpu-ort-wheel.sh                 # .gpu/p1..p5 (git-ignored)
+#                  PYTHON=.venv/bin/python bash tools/gpu_lease.sh pack   # files + slim wheel: .gpu/c1, .gpu/c2
+#                  REHEARSAL=1 PYTHON=.venv/bin/python bash tools/gpu_lease.sh rehearse DIR   # both calls on ORT CPU, timed
+#   call 1 (carry .gpu/c1, ~43 MB):  bash tools/gpu_lease.sh receive
+#   call 2 (carry .gpu/c2, ~28 MB):  bash tools/gpu_lease.sh work $OUT   (timeout_s 560)
+#   give_back at once.
+#   here, after (files_at as A):  tar -xzf A/results.tar.gz -C A && python tools/gpu_parity.py write A/r
+#     python tools/gpu_order.py write A/r; python tools/gpu_session.py write A/r
 #
-# The files are exported here (pack: this checkout's torch, the one CI tests) and carried, ~10 MB;
-# prepare unpacks them, exports whatever is missing, and builds the BLOOM-560m folder and file in
-# the background, where it runs on while the next calls carry the wheel's parts; later calls wait. The work folder
-# ($GPU_WORK, /root/gpu) outlives each call while the machine is held; $OUT is emptied per call and
-# brings back at most 8 files, two folders deep.
+# The work call joins the wheel, then runs the issue's steps in priority order, each under its own
+# timeout, and rewrites $OUT/results.tar.gz after each, so a call cut at its limit still brings
+# back every finished step:
+#   1. correctness (nothing timed, so they share the GPU): the validate jobs (gpu_parity.py), the
+#      order-dependent error (gpu_order.py), `generate` CPU vs CUDA bytes; in the background
+#      meanwhile, one untimed pass of the PyTorch cells compiles FlexAttention into the caches;
+#   3. timings, alone on the GPU (gpu_session.py ort, then torch);
+#   4. one decode timing vs PyTorch CUDA eager (bench-decode).
 set -u
 step=$1; out=${2:-}
 cd "$(dirname "$0")/.."
 if [ -n "${REHEARSAL:-}" ]; then
-  work=${GPU_WORK:-/tmp/gpu-rehearsal}; provider=cpu; small=--small
+  work=${GPU_WORK:-/tmp/gpu-rehearsal}; provider=cpu; small=--small; cpu_only=--cpu-only
 else
-  work=${GPU_WORK:-/root/gpu}; provider=cuda; small=
+  work=${GPU_WORK:-/root/gpu}; provider=cuda; small=; cpu_only=
 fi
-mkdir -p "$work"
-export PYTHONUNBUFFERED=1
+pack=${GPU_PACK:-.gpu}  # where pack writes c1, c2 and receive reads them (the rehearsal: its own folder)
+mkdir -p "$work/parts"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 py=${PYTHON:-python3}
 
-ort_gpu() {  # onnxruntime-gpu from the carried parts (../shared/tools/gpu-ort-wheel.sh)
-  [ -n "${REHEARSAL:-}" ] && return 0
-  ls /tmp/ortgpu >/dev/null 2>&1 || { mkdir -p /tmp/ortgpu && cat /root/parts/* | xz -d -T0 | tar -x -C /tmp/ortgpu; }
-  export PYTHONPATH=/tmp/ortgpu:$PWD
-  $py -c "import onnxruntime as o; o.preload_dlls(); print(o.__version__, o.get_available_providers())"
+receive() {  # this call's carried folder: its wheel part to $work/parts, its files (if any) to $work/files
+  for c in "$pack"/c*; do
+    [ -d "$c" ] || continue
+    cp "$c"/ort.tar.xz.* "$work/parts/"
+    if [ -e "$c/files.tar.xz" ] && [ ! -e "$work/files/jobs.json" ]; then
+      mkdir -p "$work/files" && tar -xJf "$c/files.tar.xz" -C "$work/files"
+    fi
+  done
+  ls -la "$work/parts"
 }
 
-ready() {  # wait for prepare's marker $1 (files: the parity / timing files; prepared: all), at most $2 seconds
-  for _ in $(seq "$2"); do [ -e "$work/$1" ] && return 0; sleep 1; done
-  echo "prepare has not made $1: see $work/prepare.log"; return 1
+join() {  # onnxruntime-gpu from the parts: /tmp/ortgpu ahead of the image's CPU onnxruntime
+  local dest=$work/ortgpu
+  [ -e "$dest/onnxruntime/__init__.py" ] || { mkdir -p "$dest" && ls "$work"/parts/ort.tar.xz.* | sort -V | xargs cat | xz -d -T0 | tar -x -C "$dest"; } || return 1
+  if [ -n "${REHEARSAL:-}" ]; then ls -la "$dest/onnxruntime/capi" 2>&1; return 0; fi  # a cp312 wheel: imported there only
+  export PYTHONPATH=$dest:$PWD
+  $py - <<'EOF'
+import numpy as np, onnxruntime as o
+o.preload_dlls()
+print(o.__version__, o.get_available_providers())
+from onnx import helper, TensorProto  # one Add on the GPU: the slim provider's sm_90 code loads and runs
+g = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+s = o.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString(),
+                       providers=["CUDAExecutionProvider"])
+assert s.get_providers()[0] == "CUDAExecutionProvider", s.get_providers()
+assert (s.run(None, {"x": np.arange(4, dtype=np.float32)})[0] == np.arange(4) * 2).all()
+print("CUDA provider runs")
+EOF
+}
+
+save() {  # everything so far into $OUT/results.tar.gz (one file: $OUT brings back 8 at most)
+  tar -czf "$out/results.tar.gz.part" -C "$work" r && mv "$out/results.tar.gz.part" "$out/results.tar.gz"
+  echo "[$(date +%T)] saved after $1 ($(du -h "$out/results.tar.gz" | cut -f1))"
 }
 
 case $step in
-  pack)  # here: the parity and timing files, exported once, for call 0 to carry
-    export PYTHONPATH=$PWD
+  pack)  # here: every file exported with this checkout's torch (the one CI tests), then the wheel cut to the calls
     files=$(mktemp -d)
     $py tools/gpu_parity.py build "$files" $small || exit 1
-    mkdir -p .gpu/files && tar -cJf .gpu/files/files.tar.xz -C "$files" . && rm -rf "$files" && ls -la .gpu/files ;;
-  prepare)
-    if [ -e .gpu/files/files.tar.xz ]; then mkdir -p "$work/files" && tar -xJf .gpu/files/files.tar.xz -C "$work/files"; fi
-    setsid nohup bash tools/gpu_lease.sh _prepare > "$work/prepare.log" 2>&1 < /dev/null &
-    echo "prepare started (log: $work/prepare.log)" ;;
-  _prepare)
-    export PYTHONPATH=$PWD
-    rm -f "$work/files_ready" "$work/prepared"
-    $py tools/gpu_parity.py build "$work/files" $small && touch "$work/files_ready"
-    $py tools/gpu_decode_real.py run "$work/dec" --device $provider $small --prepare-only
-    touch "$work/prepared" ;;
-  correctness)  # steps 1, 2 and 5: nothing here is timed, so they share the machine
-    ort_gpu; ready files_ready 300 || exit 1
-    runtimes=; [ -n "${REHEARSAL:-}" ] && runtimes="--runtimes ort-cpu"
-    (timeout 420 $py tools/gpu_parity.py run "$work/files" "$work/parity" --jobs 6 --deadline 330 $runtimes \
-      > "$out/parity.log" 2>&1) &
-    timeout 200 $py tools/gpu_order.py run "$work/order" tools/data/alibi_attention_0f33d6a.onnx \
-      "$work/files/models/alibi_float32_portable.onnx" --provider $provider $small --cache "$work/order_cache" > "$out/order.log" 2>&1
-    cp "$work/order/gpu_order.json" "$out/" 2>/dev/null
-    if [ -z "${REHEARSAL:-}" ]; then
-      timeout 200 $py -m pytest -q -rs -p no:cacheprovider tests/test_runtimes.py tests/test_gpu_targets.py \
-        -k "cuda or tf32" > "$out/cuda_tests.log" 2>&1
-      for p in cpu cuda; do  # the same greedy bytes on both providers, the cache kept on the GPU
-        timeout 60 $py runtimes/ort/generate.py "$work/files/lm/alibi_kv.onnx" --prompt "To be, or not" \
-          --max-new-tokens 300 --provider $p --output "$work/gen_$p.bin" >> "$out/cuda_tests.log" 2>&1
+    mkdir -p "$pack" && tar -cJf "$pack/files.tar.xz" -C "$files" . && rm -rf "$files"
+    if [ -n "${REHEARSAL:-}" ] && ! ls .gpu/p1 >/dev/null 2>&1; then  # no wheel to cut: a stand-in part
+      mkdir -p "$pack/c1" && cp "$pack/files.tar.xz" "$pack/c1/" && tar -cf - -T /dev/null | xz > "$pack/c1/ort.tar.xz.1"
+    else
+      $py tools/gpu_wheel.py pack --files "$pack/files.tar.xz" --out "$pack" || exit 1
+    fi ;;
+  receive)  # call 1
+    receive ;;
+  work)  # call 2: see the top
+    t0=$(date +%s); rm -rf "$work/r"; mkdir -p "$work/r/par" "$out"
+    receive >/dev/null
+    join > "$work/r/join.log" 2>&1; joined=$?
+    cat "$work/r/join.log"
+    echo "[$(date +%T)] joined rc=$joined in $(( $(date +%s) - t0 )) s"; save join
+    [ -e "$work/files/jobs.json" ] || { echo "no files: call 1 (receive) did not run on this machine"; exit 1; }
+    files=$work/files
+    if [ "$joined" = 0 ]; then
+      # 1. correctness: validate jobs, the order error and generate share the GPU (nothing here is timed)
+      (timeout 250 $py tools/gpu_parity.py run "$files" "$work/r" --jobs 10 --deadline 170 $cpu_only \
+        > "$work/r/parity.log" 2>&1) &
+      parity=$!
+      (timeout 220 $py tools/gpu_order.py run "$work/r/order" tools/data/alibi_attention_0f33d6a.onnx \
+        "$files/models/alibi_float32_portable.onnx" --provider $provider $small --cache "$work/order_cache" \
+        --workers 6 > "$work/r/order.log" 2>&1) &
+      for p in cpu $provider; do  # the same greedy bytes on both providers, the cache kept on the GPU
+        timeout 90 $py runtimes/ort/generate.py "$files/lm/alibi_kv.onnx" --prompt "To be, or not" \
+          --max-new-tokens 300 --provider $p --output "$work/gen_$p.bin" >> "$work/r/generate.log" 2>&1
       done
-      cmp "$work/gen_cpu.bin" "$work/gen_cuda.bin" >> "$out/cuda_tests.log" 2>&1 && echo "GENERATE TOKENS EQUAL" >> "$out/cuda_tests.log"
+      cmp "$work/gen_cpu.bin" "$work/gen_$provider.bin" >> "$work/r/generate.log" 2>&1 \
+        && echo "GENERATE TOKENS EQUAL (cpu, $provider)" >> "$work/r/generate.log"
+      [ -z "${REHEARSAL:-}" ] && (timeout 200 $py tools/gpu_session.py torch "$work/warm" --warm > "$work/r/warm.log" 2>&1) &
+      wait
+      echo "[$(date +%T)] correctness done at $(( $(date +%s) - t0 )) s"; save correctness
+      # 3. timings, alone on the GPU
+      timeout 110 $py tools/gpu_session.py ort "$work/r/timing" --models "$files/models" --provider $provider $small \
+        > "$work/r/timing_ort.log" 2>&1
+      save "timings (ORT)"
     fi
-    wait
-    cp "$work/parity/machine.json" "$out/" 2>/dev/null
-    tar -czf "$out/parity.tar.gz" -C "$work/parity" par ;;
-  parity)  # the parity jobs correctness left (each job's report marks it done), if device time remains
-    ort_gpu
-    timeout 540 $py tools/gpu_parity.py run "$work/files" "$work/parity" --jobs 6 --deadline 420 > "$out/parity.log" 2>&1
-    cp "$work/parity/machine.json" "$out/" 2>/dev/null
-    tar -czf "$out/parity.tar.gz" -C "$work/parity" par ;;
-  ort)  # step 3, the ONNX Runtime cells (alone on the GPU: these are timings)
-    ort_gpu; ready files_ready 120 || exit 1
-    lengths=; [ -n "${REHEARSAL:-}" ] && lengths="--lengths 64,256 --biases alibi,t5"
-    timeout 540 $py tools/gpu_session.py ort "$out" --models "$work/files/models" --provider $provider $lengths \
-      > "$out/ort.log" 2>&1 ;;
-  torch)  # step 3, the PyTorch cells; step 4, decode
-    ort_gpu; ready prepared 60 || exit 1
-    if [ -z "${REHEARSAL:-}" ]; then
-      timeout 260 $py tools/gpu_session.py torch "$out" > "$out/torch.log" 2>&1
-      timeout 120 $py -m posbias_export bench-decode --device cuda --steps 32 --out-dir "$out/dec" > "$out/decode.log" 2>&1
+    if [ -z "${REHEARSAL:-}" ]; then  # PyTorch's cells need no ONNX Runtime: they run even if the join failed
+      timeout 100 $py tools/gpu_session.py torch "$work/r/timing" > "$work/r/timing_torch.log" 2>&1
+      save "timings (PyTorch)"
     fi
-    timeout 150 $py tools/gpu_decode_real.py run "$work/dec" --device $provider $small >> "$out/decode.log" 2>&1
-    cp "$work/dec/gpu_decode_real.json" "$out/" 2>/dev/null ;;
-  all)  # the rehearsal, one step after the other into OUT/<step>
-    for s in _prepare correctness ort torch; do mkdir -p "$out/$s"; bash tools/gpu_lease.sh $s "$out/$s" || exit 1; done ;;
-  *) echo "usage: tools/gpu_lease.sh prepare|correctness|parity|ort|torch [OUT]   (REHEARSAL=1 ... all OUT)"; exit 2 ;;
+    # 4. one decode timing: ONNX Runtime with the cache on the GPU vs PyTorch eager on the GPU
+    contexts=4096; steps=32; [ -n "${REHEARSAL:-}" ] && { contexts=256; steps=8; }
+    first=$($py -c "from posbias_export.biases import BIASES; print(next(iter(BIASES)))")  # the registry's first family
+    [ "$joined" = 0 ] && timeout 75 $py -m posbias_export bench-decode --device $provider --biases "$first" \
+      --contexts $contexts --steps $steps --out-dir "$work/r/decode" > "$work/r/decode.log" 2>&1
+    save decode
+    echo "[$(date +%T)] work done in $(( $(date +%s) - t0 )) s" ;;
+  rehearse)  # REHEARSAL=1: pack, then both calls here on ORT CPU, each timed into OUT/calls.txt
+    [ -n "${REHEARSAL:-}" ] || { echo "rehearse needs REHEARSAL=1"; exit 2; }
+    rm -rf "$work" "$out/pack"; mkdir -p "$out"; : > "$out/calls.txt"; export GPU_PACK=$out/pack GPU_WORK=$work
+    for s in pack receive work; do
+      t=$(date +%s); bash tools/gpu_lease.sh $s "$out" > "$out/$s.log" 2>&1 || { cat "$out/$s.log"; exit 1; }
+      echo "$s $(( $(date +%s) - t )) s" | tee -a "$out/calls.txt"
+    done ;;
+  *) echo "usage: tools/gpu_lease.sh pack|receive|work OUT   (REHEARSAL=1 ... rehearse OUT)"; exit 2 ;;
 esac
-ls -la "${out:-$work}"

@@ -122,15 +122,18 @@ def run_case(cache: Path, path: str, provider: str, order: list[int], setting: s
     return row
 
 
-def run(out: Path, files: list[str], provider: str, small: bool, cache: Path | None = None) -> None:
+def run(out: Path, files: list[str], provider: str, small: bool, cache: Path | None = None, workers: int = 6) -> None:
     cache = cache or out / "cpu_ref"  # the CPU outputs (8 MB a length): outside $OUT on the GPU machine
     cache.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for path in files:
-        for name, order in orders(small).items():
-            for setting in SETTINGS:
-                rows.append(run_case(cache, path, provider, order, setting, {}))
-            rows.append(run_case(cache, path, provider, order, "ort-defaults", {"CUDA_LAUNCH_BLOCKING": "1"}))
+    from concurrent.futures import ThreadPoolExecutor
+
+    for path in files:  # every CPU output before the cases: they read it, none writes it
+        for length in sorted({n for order in orders(small).values() for n in order}):
+            reference(path, length, cache)
+    cases = [(path, order, setting, env) for path in files for order in orders(small).values()
+             for setting, env in [*((s, {}) for s in SETTINGS), ("ort-defaults", {"CUDA_LAUNCH_BLOCKING": "1"})]]
+    with ThreadPoolExecutor(workers) as pool:  # each case its own process and session: correctness, not timing
+        rows = list(pool.map(lambda c: run_case(cache, c[0], provider, c[1], c[2], c[3]), cases))
     failing = next((r for r in rows if any(not x["agrees"] for x in r["runs"])), None)
     sanitizer = shutil.which("compute-sanitizer")
     if failing and sanitizer:
@@ -173,6 +176,7 @@ def main(argv=None) -> int:
     r.add_argument("--provider", choices=("cpu", "cuda"), default="cuda")
     r.add_argument("--small", action="store_true", help="64 and 256 tokens (the CPU rehearsal)")
     r.add_argument("--cache", type=Path, help="where the CPU outputs are kept (default OUT/cpu_ref)")
+    r.add_argument("--workers", type=int, default=6, help="cases run at once, each in its own process")
     w = sub.add_parser("write")
     w.add_argument("out", type=Path)
     w.add_argument("--dest", type=Path, default=ROOT / "benchmarks" / "gpu_order.md")
@@ -185,7 +189,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.part == "run":
         args.out.mkdir(parents=True, exist_ok=True)
-        run(args.out, args.files, args.provider, args.small, args.cache)
+        run(args.out, args.files, args.provider, args.small, args.cache, args.workers)
     elif args.part == "write":
         write(args.out, args.dest)
     else:

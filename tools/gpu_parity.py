@@ -1,24 +1,26 @@
-"""Issue 38, step 2: every file kind through `validate` (order protocol included) on ORT CPU, CUDA
-and CUDA with TF32, against float64 PyTorch -> benchmarks/gpu_parity.md.
+"""The lease's correctness step (issue 50, step 1): the files the issue names through `validate`
+(order protocol included) on ORT CPU, CUDA and CUDA with TF32, against float64 PyTorch (run on
+the GPU there: --reference-device cuda) -> benchmarks/gpu_parity.md.
 
-    python tools/gpu_parity.py build DIR [--small]          # export every file, DIR/jobs.json (CPU work)
-    python tools/gpu_parity.py run DIR OUT [--jobs N] [--runtimes ...]   # the validate jobs, OUT/par/*.json
+    python tools/gpu_parity.py build DIR [--small]          # export every file, DIR/jobs.json (here)
+    python tools/gpu_parity.py run DIR OUT [--jobs N] [--cpu-only]   # the validate jobs, OUT/par/*.json
     python tools/gpu_parity.py write OUT...                 # here: benchmarks/gpu_parity.md / .json
 
-Files: per family the default LM, its --target cuda-ort twin, its --kv-cache file and its
---bidirectional file; the attention files (H=8, d=64) of every family, portable / cuda /
-cuda-ort, float32 and float16 (shared with the timings: gpu_attention.export_files); imported
-BLOOM, MPT and Falcon folders (tiny configs, random weights) as float32 portable and float16
-cuda-ort files; a T5 folder's encoder and decoder files, judged as a pair. Lengths 1, 17, 1024,
-4096 (batch 3), then 16384 (attention files also 32768) at batch 1 in their own job, on the CUDA
-provider alone for the attention and imported files. Short jobs run first. --small is
-the CPU rehearsal: every kind once (ALiBi and T5 families), 1 / 17 / 64 and 128 tokens, ORT CPU.
+Files: the default LM of every family; the fused whole-sequence files (ALiBi and none, --target
+cuda-ort, float32 and float16 attention, H=8, d=64); the slim-table files (KERPLE, T5, Sandwich,
+the same); the window file (the same); an imported BLOOM (tiny config, random weights) float16
+--target cuda-ort; the in-place cache file (--kv-cache --target ort, its cache bound as one
+buffer on ort-cpu-shared / ort-cuda-shared); the --kv-cache file that `generate` compares.
+Lengths 1, 17, 1024, 4096 (batch 3; attention files batch 1), then 16384 (attention files also
+32768) in their own job on the CUDA provider alone. Short jobs first. --small is the CPU
+rehearsal: ALiBi and T5, 1 / 17 / 64 and 128 tokens.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +37,6 @@ GPU_RUNTIMES = "ort-cpu,ort-cuda,ort-cuda-tf32"
 FLOAT16_RUNTIMES = "ort-cpu,ort-cuda"  # TF32 changes float32 matmuls only
 SHORT, LONG, ATTENTION_LONG = "1,17,1024,4096", "16384", "16384,32768"
 SMALL_SHORT, SMALL_LONG = "1,17,64", "128"
-IMPORTED = ("bloom", "mpt", "falcon")
 
 
 def _export(args: list[str]) -> str | None:
@@ -47,9 +48,18 @@ def _export(args: list[str]) -> str | None:
 def _export_attention(bias: str, models: Path) -> str | None:
     code = (f"import sys; from pathlib import Path; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
             f"import gpu_attention as g; "
-            f"g.export_files([{bias!r}], g.DTYPES, g.TARGETS, 8, 64, Path({str(models)!r}))")
+            f"g.export_files([{bias!r}], g.DTYPES, ('cuda-ort',), 8, 64, Path({str(models)!r})); "
+            f"{bias!r} == 'alibi' and g.export_files(['alibi'], ['float32'], ['portable'], 8, 64, Path({str(models)!r}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
     return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+
+
+FUSED, SLIM, WINDOW = ("alibi", "none"), ("kerple_power", "kerple_log", "t5", "sandwich"), ("window",)
+
+
+def attention_families(small: bool) -> list[str]:
+    chosen = ("alibi", "t5") if small else (*FUSED, *SLIM, *WINDOW)
+    return [b for b in BIASES if b in chosen]
 
 
 def plan(root: Path, small: bool) -> tuple[list[tuple[str, list[str]]], list[dict]]:
@@ -64,40 +74,27 @@ def plan(root: Path, small: bool) -> tuple[list[tuple[str, list[str]]], list[dic
                      "lengths": lengths, "batch": batch, "model": str(Path(model).relative_to(root)) if model else None})
 
     for b in families:
-        for kind, extra in (("lm", []), ("lm_cuda-ort", ["--target", "cuda-ort"]), ("kv", ["--kv-cache"]),
-                            ("bidirectional", ["--bidirectional"])):
-            path = root / "lm" / f"{b}_{kind}.onnx"
-            exports.append((str(path), ["--bias", b, *extra, "--out", str(path)]))
-            job(f"{b}_{kind}", [path], GPU_RUNTIMES, short, 3)
-            if kind in ("lm", "bidirectional"):
-                job(f"{b}_{kind}_long", [path], GPU_RUNTIMES, long, 1)
-    long_attention = []
+        path = root / "lm" / f"{b}_lm.onnx"
+        exports.append((str(path), ["--bias", b, "--out", str(path)]))
+        job(f"{b}_lm", [path], GPU_RUNTIMES, short, 3)
+        job(f"{b}_lm_long", [path], GPU_RUNTIMES, long, 1)  # the default file: ORT CPU at 16384 too
+    kv = root / "lm" / "alibi_kv.onnx"  # what `generate --provider cpu|cuda` compares
+    exports.append((str(kv), ["--bias", "alibi", "--kv-cache", "--out", str(kv)]))
+    job("alibi_kv", [kv], GPU_RUNTIMES, short, 3)
+    inplace = root / "lm" / "alibi_kv_inplace.onnx"
+    exports.append((str(inplace), ["--bias", "alibi", "--kv-cache", "--target", "ort", "--out", str(inplace)]))
+    job("alibi_kv_inplace", [inplace], "ort-cpu,ort-cpu-shared,ort-cuda,ort-cuda-shared", short, 3)
     for dtype in g.DTYPES:
-        for b in families:
-            for target in ("portable", "cuda", "cuda-ort"):
-                path = root / "models" / f"{b}_{dtype}_{target}.onnx"  # gpu_attention.export_files' name
-                runtimes = GPU_RUNTIMES if dtype == "float32" else FLOAT16_RUNTIMES
-                job(f"att_{b}_{dtype}_{target}", [path], runtimes, short, 1)
-                # past 4096 on the CUDA provider alone: ORT CPU has its long-length tables already
-                # (benchmarks/gpu_targets_cpu_parity.md, slim_table_long_parity.md)
-                long_attention.append((f"att_{b}_{dtype}_{target}_long", [path], runtimes.replace("ort-cpu,", ""),
-                                       SMALL_LONG if small else ATTENTION_LONG, 1))
-    for kind in IMPORTED[:1] if small else IMPORTED:
-        folder = root / "hf" / kind
-        for dtype, target in (("float32", "portable"), ("float16", "cuda-ort")):
-            path = root / "hf" / f"{kind}_{dtype}_{target}.onnx"
-            exports.append((str(path), ["--model", str(folder), "--dtype", dtype, "--target", target,
-                                        "--out", str(path)]))
+        for b in attention_families(small):
+            path = root / "models" / f"{b}_{dtype}_cuda-ort.onnx"  # gpu_attention.export_files' name
             runtimes = GPU_RUNTIMES if dtype == "float32" else FLOAT16_RUNTIMES
-            job(f"hf_{kind}_{dtype}_{target}", [path], runtimes, short, 3, folder)
-            job(f"hf_{kind}_{dtype}_{target}_long", [path], runtimes.replace("ort-cpu,", ""), long, 1, folder)
-    for args in sorted(long_attention, key=lambda a: "alibi" not in a[0]):  # the order failure's family first
-        job(*args)
-    t5 = root / "hf" / "t5_gated"
-    exports.append((str(root / "hf" / "t5_files"), ["--model", str(t5), "--out-dir", str(root / "hf" / "t5_files")]))
-    pair = [root / "hf" / "t5_files" / "encoder_model.onnx", root / "hf" / "t5_files" / "decoder_model_merged.onnx"]
-    job("hf_t5_pair", pair, GPU_RUNTIMES, short, 3, t5)
-    job("hf_t5_pair_long", pair, GPU_RUNTIMES.replace("ort-cpu,", ""), long, 1, t5)
+            job(f"att_{b}_{dtype}_cuda-ort", [path], runtimes, short, 1)
+            job(f"att_{b}_{dtype}_cuda-ort_long", [path], runtimes.replace("ort-cpu,", ""),
+                SMALL_LONG if small else ATTENTION_LONG, 1)
+    folder, path = root / "hf" / "bloom", root / "hf" / "bloom_float16_cuda-ort.onnx"
+    exports.append((str(path), ["--model", str(folder), "--dtype", "float16", "--target", "cuda-ort", "--out", str(path)]))
+    job("hf_bloom_float16_cuda-ort", [path], FLOAT16_RUNTIMES, short, 3, folder)
+    job("hf_bloom_float16_cuda-ort_long", [path], "ort-cuda", long, 1, folder)
     return exports, sorted(jobs, key=lambda j: j["name"].endswith("_long"))  # breadth first: a call cut short has it
 
 
@@ -106,17 +103,15 @@ def build(root: Path, small: bool, workers: int) -> None:
 
     for sub in ("lm", "models", "hf"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    for kind in (*(IMPORTED[:1] if small else IMPORTED), "t5_gated"):
-        if not (root / "hf" / kind).exists():
-            hf_folders.save_tiny_model(kind, root / "hf" / kind)
+    if not (root / "hf" / "bloom").exists():
+        hf_folders.save_tiny_model("bloom", root / "hf" / "bloom")
     exports, jobs = plan(root, small)
-    families = [b for b in BIASES if b in ("alibi", "t5")] if small else list(BIASES)
     todo = [(path, args) for path, args in exports if not Path(path).exists()]
     with ThreadPoolExecutor(workers) as pool:
-        # the attention files of every target (the timings' plain form too), one process per family
-        attention = [pool.submit(_export_attention, b, root / "models") for b in families]
+        # the attention files (--target cuda-ort, both dtypes; ALiBi's portable one for the order check)
+        attention = [pool.submit(_export_attention, b, root / "models") for b in attention_families(small)]
         errors = dict(zip((p for p, _ in todo), pool.map(lambda e: _export(e[1]), todo)))
-        errors.update({f"models/{b}": f.result() for b, f in zip(families, attention)})
+        errors.update({f"models/{b}": f.result() for b, f in zip(attention_families(small), attention)})
     failed = {p: e for p, e in errors.items() if e}
     (root / "jobs.json").write_text(json.dumps({"jobs": jobs, "export_errors": failed}, indent=1))
     print(f"{len(jobs)} jobs, {len(todo)} exports, {len(failed)} failed", *failed.items(), sep="\n")
@@ -141,10 +136,21 @@ def job_bytes(job: dict, root: Path) -> float:
     return own_file_bytes(meta, longest, job["batch"])
 
 
-def run(root: Path, out: Path, workers: int, runtimes: str | None, only: str | None, deadline: float | None) -> int:
+CPU_RUNTIMES = ("ort-cpu", "ort-cpu-shared")
+
+
+def job_runtimes(job: dict, cpu_only: bool) -> str:
+    """The job's runtimes; for the CPU rehearsal, its CPU ones (ort-cpu where it has none)."""
+    if not cpu_only:
+        return job["runtimes"]
+    return ",".join(r for r in job["runtimes"].split(",") if r in CPU_RUNTIMES) or "ort-cpu"
+
+
+def run(root: Path, out: Path, workers: int, cpu_only: bool, only: str | None, deadline: float | None) -> int:
     """The validate jobs, short ones first, at most `workers` at a time and no more together
     than 70% of the memory available; a job whose report exists is done (a later call resumes);
-    none starts after `deadline` seconds (the call then ends inside its limit)."""
+    none starts after `deadline` seconds (the call then ends inside its limit). On the GPU the
+    references run there too (--reference-device cuda)."""
     import threading
     import time
 
@@ -154,6 +160,7 @@ def run(root: Path, out: Path, workers: int, runtimes: str | None, only: str | N
     jobs = [j for j in jobs if (not only or only in j["name"]) and not (out / "par" / f"{j['name']}.json").exists()]
     (out / "par").mkdir(parents=True, exist_ok=True)
     (out / "machine.json").write_text(json.dumps(gpu_environment()))
+    (out / "jobs.json").write_text((root / "jobs.json").read_text())  # what was planned: write() lists what did not run
     budget, started = 0.7 * available_bytes(), time.monotonic()
     held, lock = [0.0], threading.Condition()
 
@@ -166,11 +173,20 @@ def run(root: Path, out: Path, workers: int, runtimes: str | None, only: str | N
             if deadline is not None and time.monotonic() - started > deadline:
                 print(j["name"], "not started: deadline", flush=True)
                 return 0
-            cmd = [sys.executable, "-m", "posbias_export", "validate", *(str(root / f) for f in j["files"]),
-                   "--runtimes", runtimes or j["runtimes"], "--lengths", j["lengths"], "--batch", str(j["batch"]),
-                   "--json", str(out / "par" / f"{j['name']}.json"),
-                   *(["--model", str(root / j["model"])] if j["model"] else [])]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            def validate(device):
+                cmd = [sys.executable, "-m", "posbias_export", "validate", *(str(root / f) for f in j["files"]),
+                       "--runtimes", job_runtimes(j, cpu_only), "--reference-device", device,
+                       "--lengths", j["lengths"], "--batch", str(j["batch"]),
+                       "--json", str(out / "par" / f"{j['name']}.json"),
+                       *(["--model", str(root / j["model"])] if j["model"] else [])]
+                return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+            proc = validate("cpu" if cpu_only else "cuda")
+            report = out / "par" / f"{j['name']}.json"
+            if not cpu_only and (proc.returncode == 2 or not report.exists()):  # the GPU reference broke: on the CPU
+                first = proc.stdout + proc.stderr
+                proc = validate("cpu")
+                proc.stdout = f"--reference-device cuda: {first.strip().splitlines()[-1:]}\n" + proc.stdout
             (out / "par" / f"{j['name']}.txt").write_text(proc.stdout + proc.stderr)
             print(j["name"], "rc", proc.returncode, f"{time.monotonic() - started:.0f} s", flush=True)
             return proc.returncode
@@ -190,13 +206,15 @@ def write(folders: list[Path], dest: Path = ROOT / "benchmarks") -> list[str]:
     machine = next((json.loads((f / "machine.json").read_text()) for f in folders if (f / "machine.json").exists()), None)
     reports = [(i > 0, json.loads(p.read_text())) for i, f in enumerate(folders) for p in sorted(f.glob("par/*.json"))]
     lines = ["# Parity on the GPU: ONNX Runtime CPU, CUDA (TF32 off) and CUDA with TF32, against float64 PyTorch", "",
-             "Generated by `python tools/gpu_parity.py build DIR && python tools/gpu_parity.py run DIR OUT` on the GPU "
-             "machine (each job one `python -m posbias_export validate`, order protocol included), then "
+             "Generated by `tools/gpu_lease.sh` (`python tools/gpu_parity.py run DIR OUT` on the GPU machine: each job "
+             "one `python -m posbias_export validate --reference-device cuda`, order protocol included), then "
              "`python tools/gpu_parity.py write OUT`. " + (describe_gpu(machine) if machine else "") +
-             " LM files: the default byte-level decoder; attention files: H=8, d=64; imported: tiny BLOOM / MPT / "
-             "Falcon / T5 folders (random weights), judged with `--model`. Budgets: the float32 policy, the TF32 "
-             "policy for ort-cuda-tf32, the float16 policy for float16 files (parity/tolerance.py).", "",
-             "| file | runtime | cases | worst max abs err | budget there | verdict |", "|---|---|---|---|---|---|"]
+             " LM files: the default byte-level decoder (batch 3; 16384 at batch 1); attention files: H=8, d=64, "
+             "batch 1; the in-place cache file: prefill and one-token steps, its cache one buffer on the -shared "
+             "runtimes; imported: a tiny BLOOM folder (random weights), judged with `--model`. References: float64 "
+             "PyTorch on the GPU (TF32 off); budgets: the float32 policy, the TF32 policy for ort-cuda-tf32, the "
+             "float16 policy for float16 files (parity/tolerance.py).", "",
+             "| file | runtime | lengths (cells, order protocol included) | worst max abs err | budget there | verdict |", "|---|---|---|---|---|---|"]
     failures = []
     for rerun, report in reports:
         for model in report["models"]:
@@ -213,11 +231,30 @@ def write(folders: list[Path], dest: Path = ROOT / "benchmarks") -> list[str]:
                     f", max abs err {c['parity']['max_abs']:.2e} (budget {c['parity']['budget_abs']:.2e})"
                     if "max_abs" in (c.get("parity") or {}) else "") for c in bad]
                 err = f"{worst['max_abs']:.2e} | {worst['budget_abs']:.2e}" if worst else "- | -"
-                lines.append(f"| {name} | {runtime} | {len(cells)} | {err} | {'FAIL' if bad else 'pass'} |")
+                lengths = sorted({int(m.group(1)) for c in cells if (m := re.search(r"L=(\d+)", c["case"]))})
+                lines.append(f"| {name} | {runtime} | {','.join(map(str, lengths)) or '-'} ({len(cells)} cells) | {err} | "
+                             f"{'FAIL' if bad else 'pass'} |")
     lines += ["", "## Failures", ""] + [f"- {x}" for x in failures or ["none"]]
+    missing = not_run(folders)
+    if missing:
+        lines += ["", "## Not run", ""] + [f"- {x}" for x in missing]
     (dest / "gpu_parity.md").write_text("\n".join(lines) + "\n")
     (dest / "gpu_parity.json").write_text(json.dumps([r for _, r in reports], indent=1))
     return failures
+
+
+def not_run(folders: list[Path]) -> list[str]:
+    """The planned jobs without a report in any folder, each with why (its log's last line, or
+    the call's deadline when it never started)."""
+    planned = next((json.loads((f / "jobs.json").read_text())["jobs"] for f in folders if (f / "jobs.json").exists()), [])
+    out = []
+    for j in planned:
+        if any((f / "par" / f"{j['name']}.json").exists() for f in folders):
+            continue
+        log = next((f / "par" / f"{j['name']}.txt" for f in folders if (f / "par" / f"{j['name']}.txt").exists()), None)
+        last = (log.read_text().strip().splitlines() or ["no output"])[-1][:200] if log else "not started before the deadline"
+        out.append(f"{j['name']} ({', '.join(j['files'])}; {j['lengths']}): {last}")
+    return out
 
 
 def main(argv=None) -> int:
@@ -231,7 +268,7 @@ def main(argv=None) -> int:
     r.add_argument("dir", type=Path)
     r.add_argument("out", type=Path)
     r.add_argument("--jobs", type=int, default=6)
-    r.add_argument("--runtimes", help="instead of each job's own (ort-cpu for the rehearsal)")
+    r.add_argument("--cpu-only", action="store_true", help="each job's CPU runtimes, references on the CPU (the rehearsal)")
     r.add_argument("--only", help="the jobs whose name holds this")
     r.add_argument("--deadline", type=float, help="seconds after which no job starts")
     w = sub.add_parser("write")
@@ -242,7 +279,7 @@ def main(argv=None) -> int:
         build(args.dir, args.small, args.jobs)
         return 0
     if args.part == "run":
-        return run(args.dir, args.out, args.jobs, args.runtimes, args.only, args.deadline)
+        return run(args.dir, args.out, args.jobs, args.cpu_only, args.only, args.deadline)
     return 1 if write(args.out, args.dest) else 0
 
 

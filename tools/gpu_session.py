@@ -1,13 +1,13 @@
-"""Issue 38, step 3: `bench --device cuda` in parts, one GPU call each (tools/gpu_lease.sh), so a
-call cut short by its time limit still returns what it measured: the ONNX Runtime cells (each
-file in its own worker process, profiled after its timings, float16 GPU targets once more with
-cuDNN SDPA off) and the PyTorch cells (eager with the bias, fused SDPA without, compiled Flex).
+"""The lease's timing step (issue 50, step 3), alone on the GPU: our float16 --target cuda-ort
+attention files on ONNX Runtime CUDA (each file in its own worker process, profiled after its
+timings: ORT's operators, the CUDA kernels, the kernel its attention op chose) against compiled
+FlexAttention, fused SDPA and PyTorch eager, each in the cells the targets read.
 
-    python tools/gpu_session.py ort OUT [--models DIR] [--provider cuda|cpu] [--lengths ...]
-    python tools/gpu_session.py torch OUT [--lengths ...]
-    python tools/gpu_session.py write OUT_1 OUT_2 ...   # here: benchmarks/gpu_attention.md / .json
+    python tools/gpu_session.py ort OUT --models DIR [--provider cuda|cpu] [--small]
+    python tools/gpu_session.py torch OUT [--warm]     # --warm: each cell once (compiles, fills the caches)
+    python tools/gpu_session.py write OUT_1 OUT_2 ...  # here: benchmarks/gpu_attention.md / .json
 
---provider cpu --lengths 64,256 is the rehearsal (ORT CPU, the same workers and writer).
+--provider cpu --small is the rehearsal (ORT CPU at 64 / 256 tokens, the same workers and writer).
 """
 from __future__ import annotations
 
@@ -17,35 +17,38 @@ import sys
 from pathlib import Path
 
 import gpu_attention as g
-from posbias_export.biases import BIASES
 from posbias_export.environment import describe_gpu, gpu_environment
 
 HEADS, HEAD_DIM, REPEATS = 8, 64, 10
 ROOT = Path(__file__).resolve().parents[1]
+# The targets' cells (gpu_attention.target_rows): the fused families at 4096 and 16384, the table
+# families at 16384, and each at 32768 for its peak memory; then what each is held to.
+ORT_GRID = {"alibi": (4096, 16384, 32768), "none": (4096, 16384, 32768), "kerple_log": (16384, 32768),
+            "t5": (16384, 32768)}
+SMALL_GRID = {"alibi": (64, 256), "t5": (64, 256)}
+TORCH_GRID = {"alibi": ((4096, 16384), ("flex", "torch-sdpa", "torch-eager")), "none": ((4096, 16384), ("torch-sdpa",)),
+              "kerple_log": ((16384,), ("flex",)), "t5": ((16384,), ("flex",))}
 
 
-def part_ort(out: Path, models: Path, provider: str = "cuda", lengths=g.LENGTHS, biases=BIASES) -> None:
-    files = g.export_files(biases, g.DTYPES, g.TARGETS, HEADS, HEAD_DIM, models)
-    files = {key: path for key, path in files.items() if key[2] != "portable" or key[0] == "alibi"}  # the old anchor: ALiBi is enough
+def part_ort(out: Path, models: Path, provider: str = "cuda", small: bool = False) -> None:
     rows = []
-    for key, path in files.items():  # written after every file: a call cut short keeps what it measured
-        rows += g.ort_cells({key: path}, lengths, HEADS, HEAD_DIM, REPEATS, provider=provider,
-                            progress=lambda m: print(m, flush=True))
+    for bias, lengths in (SMALL_GRID if small else ORT_GRID).items():  # written after each file: a cut call keeps it
+        got = g.run_ort(models / f"{bias}_float16_cuda-ort.onnx", lengths, "float16", HEADS, HEAD_DIM, REPEATS,
+                        timeout=120, provider=provider, profile=True)
+        rows += [{"bias": bias, "dtype": "float16", "config": "ort-cuda-ort", **r} for r in got]
+        print("ort", bias, [(r["length"], g.median(r["times"]) if r.get("times") else r.get("error")) for r in got],
+              flush=True)
         (out / "gpu_ort.json").write_text(json.dumps(rows))
 
 
-def part_torch(out: Path, lengths=g.LENGTHS, biases=BIASES) -> None:
-    rows, checks = [], {}
-    for bias in biases:
-        for dtype in g.DTYPES:
-            rows += g.torch_cells(bias, dtype, lengths, HEADS, HEAD_DIM, REPEATS)
-            print("torch", bias, dtype, flush=True)
-        try:
-            checks[bias] = g.flex_check(bias, HEADS, HEAD_DIM)
-        except Exception as err:  # noqa: BLE001 - recorded, not fatal
-            checks[bias] = float("nan")
-            print("flex check", bias, err, flush=True)
-        (out / "gpu_torch.json").write_text(json.dumps({"rows": rows, "flex_vs_float64_1024": checks}))
+def part_torch(out: Path, warm: bool = False) -> None:
+    rows = []
+    for bias, (lengths, configs) in TORCH_GRID.items():
+        rows += g.torch_cells(bias, "float16", lengths, HEADS, HEAD_DIM, 1 if warm else REPEATS, configs)
+        print("torch", bias, [(r["config"], r["length"], g.median(r["times"]) if r.get("times") else r.get("error"))
+                              for r in rows if r["bias"] == bias], flush=True)
+        if not warm:
+            (out / "gpu_torch.json").write_text(json.dumps({"rows": rows}))
 
 
 def part_write(folders: list[Path], dest: Path) -> list[Path]:
@@ -67,13 +70,12 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="part", required=True)
     o = sub.add_parser("ort")
     o.add_argument("out", type=Path)
-    o.add_argument("--models", type=Path, help="where the attention files are (exported there if missing)")
+    o.add_argument("--models", type=Path, required=True, help="where the attention files are (gpu_parity.py build)")
     o.add_argument("--provider", choices=("cuda", "cpu"), default="cuda")
-    o.add_argument("--lengths", default=",".join(map(str, g.LENGTHS)))
-    o.add_argument("--biases", default=",".join(BIASES))
+    o.add_argument("--small", action="store_true", help="64 and 256 tokens (the CPU rehearsal)")
     t = sub.add_parser("torch")
     t.add_argument("out", type=Path)
-    t.add_argument("--lengths", default=",".join(map(str, g.LENGTHS)))
+    t.add_argument("--warm", action="store_true", help="each cell once: compiles, fills the caches, writes nothing")
     w = sub.add_parser("write")
     w.add_argument("out", type=Path, nargs="+")
     w.add_argument("--dest", type=Path, default=ROOT / "benchmarks")
@@ -83,11 +85,10 @@ def main(argv=None) -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "machine.json").write_text(json.dumps(gpu_environment()))
-    lengths = [int(n) for n in args.lengths.split(",")]
     if args.part == "ort":
-        part_ort(args.out, args.models or args.out / "models", args.provider, lengths, args.biases.split(","))
+        part_ort(args.out, args.models, args.provider, args.small)
     else:
-        part_torch(args.out, lengths)
+        part_torch(args.out, args.warm)
     return 0
 
 

@@ -38,6 +38,9 @@ def build_validate_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-order-check", action="store_true",
                    help="skip the order protocol (one session running every case in ascending then descending size, "
                    "compared bit for bit with fresh sessions): a third of the runtime work")
+    p.add_argument("--reference-device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the float64 PyTorch reference (and the per-precision floors) of our own files run "
+                   "(cuda: PyTorch on the GPU, TF32 off; default cpu)")
     p.add_argument("--json", help="write the full report as JSON")
     p.add_argument("--markdown", help="write the matrix as markdown")
     return p
@@ -52,6 +55,10 @@ def run_validate(args) -> int:
     if args.model and (args.checkpoint or args.inputs):
         raise UsageError("--model judges generated left-padded inputs against the folder's model; drop "
                        + ("--checkpoint" if args.checkpoint else "--inputs"))
+    if args.reference_device != "cpu":
+        from ..parity.reference import use_reference_device
+
+        use_reference_device(args.reference_device)
     return report_validation(args.models, args.runtimes, args.lengths, args.batch, args.checkpoint, args.inputs,
                              args.json, args.markdown, args.model, args.ignore_size_limits, not args.skip_order_check)
 

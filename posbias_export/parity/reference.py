@@ -188,11 +188,30 @@ def torch_args(meta: dict, feeds: dict[str, np.ndarray]) -> tuple:
     return (first, mask) if arch == "lm" else (first, None, mask)
 
 
+_DEVICE = ["cpu"]  # where torch_outputs runs: validate --reference-device
+
+
+def use_reference_device(device: str) -> None:
+    """Run the PyTorch references (float64 and the floors) on `device`: "cuda" makes a float64
+    reference at 32768 tokens take seconds instead of minutes; matmuls stay exact (TF32 off)."""
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ParityInputError("--reference-device cuda: PyTorch sees no CUDA GPU here")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    elif device != "cpu":
+        raise ParityInputError(f"unknown reference device {device!r}; choose cpu or cuda")
+    _DEVICE[0] = device
+
+
 @torch.no_grad()
 def torch_outputs(model: torch.nn.Module, inputs: tuple, dtype: torch.dtype,
                   settings: AttentionSettings = EAGER) -> np.ndarray:
-    """Run a copy of `model` in `dtype` (float inputs cast too); returns a float64 numpy array."""
-    m = copy.deepcopy(model).to(dtype).eval()
-    cast = tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs)
-    return m(*cast, settings=settings).to(torch.float64).numpy()
+    """Run a copy of `model` in `dtype` (float inputs cast too) on the reference device;
+    returns a float64 numpy array."""
+    device = _DEVICE[0]
+    m = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
+    cast = tuple(t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+                 if isinstance(t, torch.Tensor) else t for t in inputs)
+    return m(*cast, settings=settings).to(torch.float64).cpu().numpy()
 

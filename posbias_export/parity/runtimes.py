@@ -29,6 +29,7 @@ RUNTIMES = {
         # the cache bound to one buffer as past and present (an in-place --target ort file, as genai runs it)
         Runtime("ort-cpu-shared", ("ort/run.py", "--provider", "cpu", "--shared-cache"), "python", "onnxruntime"),
         Runtime("ort-cuda", ("ort/run.py", "--provider", "cuda"), "python", "onnxruntime"),  # TF32 off: exact float32
+        Runtime("ort-cuda-shared", ("ort/run.py", "--provider", "cuda", "--shared-cache"), "python", "onnxruntime"),
         Runtime("ort-cuda-tf32", ("ort/run.py", "--provider", "cuda", "--tf32"), "python", "onnxruntime", "tf32"),
         Runtime("openvino", ("openvino/run.py", "--precision", "f32"), "python", "openvino"),
         Runtime("openvino-bf16", ("openvino/run.py", "--precision", "bf16"), "python", "openvino", "bfloat16"),

@@ -129,12 +129,13 @@ def run_shared(session, feeds):
     if layout is None:
         return run(session, feeds)
     total = feeds["attention_mask"].shape[1]
+    device = "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"  # the cache stays on the GPU
     buffers = {}
     for name in layout.past:
         past = feeds[name]
         buffer = np.zeros((*past.shape[:2], total + SHARED_SLACK, past.shape[3]), past.dtype)
         buffer[:, :, :past.shape[2]] = past
-        buffers[name] = ort.OrtValue.ortvalue_from_numpy(buffer)
+        buffers[name] = ort.OrtValue.ortvalue_from_numpy(buffer, device, 0)
     binding = session.io_binding()
     for name, value in feeds.items():
         if name in buffers:
