@@ -106,10 +106,15 @@ def case(path: str, provider: str, lengths: list[int], knobs, cache: Path) -> li
     return runs
 
 
-def run_case(cache: Path, path: str, provider: str, order: list[int], setting: str, env: dict, prefix=()) -> dict:
+def run_case(cache: Path, path: str, provider: str, order: list[int], setting: str, env: dict, prefix=(),
+             timeout: float = 300) -> dict:
     cmd = [*prefix, sys.executable, __file__, "case", path, "--provider", provider, "--cache", str(cache),
            "--lengths", ",".join(map(str, order)), "--knobs", ",".join(sorted(SETTINGS[setting]))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
+    except subprocess.TimeoutExpired as err:
+        proc = subprocess.CompletedProcess(cmd, 124, (err.stdout or b"").decode(errors="replace") if isinstance(
+            err.stdout, bytes) else (err.stdout or ""), f"timed out after {timeout:.0f} s")
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")]
     row = {"file": Path(path).name, "setting": setting, "order": "->".join(map(str, order)) if len(order) > 1 else f"{order[0]} alone",
            "env": " ".join(f"{k}={v}" for k, v in env.items()), "tool": " ".join(prefix[:3]),
@@ -134,14 +139,16 @@ def run(out: Path, files: list[str], provider: str, small: bool, cache: Path | N
              for setting, env in [*((s, {}) for s in SETTINGS), ("ort-defaults", {"CUDA_LAUNCH_BLOCKING": "1"})]]
     with ThreadPoolExecutor(workers) as pool:  # each case its own process and session: correctness, not timing
         rows = list(pool.map(lambda c: run_case(cache, c[0], provider, c[1], c[2], c[3]), cases))
+    report = out / "gpu_order.json"
+    report.write_text(json.dumps({"provider": provider, "agree": AGREE, "rows": rows}, indent=1))  # before the slow tool
     failing = next((r for r in rows if any(not x["agrees"] for x in r["runs"])), None)
     sanitizer = shutil.which("compute-sanitizer")
     if failing and sanitizer:
         order = [int(n) for n in failing["order"].replace(" alone", "").split("->")]
         path = next(f for f in files if Path(f).name == failing["file"])
         rows.append(run_case(cache, path, provider, order, failing["setting"], {},
-                             prefix=(sanitizer, "--tool", "initcheck", "--print-limit", "20")))
-    (out / "gpu_order.json").write_text(json.dumps({"provider": provider, "agree": AGREE, "rows": rows}, indent=1))
+                             prefix=(sanitizer, "--tool", "initcheck", "--print-limit", "20"), timeout=90))
+    report.write_text(json.dumps({"provider": provider, "agree": AGREE, "rows": rows}, indent=1))
 
 
 def verdict(row: dict) -> str:
