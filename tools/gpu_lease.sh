@@ -55,7 +55,7 @@ print(o.__version__, o.get_available_providers())
 from onnx import helper, TensorProto  # one Add on the GPU: the slim provider's sm_90 code loads and runs
 g = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
-s = o.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString(),
+s = o.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10).SerializeToString(),
                        providers=["CUDAExecutionProvider"])
 assert s.get_providers()[0] == "CUDAExecutionProvider", s.get_providers()
 assert (s.run(None, {"x": np.arange(4, dtype=np.float32)})[0] == np.arange(4) * 2).all()
@@ -122,6 +122,22 @@ case $step in
       --contexts $contexts --steps $steps --out-dir "$work/r/decode" > "$work/r/decode.log" 2>&1
     save decode
     echo "[$(date +%T)] work done in $(( $(date +%s) - t0 )) s" ;;
+  diagnose)  # a second lease's work call (after receive): the CUDA race's cure candidates on the failing files,
+             # the long parity jobs the first call's deadline left, FlexAttention for the table families
+    t0=$(date +%s); rm -rf "$work/r"; mkdir -p "$work/r/par" "$out"
+    receive >/dev/null
+    join > "$work/r/join.log" 2>&1 || { cat "$work/r/join.log"; exit 1; }
+    files=$work/files; save join
+    (timeout 170 $py tools/gpu_parity.py run "$files" "$work/r" --jobs 13 --only _long --deadline 60 $cpu_only \
+      > "$work/r/parity.log" 2>&1) &
+    (timeout 170 $py tools/gpu_order.py run "$work/r/race" --race-models "$files/models" --race --provider $provider --workers 12 \
+      --cache "$work/race_cache" > "$work/r/race.log" 2>&1) &
+    wait
+    echo "[$(date +%T)] parity and race done at $(( $(date +%s) - t0 )) s"; save "long parity, race"
+    [ -z "${REHEARSAL:-}" ] && timeout 80 $py tools/gpu_session.py torch "$work/r/timing" --flex-only \
+      > "$work/r/timing_torch.log" 2>&1
+    save "flex (table families)"
+    echo "[$(date +%T)] diagnose done in $(( $(date +%s) - t0 )) s" ;;
   rehearse)  # REHEARSAL=1: pack, then both calls here on ORT CPU, each timed into OUT/calls.txt
     [ -n "${REHEARSAL:-}" ] || { echo "rehearse needs REHEARSAL=1"; exit 2; }
     rm -rf "$work" "$out/pack"; mkdir -p "$out"; : > "$out/calls.txt"; export GPU_PACK=$out/pack GPU_WORK=$work

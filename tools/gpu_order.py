@@ -30,7 +30,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_FILE = ROOT / "tools" / "data" / "alibi_attention_0f33d6a.onnx"
-KNOBS = ("mem_pattern", "one_stream", "graph_opt", "deterministic")
+KNOBS = ("mem_pattern", "one_stream", "graph_opt", "deterministic", "no_mem_reuse", "cpu_arena_off", "copy_stream")
 SETTINGS = {  # name -> the knobs set; ORT's defaults are memory patterns on, graph optimizations on
     "ort-defaults": {"mem_pattern", "graph_opt"},
     "mem-pattern-off": {"graph_opt"},
@@ -40,6 +40,23 @@ SETTINGS = {  # name -> the knobs set; ORT's defaults are memory patterns on, gr
     "graph-opt-off": {"mem_pattern"},
     "deterministic": {"mem_pattern", "graph_opt", "deterministic"},
 }
+# The race step (--race): CUDA_LAUNCH_BLOCKING=1 cured the order error where no session setting did,
+# so the candidates are what a missing synchronisation would need: buffers never reused (GPU
+# memory, host memory), copies on their own stream, and the two environment variables that
+# tell a device-side race (one hardware queue) from a host-side one (every launch synchronous).
+RACE_SETTINGS = {
+    "served (both)": ({"graph_opt", "one_stream"}, {}),
+    "served, memory reuse off": ({"graph_opt", "one_stream", "no_mem_reuse"}, {}),
+    "served, CPU arena off": ({"graph_opt", "one_stream", "cpu_arena_off"}, {}),
+    "served, reuse and CPU arena off": ({"graph_opt", "one_stream", "no_mem_reuse", "cpu_arena_off"}, {}),
+    "served, copies on their own stream": ({"graph_opt", "copy_stream"}, {}),
+    "served, one hardware queue": ({"graph_opt", "one_stream"}, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}),
+    "served, launches blocking": ({"graph_opt", "one_stream"}, {"CUDA_LAUNCH_BLOCKING": "1"}),
+}
+RACE_ORDERS = {"17 alone": [17], "1024 alone": [1024], "1024->4096": [1024, 4096]}
+# what failed on the first lease: the portable ALiBi file (after 1024), the slim-table cuda-ort files
+RACE_FILES = ("alibi_float32_portable.onnx", "kerple_log_float32_cuda-ort.onnx", "t5_float32_cuda-ort.onnx",
+              "sandwich_float32_cuda-ort.onnx")
 # CUDA without TF32 against ORT CPU, float32: both sit within the float32 policy of float64
 # (3.1e-05 at 4096, parity/tolerance.py), so they differ by at most twice that; the failure
 # measured 5.4. 1e-4 separates the two with room on both sides.
@@ -73,13 +90,16 @@ def session(path: str, provider: str, knobs=frozenset({"graph_opt", "one_stream"
     opts = ort.SessionOptions()
     opts.enable_mem_pattern = "mem_pattern" in knobs
     opts.use_deterministic_compute = "deterministic" in knobs
+    opts.enable_mem_reuse = "no_mem_reuse" not in knobs
+    opts.enable_cpu_mem_arena = "cpu_arena_off" not in knobs
     if "graph_opt" not in knobs:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     one_stream = "one_stream" in knobs
     opts.log_severity_level = 3
     providers = ["CPUExecutionProvider"]
     if provider == "cuda":
-        cuda = {"use_tf32": "0", **({"use_ep_level_unified_stream": "1"} if one_stream else {})}
+        cuda = {"use_tf32": "0", **({"use_ep_level_unified_stream": "1"} if one_stream else {}),
+                **({"do_copy_in_default_stream": "0"} if "copy_stream" in knobs else {})}
         providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
     s = ort.InferenceSession(path, opts, providers=providers)
     active = s.get_providers()[0]
@@ -107,9 +127,10 @@ def case(path: str, provider: str, lengths: list[int], knobs, cache: Path) -> li
 
 
 def run_case(cache: Path, path: str, provider: str, order: list[int], setting: str, env: dict, prefix=(),
-             timeout: float = 300) -> dict:
+             timeout: float = 300, knobs=None) -> dict:
+    knobs = SETTINGS[setting] if knobs is None else knobs
     cmd = [*prefix, sys.executable, __file__, "case", path, "--provider", provider, "--cache", str(cache),
-           "--lengths", ",".join(map(str, order)), "--knobs", ",".join(sorted(SETTINGS[setting]))]
+           "--lengths", ",".join(map(str, order)), "--knobs", ",".join(sorted(knobs))]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
     except subprocess.TimeoutExpired as err:
@@ -125,6 +146,21 @@ def run_case(cache: Path, path: str, provider: str, order: list[int], setting: s
         row["tool_report"] = (proc.stdout + proc.stderr)[-4000:]
     print(json.dumps({k: v for k, v in row.items() if k != "tool_report"}), flush=True)
     return row
+
+
+def run_race(out: Path, files: list[str], provider: str, cache: Path, workers: int = 12) -> None:
+    """Each file x RACE_ORDERS x RACE_SETTINGS, each case its own process -> OUT/gpu_race.json."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cache.mkdir(parents=True, exist_ok=True)
+    for path in files:
+        for length in sorted({n for order in RACE_ORDERS.values() for n in order}):
+            reference(path, length, cache)
+    cases = [(path, order, name, knobs, env) for path in files for order in RACE_ORDERS.values()
+             for name, (knobs, env) in RACE_SETTINGS.items()]
+    with ThreadPoolExecutor(workers) as pool:
+        rows = list(pool.map(lambda c: run_case(cache, c[0], provider, c[1], c[2], c[4], timeout=120, knobs=c[3]), cases))
+    (out / "gpu_race.json").write_text(json.dumps({"provider": provider, "agree": AGREE, "rows": rows}, indent=1))
 
 
 def run(out: Path, files: list[str], provider: str, small: bool, cache: Path | None = None, workers: int = 6) -> None:
@@ -158,7 +194,7 @@ def verdict(row: dict) -> str:
 
 
 def write(out: Path, dest: Path) -> None:
-    data = json.loads((out / "gpu_order.json").read_text())
+    data = json.loads((out / ("gpu_race.json" if (out / "gpu_race.json").exists() else "gpu_order.json")).read_text())
     lines = ["# The order-dependent ORT CUDA error: which setting cures it", "",
              "Generated by `python tools/gpu_order.py run OUT FILE... --provider cuda` on the GPU machine, then "
              "`python tools/gpu_order.py write OUT`. Each row: one fresh process and session running the lengths "
@@ -184,6 +220,8 @@ def main(argv=None) -> int:
     r.add_argument("--small", action="store_true", help="64 and 256 tokens (the CPU rehearsal)")
     r.add_argument("--cache", type=Path, help="where the CPU outputs are kept (default OUT/cpu_ref)")
     r.add_argument("--workers", type=int, default=6, help="cases run at once, each in its own process")
+    r.add_argument("--race", action="store_true", help="the cure candidates (RACE_SETTINGS x RACE_ORDERS) instead")
+    r.add_argument("--race-models", type=Path, help="with --race: the attention files' folder (RACE_FILES in it)")
     w = sub.add_parser("write")
     w.add_argument("out", type=Path)
     w.add_argument("--dest", type=Path, default=ROOT / "benchmarks" / "gpu_order.md")
@@ -196,7 +234,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.part == "run":
         args.out.mkdir(parents=True, exist_ok=True)
-        run(args.out, args.files, args.provider, args.small, args.cache, args.workers)
+        if args.race:
+            files = [str(args.race_models / f) for f in RACE_FILES] if args.race_models else args.files
+            run_race(args.out, files, args.provider, args.cache or args.out / "cpu_ref", args.workers)
+        else:
+            run(args.out, args.files, args.provider, args.small, args.cache, args.workers)
     elif args.part == "write":
         write(args.out, args.dest)
     else:

@@ -41,9 +41,11 @@ def part_ort(out: Path, models: Path, provider: str = "cuda", small: bool = Fals
         (out / "gpu_ort.json").write_text(json.dumps(rows))
 
 
-def part_torch(out: Path, warm: bool = False) -> None:
+def part_torch(out: Path, warm: bool = False, flex_only: bool = False) -> None:
     rows = []
     for bias, (lengths, configs) in TORCH_GRID.items():
+        if flex_only and configs != ("flex",):
+            continue  # the table families' compiled Flex alone (a second lease)
         rows += g.torch_cells(bias, "float16", lengths, HEADS, HEAD_DIM, 1 if warm else REPEATS, configs)
         print("torch", bias, [(r["config"], r["length"], g.median(r["times"]) if r.get("times") else r.get("error"))
                               for r in rows if r["bias"] == bias], flush=True)
@@ -76,6 +78,7 @@ def main(argv=None) -> int:
     t = sub.add_parser("torch")
     t.add_argument("out", type=Path)
     t.add_argument("--warm", action="store_true", help="each cell once: compiles, fills the caches, writes nothing")
+    t.add_argument("--flex-only", action="store_true", help="the table families' compiled Flex cells only")
     w = sub.add_parser("write")
     w.add_argument("out", type=Path, nargs="+")
     w.add_argument("--dest", type=Path, default=ROOT / "benchmarks")
@@ -88,7 +91,7 @@ def main(argv=None) -> int:
     if args.part == "ort":
         part_ort(args.out, args.models, args.provider, args.small)
     else:
-        part_torch(args.out, args.warm)
+        part_torch(args.out, args.warm, args.flex_only)
     return 0
 
 
