@@ -138,6 +138,19 @@ case $step in
       > "$work/r/timing_torch.log" 2>&1
     save "flex (table families)"
     echo "[$(date +%T)] diagnose done in $(( $(date +%s) - t0 )) s" ;;
+  verify)  # a third lease's work call (after receive): the runners' cure (host-synchronous CUDA) re-judged on
+           # every GPU cell that failed or did not run, then the timings as served with it
+    t0=$(date +%s); rm -rf "$work/r"; mkdir -p "$work/r/par" "$out"
+    receive >/dev/null
+    join > "$work/r/join.log" 2>&1 || { cat "$work/r/join.log"; exit 1; }
+    files=$work/files; save join
+    timeout 120 $py tools/gpu_parity.py run "$files" "$work/r" --jobs 14 --no-cpu --only cuda-ort,alibi_lm,alibi_kv,_long \
+      > "$work/r/parity.log" 2>&1
+    echo "[$(date +%T)] parity done at $(( $(date +%s) - t0 )) s"; save parity
+    timeout 60 $py tools/gpu_session.py ort "$work/r/timing" --models "$files/models" --provider $provider $small \
+      > "$work/r/timing_ort.log" 2>&1
+    save "timings (ORT, host-synchronous)"
+    echo "[$(date +%T)] verify done in $(( $(date +%s) - t0 )) s" ;;
   rehearse)  # REHEARSAL=1: pack, then both calls here on ORT CPU, each timed into OUT/calls.txt
     [ -n "${REHEARSAL:-}" ] || { echo "rehearse needs REHEARSAL=1"; exit 2; }
     rm -rf "$work" "$out/pack"; mkdir -p "$out"; : > "$out/calls.txt"; export GPU_PACK=$out/pack GPU_WORK=$work

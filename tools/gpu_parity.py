@@ -139,14 +139,18 @@ def job_bytes(job: dict, root: Path) -> float:
 CPU_RUNTIMES = ("ort-cpu", "ort-cpu-shared")
 
 
-def job_runtimes(job: dict, cpu_only: bool) -> str:
-    """The job's runtimes; for the CPU rehearsal, its CPU ones (ort-cpu where it has none)."""
+def job_runtimes(job: dict, cpu_only: bool, no_cpu: bool = False) -> str:
+    """The job's runtimes; for the CPU rehearsal, its CPU ones (ort-cpu where it has none);
+    no_cpu: its GPU ones (a re-run after a fix to the CUDA runners)."""
+    if no_cpu:
+        return ",".join(r for r in job["runtimes"].split(",") if r not in CPU_RUNTIMES)
     if not cpu_only:
         return job["runtimes"]
     return ",".join(r for r in job["runtimes"].split(",") if r in CPU_RUNTIMES) or "ort-cpu"
 
 
-def run(root: Path, out: Path, workers: int, cpu_only: bool, only: str | None, deadline: float | None) -> int:
+def run(root: Path, out: Path, workers: int, cpu_only: bool, only: str | None, deadline: float | None,
+        no_cpu: bool = False) -> int:
     """The validate jobs, short ones first, at most `workers` at a time and no more together
     than 70% of the memory available; a job whose report exists is done (a later call resumes);
     none starts after `deadline` seconds (the call then ends inside its limit). On the GPU the
@@ -157,7 +161,9 @@ def run(root: Path, out: Path, workers: int, cpu_only: bool, only: str | None, d
     from posbias_export.limits import available_bytes
 
     jobs = json.loads((root / "jobs.json").read_text())["jobs"]
-    jobs = [j for j in jobs if (not only or only in j["name"]) and not (out / "par" / f"{j['name']}.json").exists()]
+    wanted = only.split(",") if only else []
+    jobs = [j for j in jobs if (not wanted or any(w in j["name"] for w in wanted))
+            and not (out / "par" / f"{j['name']}.json").exists()]
     (out / "par").mkdir(parents=True, exist_ok=True)
     (out / "machine.json").write_text(json.dumps(gpu_environment()))
     (out / "jobs.json").write_text((root / "jobs.json").read_text())  # what was planned: write() lists what did not run
@@ -175,7 +181,7 @@ def run(root: Path, out: Path, workers: int, cpu_only: bool, only: str | None, d
                 return 0
             def validate(device):
                 cmd = [sys.executable, "-m", "posbias_export", "validate", *(str(root / f) for f in j["files"]),
-                       "--runtimes", job_runtimes(j, cpu_only), "--reference-device", device,
+                       "--runtimes", job_runtimes(j, cpu_only, no_cpu), "--reference-device", device,
                        "--lengths", j["lengths"], "--batch", str(j["batch"]),
                        "--json", str(out / "par" / f"{j['name']}.json"),
                        *(["--model", str(root / j["model"])] if j["model"] else [])]
@@ -269,7 +275,8 @@ def main(argv=None) -> int:
     r.add_argument("out", type=Path)
     r.add_argument("--jobs", type=int, default=6)
     r.add_argument("--cpu-only", action="store_true", help="each job's CPU runtimes, references on the CPU (the rehearsal)")
-    r.add_argument("--only", help="the jobs whose name holds this")
+    r.add_argument("--only", help="the jobs whose name holds one of these (comma-separated)")
+    r.add_argument("--no-cpu", action="store_true", help="each job's GPU runtimes only (a re-run after a CUDA fix)")
     r.add_argument("--deadline", type=float, help="seconds after which no job starts")
     w = sub.add_parser("write")
     w.add_argument("out", type=Path, nargs="+")
@@ -279,7 +286,7 @@ def main(argv=None) -> int:
         build(args.dir, args.small, args.jobs)
         return 0
     if args.part == "run":
-        return run(args.dir, args.out, args.jobs, args.cpu_only, args.only, args.deadline)
+        return run(args.dir, args.out, args.jobs, args.cpu_only, args.only, args.deadline, args.no_cpu)
     return 1 if write(args.out, args.dest) else 0
 
 

@@ -53,9 +53,11 @@ def served_providers(provider: str, tf32: bool = False) -> list:
     """The runners' providers (what is timed is what is served), the CUDA arena growing by what
     is asked (kSameAsRequested) and not to the next power of two, so the memory column is what
     the graph needs (the default doubling reached 22 GB at 16384)."""
-    providers = load_runner("ort/run.py").provider_list(provider, tf32)
+    runner = load_runner("ort/run.py")
+    providers = runner.provider_list(provider, tf32)
     if provider == "cpu":
         return providers
+    runner.host_synchronous_cuda()  # as served (CUDA_LAUNCH_BLOCKING=0 in the environment times without it)
     (name, cuda), cpu = providers
     return [(name, {**cuda, "arena_extend_strategy": "kSameAsRequested"}), cpu]
 

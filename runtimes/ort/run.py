@@ -27,9 +27,8 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 def provider_list(provider: str, tf32: bool = False) -> list:
     """What InferenceSession gets. CUDA runs float32 matmuls in TF32 by default (10-bit mantissa:
     errors ~1e-3 where float32 gives ~1e-6); we run it exactly unless TF32 is asked for. One
-    stream for the whole provider (use_ep_level_unified_stream): a Loop body's copies and kernels
-    then cannot overlap across streams, the suspect of the order-dependent CUDA error in
-    benchmarks/gpu_parity.md (to be decided on a GPU)."""
+    stream for the whole provider (use_ep_level_unified_stream); the order-dependent CUDA error
+    is cured by host_synchronous_cuda, not by this (benchmarks/gpu_race.md)."""
     if provider == "cpu":
         return [PROVIDERS["cpu"]]
     return [(PROVIDERS["cuda"], {"use_tf32": "1" if tf32 else "0", "use_ep_level_unified_stream": "1"}),
@@ -56,6 +55,20 @@ def session_options(ort, threads: int = 0, lean: bool = False):
     return opts
 
 
+def host_synchronous_cuda() -> None:
+    """Every CUDA launch synchronous with the host (CUDA_LAUNCH_BLOCKING=1) unless the caller set
+    the variable: ONNX Runtime CUDA (1.31.1, H200) gave wrong outputs (max error 3-5) for files with
+    control flow whose shape values cross from the GPU to the host (our blocked Loop, the slim
+    tables' If), e.g. 4096 tokens after 1024 in one session, and Range asking for 10^18 bytes.
+    Only host-synchronous launches cured it; one hardware queue, no memory reuse, no CPU arena, no
+    memory patterns, one stream, no graph optimisations and deterministic kernels did not
+    (benchmarks/gpu_order.md, benchmarks/gpu_race.md): a host-side race. CUDA reads the variable
+    when it starts, so this runs before the session creates the context."""
+    import os
+
+    os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")
+
+
 def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf32: bool = False, lean: bool = False):
     """An InferenceSession on exactly the requested provider, or RunnerError naming the cause."""
     try:
@@ -64,6 +77,7 @@ def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf3
         raise RunnerError("onnxruntime is not installed") from None
     wanted = PROVIDERS[provider]
     if provider == "cuda":
+        host_synchronous_cuda()
         if hasattr(ort, "preload_dlls"):
             try:
                 ort.preload_dlls()
