@@ -241,6 +241,20 @@ def test_validate_cuda_without_provider_is_a_failing_verdict(exports):
     assert "error: CUDA requested" in proc.stdout
 
 
+def test_cuda_sessions_launch_host_synchronously_unless_the_caller_chose(monkeypatch):
+    """ONNX Runtime CUDA raced on our control-flow files until launches were host-synchronous
+    (benchmarks/gpu_race.md): the runners set CUDA_LAUNCH_BLOCKING=1 and keep a caller's value."""
+    from posbias_export.runners import runtimes_common
+
+    run = runtimes_common("loading").load_runner("ort/run.py")
+    monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
+    run.host_synchronous_cuda()
+    assert os.environ["CUDA_LAUNCH_BLOCKING"] == "1"
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "0")
+    run.host_synchronous_cuda()
+    assert os.environ["CUDA_LAUNCH_BLOCKING"] == "0"
+
+
 def test_validate_reference_on_a_missing_gpu_is_one_line(exports):
     import torch
 

@@ -42,6 +42,9 @@ TORCH_CONFIGS = ("torch-eager", "torch-sdpa", "flex")
 # cuDNN SDPA (preferred by recent ORT on SM90 for float16) switched off by ORT's own variable:
 # the same file again as config "ort-<target>" + NO_CUDNN
 NO_CUDNN, NO_CUDNN_ENV = "-nocudnn", {"ORT_ENABLE_CUDNN_FLASH_ATTENTION": "0"}
+# the same file timed without host-synchronous launches (CUDA_LAUNCH_BLOCKING unset): faster, but
+# ONNX Runtime CUDA then races on files with control flow (benchmarks/gpu_race.md)
+ASYNC = "-async"
 EAGER_BYTES_PER_SCORE = 12  # eager's float32 bias + scores + probabilities; decides what to skip
 EAGER_BUDGET = 48 << 30
 
@@ -355,10 +358,18 @@ def kernel_of(row: dict | None) -> str:
     attention op said it chose."""
     if not row or not row.get("profile"):
         return "-"
-    kernels = row["profile"].get("cuda_kernels") or []
-    top = kernels[0]["kernel"][:60] if kernels else row["profile"].get("cuda_kernels_error", "-")[:60]
-    choice = "; ".join(c[:60] for c in row.get("ort_kernel_choice", [])[:1])
+    kernels = [k for k in row["profile"].get("cuda_kernels") or [] if not k["kernel"].startswith("Memcpy")]  # not the inputs' copies
+    top = "; ".join(f"{k['kernel'][:60]} {k['us']:.0f} us" for k in kernels[:2]) or \
+        row["profile"].get("cuda_kernels_error", "-")[:60]
+    choice = "; ".join(plain(c)[:70] for c in row.get("ort_kernel_choice", [])[:1])
     return f"{top}" + (f" (ORT: {choice})" if choice else "")
+
+
+def plain(text: str) -> str:
+    """ORT's debug lines without their terminal colours."""
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 def targets(result: dict) -> list[dict]:
@@ -392,7 +403,7 @@ def what_ran(rows: list[dict]) -> list[str]:
         p = r["profile"]
         kernels = "; ".join(f"{k['kernel'][:70]} {k['us']:.0f}" for k in (p.get("cuda_kernels") or [])[:3]) or \
             p.get("cuda_kernels_error") or p.get("profile_error", "-")[:80]
-        choice = "; ".join(c[:90] for c in r.get("ort_kernel_choice", [])[:2]) or "-"
+        choice = "; ".join(plain(c)[:90] for c in r.get("ort_kernel_choice", [])[:2]) or "-"
         ops = ", ".join(f"{op} {ms:.2f}" for op, ms in list(p.get("ort_ops_ms", {}).items())[:4]) or "-"
         lines.append(f"| {r['bias']} | {r['dtype']} | {r['config']} | {r['length']} | {kernels} | {choice} | {ops} |")
     return lines
@@ -409,7 +420,7 @@ def write(result: dict, out_dir: Path, machine: dict | None = None, stale: str |
     json_path, md_path = out_dir / "gpu_attention.json", out_dir / "gpu_attention.md"
     write_text_atomic(json_path, json.dumps({"machine": machine, **result, "targets": checks}, indent=1))
     rows, lengths = result["rows"], result["lengths"]
-    configs = [c for c in ("ort-cuda", "ort-cuda-ort", f"ort-cuda{NO_CUDNN}", f"ort-cuda-ort{NO_CUDNN}", "ort-portable",
+    configs = [c for c in ("ort-cuda", "ort-cuda-ort", f"ort-cuda-ort{ASYNC}", f"ort-cuda{NO_CUDNN}", f"ort-cuda-ort{NO_CUDNN}", "ort-portable",
                            "ort-plain", *TORCH_CONFIGS)
                if any(r["config"] == c for r in rows)]
     lines = ["# Attention on the GPU: ONNX Runtime CUDA vs PyTorch (eager, fused SDPA, FlexAttention)", "",
@@ -431,8 +442,9 @@ def write(result: dict, out_dir: Path, machine: dict | None = None, stale: str |
             for length in lengths:
                 lines.append(f"| {bias} | {length} | " + " | ".join(ms(cell(rows, bias, dtype, c, length)) for c in configs) + " |")
         lines.append("")
-    lines += ["Compiled FlexAttention (float32) checked against a float64 eager run (L=1024, max abs diff): "
-              + ", ".join(f"{b} {e:.1e}" for b, e in result.get("flex_vs_float64_1024", {}).items()), "",
+    checked = result.get("flex_vs_float64_1024", {})
+    lines += [*(["Compiled FlexAttention (float32) checked against a float64 eager run (L=1024, max abs diff): "
+                 + ", ".join(f"{b} {e:.1e}" for b, e in checked.items()), ""] if checked else []),
               *targets_markdown(checks), *what_ran(rows)]
     write_text_atomic(md_path, "\n".join(lines) + "\n")
     return [md_path, json_path]

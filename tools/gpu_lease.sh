@@ -5,8 +5,8 @@
 #   here, before:  bash ../shared/tools/gpu-ort-wheel.sh                 # .gpu/p1..p5 (git-ignored)
 #                  PYTHON=.venv/bin/python bash tools/gpu_lease.sh pack   # files + slim wheel: .gpu/c1, .gpu/c2
 #                  REHEARSAL=1 PYTHON=.venv/bin/python bash tools/gpu_lease.sh rehearse DIR   # both calls on ORT CPU, timed
-#   call 1 (carry .gpu/c1, ~43 MB):  bash tools/gpu_lease.sh receive
-#   call 2 (carry .gpu/c2, ~28 MB):  bash tools/gpu_lease.sh work $OUT   (timeout_s 560)
+#   call 1 (carry .gpu/c1, ~43 MB):  bash tools/gpu_lease.sh receive           (33-37 s with the machine's start)
+#   call 2 (carry .gpu/c2, ~19 MB):  bash tools/gpu_lease.sh work $OUT   (timeout_s 560; 298 s on the H200)
 #   give_back at once.
 #   here, after (files_at as A):  tar -xzf A/results.tar.gz -C A && python tools/gpu_parity.py write A/r
 #     python tools/gpu_order.py write A/r; python tools/gpu_session.py write A/r
@@ -90,7 +90,7 @@ case $step in
     files=$work/files
     if [ "$joined" = 0 ]; then
       # 1. correctness: validate jobs, the order error and generate share the GPU (nothing here is timed)
-      (timeout 250 $py tools/gpu_parity.py run "$files" "$work/r" --jobs 10 --deadline 170 $cpu_only \
+      (timeout 300 $py tools/gpu_parity.py run "$files" "$work/r" --jobs 10 --deadline 220 $cpu_only \
         > "$work/r/parity.log" 2>&1) &
       (timeout 220 $py tools/gpu_order.py run "$work/r/order" tools/data/alibi_attention_0f33d6a.onnx \
         "$files/models/alibi_float32_portable.onnx" --provider $provider $small --cache "$work/order_cache" \
@@ -107,18 +107,18 @@ case $step in
       wait
       echo "[$(date +%T)] correctness done at $(( $(date +%s) - t0 )) s"; save correctness
       # 3. timings, alone on the GPU
-      timeout 110 $py tools/gpu_session.py ort "$work/r/timing" --models "$files/models" --provider $provider $small \
+      timeout 80 $py tools/gpu_session.py ort "$work/r/timing" --models "$files/models" --provider $provider $small \
         > "$work/r/timing_ort.log" 2>&1
       save "timings (ORT)"
     fi
     if [ -z "${REHEARSAL:-}" ]; then  # PyTorch's cells need no ONNX Runtime: they run even if the join failed
-      timeout 100 $py tools/gpu_session.py torch "$work/r/timing" > "$work/r/timing_torch.log" 2>&1
+      timeout 70 $py tools/gpu_session.py torch "$work/r/timing" > "$work/r/timing_torch.log" 2>&1
       save "timings (PyTorch)"
     fi
     # 4. one decode timing: ONNX Runtime with the cache on the GPU vs PyTorch eager on the GPU
     contexts=4096; steps=32; [ -n "${REHEARSAL:-}" ] && { contexts=256; steps=8; }
     first=$($py -c "from posbias_export.biases import BIASES; print(next(iter(BIASES)))")  # the registry's first family
-    [ "$joined" = 0 ] && timeout 75 $py -m posbias_export bench-decode --device $provider --biases "$first" \
+    [ "$joined" = 0 ] && timeout 50 $py -m posbias_export bench-decode --device $provider --biases "$first" \
       --contexts $contexts --steps $steps --out-dir "$work/r/decode" > "$work/r/decode.log" 2>&1
     save decode
     echo "[$(date +%T)] work done in $(( $(date +%s) - t0 )) s" ;;
