@@ -123,3 +123,37 @@ def test_imported_quantized_file_is_judged_on_cached_samples(tmp_path, monkeypat
     result = validate([path], ("ort-cpu",), (17, 64), batch=2, model_dir=folder, order=False)
     assert result.ok, [(c.runtime, c.case, c.verdict) for m in result.matrices for c in m.cells if not c.ok]
     assert calls == [17, 64]
+
+
+def test_float32_runtimes_get_one_ulp_of_an_absolute_key_row():
+    """A file whose key row is absolute adds |bias| up to M to every score: float32 rounds each
+    score by half an ulp of M, which PyTorch's floor does not show. The policy adds one ulp(M)
+    to a float32 runtime's budget for that case, and only there."""
+    ref = np.linspace(-1, 1, 24).reshape(2, 3, 4)
+    cases = [Case("long", {}, Reference(ref, {"float32": ref})), Case("short", {}, Reference(ref, {"float32": ref}))]
+    off = RuntimeRun("off", None, outputs=[ref + 5e-5, ref + 5e-5])  # the size measured at 4096 tokens
+    plain = judge(Matrix("m", "falcon_alibi", "lm"), [off], cases, FloatPolicy("float32"))
+    widened = judge(Matrix("m", "falcon_alibi", "lm"), [off], cases,
+                    FloatPolicy("float32", extra_atol={"long": float(np.spacing(np.float32(724.0)))}))
+    assert [c.verdict for c in plain.cells] == ["FAIL", "FAIL"]
+    assert [c.verdict for c in widened.cells] == ["pass", "FAIL"]
+    assert widened.cells[0].parity["budget_abs"] - plain.cells[0].parity["budget_abs"] == pytest.approx(2.0 ** -14)
+
+
+def test_falcon_file_bias_magnitude_is_transformers_largest_alibi(tmp_path):
+    """The magnitude is transformers' own largest Falcon ALiBi value (bf16(slope * position) /
+    sqrt(d)), to the float32 ulp that decides the budget."""
+    import torch
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor
+
+    import hf_folders
+    from posbias_export.hf.models import load_model
+
+    hf_folders.save_tiny_model("falcon", tmp_path / "falcon")
+    ours = load_model(tmp_path / "falcon")
+    cfg = ours.config
+    for length in (1024, 4096):
+        alibi = build_alibi_tensor(torch.ones(1, length), cfg.num_attention_heads, torch.float32)  # [H, 1, L]
+        theirs = float(alibi.abs().max()) / (cfg.hidden_size / cfg.num_attention_heads) ** 0.5
+        assert np.spacing(np.float32(ours.file_bias_magnitude(length))) == np.spacing(np.float32(theirs))
+        assert ours.file_bias_magnitude(length) == pytest.approx(theirs, rel=1e-2)

@@ -129,6 +129,11 @@ class ImportedModel(nn.Module):
         bias is exact or computed as ours is); see hf/validate.py."""
         return 0.0
 
+    def file_bias_magnitude(self, length: int) -> float:
+        """The largest |bias| our exported file adds to a float32 score at this length (0 where
+        its key row is relative to the block, as ALiBi's is); see hf/validate.py."""
+        return 0.0
+
     def shipped_config(self, config: dict) -> dict:
         """config.json as a serving folder carries it: describing the files beside it (which the
         clients read to shape the cache they feed). The same as the folder's by default."""
