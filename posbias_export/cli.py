@@ -77,6 +77,22 @@ def dispatch(argv: list[str]) -> int:
     return command.load(command.runner)(args)
 
 
+OUTPUT_FLAGS = ("--out", "--out-dir", "--output", "--json", "--markdown")
+
+
+def disk_full_target(err: Exception, argv: list[str]) -> str:
+    """A full disk reported by a write() names no file: name what the command was writing."""
+    import errno
+
+    if not isinstance(err, OSError) or err.errno not in (errno.ENOSPC, errno.EDQUOT) or err.filename:
+        return ""
+    named = [(flag, argv[i + 1]) for i, flag in enumerate(argv[:-1]) if flag in OUTPUT_FLAGS]
+    named += [tuple(a.split("=", 1)) for a in argv if a.split("=", 1)[0] in OUTPUT_FLAGS and "=" in a]
+    if not named:
+        return ""
+    return " (writing " + ", ".join(f"{value} ({flag})" for flag, value in named) + "; nothing was left there)"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from .runners import atomic
@@ -93,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: export check failed: {err}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as err:  # bad values from the API (ParityInputError, CheckpointError included)
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print(f"{PROG}: error: {err}{disk_full_target(err, argv)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:  # atomic writes and temporary folders are gone by now
         terminated = type(stop).__name__ == "Terminated"

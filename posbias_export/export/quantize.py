@@ -11,6 +11,7 @@ own initializer first, so the head, half the bytes at BLOOM-560m, is quantized t
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 from pathlib import Path
 
@@ -169,9 +170,22 @@ def _quiet():
 
 
 def _quantize(path: str, spec: Scheme, names: list[str]) -> onnx.ModelProto:
+    from google.protobuf.message import DecodeError
+
     if not names:
         raise ExportCheckError("the model has no weight MatMul or embedding Gather to quantize")
-    return _functions_at_model_opset(spec.quantize(path, names))
+    try:
+        return _functions_at_model_opset(spec.quantize(path, names))
+    except DecodeError:
+        # ONNX Runtime's quantizer writes a shape-inferred copy and reads it back; on a full disk
+        # the copy is cut short silently and the read fails with a protobuf error
+        import shutil
+
+        folder = Path(path).parent
+        free = shutil.disk_usage(folder).free / 2**20
+        raise OSError(errno.ENOSPC, f"the {spec.name} quantizer could not read back its own copy of the model "
+                                    f"({free:.1f} MiB free beside the output): the disk is full or the copy was "
+                                    "cut short") from None
 
 
 def _functions_at_model_opset(proto: onnx.ModelProto) -> onnx.ModelProto:
