@@ -342,3 +342,37 @@ def test_a_tied_config_with_a_head_of_its_own_is_refused(tmp_path):
     save_file({**state, "lm_head.weight": embedding + 0.5}, folder / "model.safetensors")
     with pytest.raises(FolderError, match="tie_word_embeddings but lm_head.weight differs"):
         load_model(folder)
+
+
+@pytest.mark.parametrize("kind,key,value,path", [
+    ("t5_gated", "d_ff", 10 ** 12, "encoder.block.0.layer.1.DenseReluDense.wi_0.weight"),
+    ("falcon", "ffn_hidden_size", 10 ** 12, "transformer.h.0.mlp.dense_h_to_4h.weight"),
+    ("bloom", "hidden_size", 6 * 10 ** 12, "transformer.word_embeddings.weight"),  # 6 heads divide it
+])
+def test_a_config_size_of_ten_to_the_twelve_allocates_nothing(tmp_path, kind, key, value, path):
+    """A layer sized 10^12 by the config is built on the meta device, so nothing is allocated
+    (today's main: nn.Linear allocated 192 TB and crashed), and its shape is refused against the
+    weight the folder holds, in one line."""
+    folder = save_tiny_model(kind, tmp_path / kind)
+    _edit(folder / "config.json", **{key: value})
+    out = tmp_path / "out"
+    line = _refused(["--model", folder, "--out-dir", out], path)
+    assert str(value) in line and not out.exists()
+
+
+def test_validate_estimates_transformers_position_table_before_allocating(tmp_path):
+    """An MPT config with max_seq_len 2^40: transformers' own forward would build a 4.4 TB ALiBi
+    table (today's main: a RuntimeError traceback from validate). Its row is "not run" with the
+    reason; the file itself is judged as usual."""
+    from posbias_export.hf.export import export_model
+    from posbias_export.validation import validate
+
+    folder = save_tiny_model("mpt", tmp_path / "mpt")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_seq_len": 2 ** 40}))
+    export_model(folder, tmp_path / "m.onnx", check_growth=False)
+    result = validate([tmp_path / "m.onnx"], ("ort-cpu",), (5,), batch=2, model_dir=folder, order=False)
+    cells = {c.runtime: c for c in result.matrices[0].cells}
+    assert cells["transformers"].verdict.startswith("not run: transformers' mpt builds a")
+    assert "position table" in cells["transformers"].verdict
+    assert cells["ort-cpu"].verdict == "pass"

@@ -74,10 +74,17 @@ def imported_case(ours, file: ModelFile, n: int, batch: int, scheme: str | None)
 
 def transformers_run(theirs, ours, cases: list[Case], lengths) -> RuntimeRun:
     """transformers' own float32 outputs on every case (a reference row), or why it cannot run one."""
+    from ..limits import available_bytes
+
     limit, outputs = ours.max_length(), []
+    table = ours.transformers_table_bytes()
     for case, n in zip(cases, lengths):
         if limit is not None and n > limit:
             outputs.append(f"{NOT_RUN}transformers' {ours.model_type} stops at {limit} tokens")
+            continue
+        if table > available_bytes() / 2:  # estimated before transformers allocates it
+            outputs.append(f"{NOT_RUN}transformers' {ours.model_type} builds a {table / 1e9:.3g} GB position table "
+                           f"(its config's max_seq_len), more than this machine can hold")
             continue
         out = theirs(input_ids=torch.from_numpy(case.feeds["input_ids"]),
                      attention_mask=torch.from_numpy(case.feeds["attention_mask"]))

@@ -73,17 +73,42 @@ def parameters_on_meta():
     needed as they are. (The register_parameter swap is what accelerate's init_empty_weights does
     with include_buffers=False.)"""
     original = nn.Module.register_parameter
+    # the layers that size a parameter from the config allocate it before registering it: built
+    # on meta directly, a config that lies (d_ff 10^12) allocates nothing and its shapes are then
+    # refused against the weights' own
+    inits = {cls: cls.__init__ for cls in (nn.Linear, nn.Embedding, nn.LayerNorm)}
 
     def register(module, name, param):
         if param is not None and param.device.type != "meta":
             param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
         original(module, name, param)
 
+    def on_meta(init):
+        def build(self, *args, **kwargs):
+            kwargs.setdefault("device", "meta")
+            init(self, *args, **kwargs)
+        return build
+
     nn.Module.register_parameter = register
+    for cls, init in inits.items():
+        cls.__init__ = on_meta(init)
+    _BUILDING[0] += 1
     try:
         yield
     finally:
         nn.Module.register_parameter = original
+        for cls, init in inits.items():
+            cls.__init__ = init
+        _BUILDING[0] -= 1
+
+
+_BUILDING = [0]  # > 0 inside parameters_on_meta
+
+
+def parameter_device() -> str:
+    """Where a module's own parameter (torch.ones(dim) in a norm) is made: meta while a model is
+    built from a folder (parameters_on_meta), else the CPU."""
+    return "meta" if _BUILDING[0] else "cpu"
 
 
 def attach_readers(model: nn.Module, readers: dict[str, TensorReader]) -> None:

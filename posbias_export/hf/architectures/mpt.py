@@ -145,6 +145,11 @@ class MptLM(CausalLM):
     def max_length(self) -> int:
         return self.config.max_seq_len
 
+    def transformers_table_bytes(self) -> float:
+        """transformers' MPT builds its ALiBi for max_seq_len positions at every forward: an int32
+        arange and a float32 [H, max_seq_len] table (4.4 TB at max_seq_len 2^40)."""
+        return 4.0 * (self.num_heads + 1) * self.config.max_seq_len
+
     def transformers_bias_magnitude(self, length: int) -> float:
         """transformers' table holds slope * (j - max_seq_len + 1), whatever the input length."""
         return float(self.transformer.blocks[0].attn.alibi.slopes.max()) * (max(length, self.config.max_seq_len) - 1)
