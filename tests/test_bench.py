@@ -259,3 +259,48 @@ def test_bench_real_refuses_a_run_it_would_ignore(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--run bloom-3b is not among --models" in err[0]
     assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", [["bench-real", "--models", "bloom-560m"],
+                                     ["bench-serving", "--models", "bloom-560m"],
+                                     ["bench-quant", "--models", "", "--real", "bloom-560m"]],
+                         ids=["real", "serving", "quant"])
+def test_a_work_folder_of_other_files_is_refused_before_anything_is_written(tmp_path, capsys, command):
+    """`--work /` once wrote a 2 GB bloom-560m folder into the root: a bench uses a --work folder it
+    makes (new or empty) or made (its mark, or only the published models' names in it)."""
+    from posbias_export.bench.harness import WORK_MARK
+
+    system = tmp_path / "system"
+    (system / "etc").mkdir(parents=True)
+    before = sorted(p.name for p in system.iterdir())
+    assert cli_main([*command, "--work", str(system), "--out-dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--work {system} holds files no benchmark made ('etc'" in err[0]
+    assert sorted(p.name for p in system.iterdir()) == before and not (tmp_path / "o").exists()
+    ours = tmp_path / "ours"
+    (ours / "bloom-560m").mkdir(parents=True)
+    (ours / "bloom-560m_int4.onnx").write_text("")
+    from posbias_export.bench.harness import work_folder
+    from posbias_export.bench.real_models import PUBLISHED
+
+    assert work_folder(ours, PUBLISHED) == ours and (ours / WORK_MARK).is_file()  # a folder a bench made
+    (ours / "notes.txt").write_text("mine")
+    assert work_folder(ours, PUBLISHED) == ours  # marked: it is the bench's folder now
+
+
+def test_client_results_name_no_path_of_this_machine(tmp_path, monkeypatch):
+    """clients.md once embedded a client's temporary folder in an error cell: every absolute path
+    in a row's text is cut to its last part before the results are written."""
+    from posbias_export.clients import checks
+
+    leak = f"Load model from {tmp_path}/bloom/decoder_model_merged.onnx failed: bad input"
+    monkeypatch.setattr(checks, "run", lambda kinds, optimum, progress: [
+        {"client": "transformers.js", "model": "bloom", "prompt": "short", "error": leak}])
+    monkeypatch.setattr(checks, "client_versions", lambda: {"transformers": "x", "transformers_js": "y",
+                                                            "onnxruntime_genai": "z"})
+    md, js = checks.run_and_write(["bloom"], tmp_path / "out", optimum=False)
+    import json
+
+    assert str(tmp_path) not in md.read_text() and "…/decoder_model_merged.onnx failed: bad input" in md.read_text()
+    assert str(tmp_path) not in js.read_text()
+    assert json.loads(js.read_text())["rows"][0]["error"] == "Load model from …/decoder_model_merged.onnx failed: bad input"

@@ -14,6 +14,7 @@ untied heads (a tied tiny head mostly repeats its last token), made here.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -328,12 +329,21 @@ def _quantized_markdown(rows: list[dict]) -> list[str]:
     return lines
 
 
+LOCAL_PATH = re.compile(r"(?<![\w.])(/[\w.@+-]+)+/([\w.@+-]+)")  # an absolute path: its last part is kept
+
+
+def without_local_paths(row: dict) -> dict:
+    """A results row as it may be committed: every absolute path in its text (a client's error
+    names the temporary folder it read) cut to its last part, so no machine's paths are published."""
+    return {k: LOCAL_PATH.sub(r"…/\2", v) if isinstance(v, str) else v for k, v in row.items()}
+
+
 def run_and_write(kinds=SUPPORTED, out_dir="benchmarks", optimum: bool = True, progress=None) -> list[Path]:
     unknown = [k for k in kinds if k not in SUPPORTED]
     if unknown:  # names first: a refused run makes no folder
         raise ValueError(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(SUPPORTED)}")
     out = output_folder(out_dir)
-    rows = run(kinds, optimum, progress)
+    rows = [without_local_paths(r) for r in run(kinds, optimum, progress)]
     env = {**environment(), **client_versions()}
     md, js = out / "clients.md", out / "clients.json"
     write_text_atomic(md, markdown(rows, env))

@@ -130,6 +130,7 @@ def run_bench_real(args) -> int:
     from pathlib import Path
 
     from ..bench import real_models as bench
+    from ..bench.harness import work_folder
 
     unknown = [m for m in args.models if m not in bench.PUBLISHED]
     if unknown:
@@ -137,8 +138,7 @@ def run_bench_real(args) -> int:
     not_measured = [r for r in args.run if r not in args.models]
     if not_measured:  # it was ignored: a run the user asked for silently did not happen
         raise UsageError(f"--run {not_measured[0]} is not among --models ({', '.join(args.models)})")
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
+    work = work_folder(Path(args.work), bench.PUBLISHED)  # before anything is written there
     command = "python -m posbias_export bench-real --models " + ",".join(args.models) + " --run " + ",".join(args.run)
     paths = bench.run_and_write(args.models, work, Path(args.out_dir), set(args.run), args.threads, command=command)
     print(paths[0].read_text())
@@ -167,6 +167,7 @@ def run_bench_quant(args) -> int:
     from pathlib import Path
 
     from ..bench import quantized
+    from ..bench.harness import work_folder
     from ..bench.real_models import PUBLISHED
 
     wrong = [m for m in args.real if m not in PUBLISHED]
@@ -178,8 +179,9 @@ def run_bench_quant(args) -> int:
         raise ValueError("the checkpoints' perplexity needs --corpus (or --models '' to skip them)")
     command = "python -m posbias_export bench-quant" + (f" --models {args.models} --corpus CORPUS" if args.models else
                                                         " --models ''") + (f" --real {','.join(args.real)}" if args.real else "")
+    work = work_folder(Path(args.work), PUBLISHED) if args.work else None  # before anything is written there
     paths = quantized.run_and_write(Path(args.models) if args.models else None, Path(args.corpus) if args.corpus else None,
-                                    args.real, Path(args.work) if args.work else None, Path(args.out_dir), args.threads,
+                                    args.real, work, Path(args.out_dir), args.threads,
                                     args.max_tokens, command, progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(paths[0].read_text())
     return 0
@@ -212,6 +214,7 @@ def run_bench_clients(args) -> int:
 
 def build_bench_serving_parser() -> argparse.ArgumentParser:
     from ..bench import serving as bench
+    from ..bench.harness import work_folder
 
     p = parser("bench-serving", "Serving at length: the in-place KV cache (--target ort) against the Concat file on a "
                "published configuration (random weights written once into --work), float32 and int4, decode per token "
@@ -233,10 +236,14 @@ def run_bench_serving(args) -> int:
     from pathlib import Path
 
     from ..bench import serving as bench
+    from ..bench.harness import work_folder
 
     command = (f"python -m posbias_export bench-serving --models {','.join(args.models)} --contexts "
                f"{','.join(map(str, args.contexts))} --schemes {','.join(args.schemes)}")
-    paths = bench.run_and_write(args.models, Path(args.work), Path(args.out_dir), tuple(args.contexts), tuple(args.schemes),
+    from ..bench.real_models import PUBLISHED
+
+    work = work_folder(Path(args.work), PUBLISHED)  # before anything is written there
+    paths = bench.run_and_write(args.models, work, Path(args.out_dir), tuple(args.contexts), tuple(args.schemes),
                                 args.steps, args.threads, command,
                                 progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(paths[0].read_text())
