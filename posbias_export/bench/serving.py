@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .harness import copy_bandwidth_gbs, kept_rows, measured_python, median, scratch, write_results
+from .harness import copy_bandwidth_gbs, kept_rows, measured_python, median, scratch, work_folder, write_results
 from .real_models import PUBLISHED, SEQ2SEQ, published_folder, weight_bytes
 
 FILES = {"concat": ["--target", "portable"], "in place": ["--target", "ort"]}
@@ -119,7 +119,7 @@ def run_and_write(names, work: Path, out_dir: Path, contexts=CONTEXTS, schemes=t
     wrong = [s for s in schemes if s not in SCHEMES]
     if wrong:
         raise ValueError(f"unknown scheme(s) {', '.join(wrong)}; choose from {', '.join(SCHEMES)}")
-    work.mkdir(parents=True, exist_ok=True)  # after the names were checked: a refused run makes nothing
+    work = work_folder(work, PUBLISHED)  # after the names were checked: a refused run makes nothing
     out_dir.mkdir(parents=True, exist_ok=True)
     kept = [ServingRow(**r) for r in kept_rows(out_dir / "serving.json", set(names))]  # rows of other runs
     rows = []

@@ -214,7 +214,6 @@ def run_bench_clients(args) -> int:
 
 def build_bench_serving_parser() -> argparse.ArgumentParser:
     from ..bench import serving as bench
-    from ..bench.harness import work_folder
 
     p = parser("bench-serving", "Serving at length: the in-place KV cache (--target ort) against the Concat file on a "
                "published configuration (random weights written once into --work), float32 and int4, decode per token "
@@ -236,14 +235,10 @@ def run_bench_serving(args) -> int:
     from pathlib import Path
 
     from ..bench import serving as bench
-    from ..bench.harness import work_folder
 
     command = (f"python -m posbias_export bench-serving --models {','.join(args.models)} --contexts "
                f"{','.join(map(str, args.contexts))} --schemes {','.join(args.schemes)}")
-    from ..bench.real_models import PUBLISHED
-
-    work = work_folder(Path(args.work), PUBLISHED)  # before anything is written there
-    paths = bench.run_and_write(args.models, work, Path(args.out_dir), tuple(args.contexts), tuple(args.schemes),
+    paths = bench.run_and_write(args.models, Path(args.work), Path(args.out_dir), tuple(args.contexts), tuple(args.schemes),
                                 args.steps, args.threads, command,
                                 progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(paths[0].read_text())
