@@ -200,6 +200,13 @@ def test_onnxruntime_genai_shares_the_buffer_of_an_inplace_folder(shipped, shipp
         start = max(len(p) for p in PROMPTS)
         expected = until_eos(transformers_tokens(shipped[kind][0], kind, PROMPTS), start)
         assert until_eos(json.loads(proc.stdout.strip().splitlines()[-1]), start) == expected
+    if shutil.which("node") and (JS / "node_modules" / "onnxruntime-web").is_dir():  # the browser's runtime (wasm)
+        from posbias_export.clients.checks import web
+
+        tokens, _ = web(kind, folder, PROMPTS[0])
+        start = len(PROMPTS[0])
+        tokens = tokens[:start + NEW]  # web.mjs makes the clients table's 16 new tokens
+        assert until_eos([tokens], start) == until_eos(transformers_tokens(shipped[kind][0], kind, [PROMPTS[0]]), start)
 
 
 def _genai_generates_transformers_tokens(source: Path, folder: Path, kind: str) -> None:
