@@ -190,3 +190,33 @@ def test_generate_refuses_ids_past_the_embedding_of_an_int4_file(tmp_path, targe
         with pytest.raises(runner.RunnerError, match=rf"token id {bad} is outside the vocabulary \[0, 256\)"):
             runner.generate(decoder, [prompt], 4)
     assert len(runner.generate(decoder, [[5, 255, 7]], 4)[0]) == 4
+
+
+def test_the_shared_runtime_runs_a_prompt_as_prefill_then_steps(tmp_path, monkeypatch):
+    """validate's ort-cpu-shared runs a prompt as a client does: its first tokens in one call,
+    the last CLIENT_STEPS one call each into the same bound buffer, logits joined; the result
+    equals one unbound call (a left-padded batch), and a Concat file is refused by the binding."""
+    from posbias_export.runners import runtimes_common
+
+    runner = runtimes_common("loading").load_runner("ort/run.py")
+    session = _export(tmp_path, "alibi", "ort")
+    rng = np.random.default_rng(3)
+    mask = np.ones((2, 12), np.int64)
+    mask[1, :4] = 0  # row 1 left-padded
+    feeds = {"input_ids": rng.integers(0, 256, (2, 12)), "attention_mask": mask}
+    for i in session.get_inputs():
+        if i.name.startswith("past_"):
+            feeds[i.name] = np.zeros((2, SMALL["num_heads"], 0, SMALL["dim"] // SMALL["num_heads"]), np.float32)
+    calls = []
+    bound = type(session).run_with_iobinding
+    monkeypatch.setattr(type(session), "run_with_iobinding", lambda self, b, *a: calls.append(1) or bound(self, b, *a))
+    shared = runner.run_shared(session, feeds)
+    assert len(calls) == 1 + runner.CLIENT_STEPS
+    plain = runner.run(session, feeds)
+    keep = mask.astype(bool)
+    assert np.abs(shared["logits"][keep] - plain["logits"][keep]).max() <= 1e-5  # float32 kernels, other blocking
+    for name in (n for n in plain if n.startswith("present_")):
+        assert shared[name].shape == plain[name].shape
+    concat = _export(tmp_path, "alibi", "portable")
+    with pytest.raises(runner.RunnerError, match="shared cache buffer"):
+        runner.run_shared(concat, feeds)

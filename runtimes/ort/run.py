@@ -124,17 +124,19 @@ def run(session, feeds):
 
 
 SHARED_SLACK = 3  # rows past a step's own in the shared buffer: a client's buffer is longer than the step
+CLIENT_STEPS = 3  # a prompt into an empty cache: its last tokens are fed one at a time, as a client decodes
 
 
 def run_shared(session, feeds):
-    """The step as a client with ONE buffer per cache tensor runs it (onnxruntime-genai's
+    """The call as a client with ONE buffer per cache tensor runs it (onnxruntime-genai's
     past_present_share_buffer): each past copied into a [B, H, past + new + SHARED_SLACK, d]
     buffer, zeros after it, bound as the past input AND the present output; a file that writes
-    its cache in place fills rows [past, past + new). Returns the outputs, each present as the
-    buffer's first past + new rows. A file whose present is not the buffer (a Concat file)
-    fails here: ONNX Runtime refuses an output of another shape."""
-    import onnxruntime as ort
-
+    its cache in place fills rows [past, past + new). A prompt into an empty cache runs as
+    prefill then steps: its first tokens in one call, its last CLIENT_STEPS one call each into
+    the same buffer, the outputs joined along the sequence (a --logits last file: the last
+    call's). Returns the outputs, each present as the buffer's first past + new rows. A file
+    whose present is not the buffer (a Concat file) fails here: ONNX Runtime refuses an output
+    of another shape."""
     outputs = [o.name for o in session.get_outputs()]
     try:
         layout = cache_layout(feeds, outputs)
@@ -144,19 +146,41 @@ def run_shared(session, feeds):
         return run(session, feeds)
     total = feeds["attention_mask"].shape[1]
     device = "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"  # the cache stays on the GPU
-    buffers = {}
-    for name in layout.past:
-        past = feeds[name]
-        buffer = np.zeros((*past.shape[:2], total + SHARED_SLACK, past.shape[3]), past.dtype)
-        buffer[:, :, :past.shape[2]] = past
-        buffers[name] = ort.OrtValue.ortvalue_from_numpy(buffer, device, 0)
+    buffers = {name: _buffer(feeds[name], total, device) for name in layout.past}
+    present_of = dict(zip(layout.present, layout.past))
+    past, new = feeds[layout.past[0]].shape[2], feeds["input_ids"].shape[1]
+    cuts = [0, new] if past or new <= CLIENT_STEPS else [0, *range(new - CLIENT_STEPS, new + 1)]
+    calls = []
+    for a, b in zip(cuts, cuts[1:]):
+        step = {**feeds, "input_ids": feeds["input_ids"][:, a:b], "attention_mask": feeds["attention_mask"][:, :past + b]}
+        calls.append(_bound_call(session, step, buffers, present_of, outputs))
+    values = {}
+    for name in outputs:
+        if name in present_of:
+            values[name] = buffers[present_of[name]].numpy()[:, :, :total].copy()
+        elif calls[0][name].ndim > 1 and calls[0][name].shape[1] == cuts[1]:  # per position: join the calls
+            values[name] = np.concatenate([c[name] for c in calls], axis=1)
+        else:
+            values[name] = calls[-1][name]
+    return values
+
+
+def _buffer(past: np.ndarray, total: int, device: str):
+    import onnxruntime as ort
+
+    buffer = np.zeros((*past.shape[:2], total + SHARED_SLACK, past.shape[3]), past.dtype)
+    buffer[:, :, :past.shape[2]] = past
+    return ort.OrtValue.ortvalue_from_numpy(buffer, device, 0)
+
+
+def _bound_call(session, feeds, buffers, present_of, outputs) -> dict:
+    """One call with every past and its present bound to the same buffer; the other outputs."""
     binding = session.io_binding()
     for name, value in feeds.items():
         if name in buffers:
             binding.bind_ortvalue_input(name, buffers[name])
         else:
             binding.bind_cpu_input(name, np.ascontiguousarray(value))
-    present_of = dict(zip(layout.present, layout.past))
     for name in outputs:
         if name in present_of:
             binding.bind_ortvalue_output(name, buffers[present_of[name]])
@@ -166,10 +190,7 @@ def run_shared(session, feeds):
         session.run_with_iobinding(binding)
     except Exception as err:
         raise RunnerError(f"onnxruntime failed with a shared cache buffer: {str(err).strip().splitlines()[0]}") from None
-    values = dict(zip([n for n in outputs if n not in present_of], binding.copy_outputs_to_cpu()))
-    for name in layout.present:
-        values[name] = buffers[present_of[name]].numpy()[:, :, :total].copy()
-    return {name: values[name] for name in outputs}
+    return dict(zip([n for n in outputs if n not in present_of], binding.copy_outputs_to_cpu()))
 
 
 def main(argv=None) -> int:
