@@ -74,19 +74,23 @@ def _heads_last(name: str, out: str) -> list[onnx.NodeProto]:
             helper.make_node("Reshape", [f"{name}_bshd", "bs_hd"], [out])]
 
 
+FLOAT16_LOWEST = -65504.0  # float16's lowest finite value (float32 holds it exactly)
+
+
 def function_proto(bias: AttentionBias, opset: int, kv_heads: int | None = None,
-                   from_mask: bool = True) -> onnx.FunctionProto:
+                   from_mask: bool = True, float16: bool = False) -> onnx.FunctionProto:
     """posbias.CachedAttention<Family> for this bias (its attributes baked in, its tensors
     inputs): q has the bias's heads, the cache `kv_heads` (fewer for multi-query and grouped
     layouts; GroupQueryAttention repeats them), both baked into the node's attributes.
-    from_mask: positions cumsum(mask) - 1 (ours, BLOOM, Falcon), else the key indices (MPT)."""
+    from_mask: positions cumsum(mask) - 1 (ours, BLOOM, Falcon), else the key indices (MPT).
+    float16: a padded key's bias is float16's lowest (float32's would cast to -inf)."""
     tensors, attrs = bias.function_inputs()
     params = [f"bias_input_{i}" for i in range(len(tensors))]
     heads = bias.num_heads
     nodes = [
         *_positions(from_mask),
         call(bias.function_name, ["q_pos", "k_pos", *params], ["family_bias"], **attrs),  # [B, H|1, S, T]
-        _const("lowest", FLOAT32_LOWEST, TensorProto.FLOAT),
+        _const("lowest", FLOAT16_LOWEST if float16 else FLOAT32_LOWEST, TensorProto.FLOAT),
         helper.make_node("Where", ["keep", "family_bias", "lowest"], ["masked_bias"]),  # padded keys: lowest
         helper.make_node("CastLike", ["masked_bias", "q"], ["attention_bias"]),
         _const("bs_hd", [0, 0, -1], dims=[3]),

@@ -155,7 +155,7 @@ def generated_functions(model: torch.nn.Module, settings: AttentionSettings, dty
                 protos[proto.name] = proto
         if settings.cache == "inplace":  # the model's cache heads and position convention (hf/layers.py)
             proto = inplace_function_proto(bias, opset, getattr(model, "num_kv_heads", None),
-                                           getattr(model, "positions_from_mask", True))
+                                           getattr(model, "positions_from_mask", True), dtype == torch.float16)
             protos[proto.name] = proto
         if settings.form != "blocked":
             continue

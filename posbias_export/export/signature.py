@@ -134,13 +134,10 @@ class ExportSpec:
             self.check_inplace(request)
 
     def check_inplace(self, request) -> None:
-        """--target ort writes a KV cache in place: a cached decoder in float32 (float16's lowest
-        value cannot mask a padded key in GroupQueryAttention's bias)."""
+        """--target ort writes a KV cache in place: a cached decoder (float32, or float16 with
+        float16's lowest on padded keys: GroupQueryAttention's CPU kernel takes both)."""
         if not self.kv_cache:
             raise ValueError("target ort writes a KV cache in place: it needs kv_cache (--kv-cache)")
-        if request.dtype != "float32":
-            raise ValueError("target ort's in-place cache is float32 (a float16 bias cannot hold the mask's lowest "
-                             "value); drop --dtype float16")
         if request.options.inline_functions:
             raise ValueError("target ort keeps its cached attention a function around GroupQueryAttention; drop "
                              "--inline-functions")
