@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..limits import attention_bytes, check_fits
+from ..parity.accuracy_level import level0_runs, note_disagreement
 from ..parity.judge import Case, FloatPolicy, Reference, judge, policy_for
 from ..parity.matrix import check_runtimes
 from ..parity.reference import ModelFile, ParityInputError, model_file, torch_outputs
@@ -122,9 +123,13 @@ def run_hf_matrix(model_path: "str | Path | ModelFile", model_dir: str | Path | 
     cases = [imported_case(ours, file, n, batch, scheme) for n in lengths]
     row = FloatPolicy("float32", {c.name: transformers_tolerance(ours, n) for c, n in zip(cases, lengths)})
     judge(matrix, [transformers_run(theirs, ours, cases, lengths)], cases, row)
-    runs = runtime_outputs(runtimes, file.path, [c.feeds for c in cases], timeout, order)
-    return judge(matrix, runs, cases, runtime_policy(ours, dtype, scheme, cases, lengths), order_label=dtype,
-                 progress=progress)
+    runs = list(runtime_outputs(runtimes, file.path, [c.feeds for c in cases], timeout, order))
+    if scheme == "int4":  # and the same file at accuracy level 0 (parity/accuracy_level.py)
+        runs += level0_runs(runtimes, file.path, [c.feeds for c in cases], timeout, order)
+    judge(matrix, runs, cases, runtime_policy(ours, dtype, scheme, cases, lengths), order_label=dtype,
+          progress=progress)
+    note_disagreement(matrix, runs, cases)
+    return matrix
 
 
 def runtime_policy(ours, dtype: str, scheme: str | None, cases: list[Case], lengths):

@@ -13,6 +13,7 @@ import torch
 
 from ..export import settings_from_metadata
 from ..nn import DEFAULT_BLOCK
+from .accuracy_level import level0_runs, note_disagreement
 from .judge import Case, Reference, judge, policy_for
 from .quantized import sampled_ids_cached
 from .reference import (ModelFile, ParityInputError, generated_inputs, load_model_file, model_file, reference_model,
@@ -110,5 +111,9 @@ def run_matrix(
         named = [(case, quantized_inputs(meta, model, feeds)) for case, feeds in named]
     settings = own_settings(meta, matrix.arch)
     cases = [Case(name, feeds, own_reference(model, meta, feeds, settings, dtype)) for name, feeds in named]
-    runs = runtime_outputs(runtimes, file.path, [c.feeds for c in cases], timeout, order)
-    return judge(matrix, runs, cases, policy_for(dtype, scheme), progress=progress)
+    runs = list(runtime_outputs(runtimes, file.path, [c.feeds for c in cases], timeout, order))
+    if scheme == "int4":  # and the same file at accuracy level 0 (parity/accuracy_level.py)
+        runs += level0_runs(runtimes, file.path, [c.feeds for c in cases], timeout, order)
+    judge(matrix, runs, cases, policy_for(dtype, scheme), progress=progress)
+    note_disagreement(matrix, runs, cases)
+    return matrix

@@ -18,7 +18,9 @@ def format_matrix(matrix: Matrix, markdown: bool = False) -> str:
             top1 = "n/a" if p["top1_decided"] is None else f"{p['top1_decided']:.3f}"
             verdict += (f" (KL {p['kl_mean']:.2e} nats, budget {p['budget_kl']:.2e}; top-1 on "
                         f"{p['decided_positions']} decided positions {top1}, budget {p['budget_top1']}; "
-                        f"logit error {p['logit_error_rel']:.3f} x scale)")
+                        f"logit error {p['logit_error_rel']:.3f} x scale"
+                        + (f"; next token differs from accuracy level 4 on {p['next_token_differs_from_level4']:.1%} "
+                           "of positions" if "next_token_differs_from_level4" in p else "") + ")")
         rows.append([c.runtime, c.case, c.dtype, num("max_abs"), num("max_rel"), num("budget_abs"), verdict])
     if markdown:
         lines = [f"### {matrix.bias} ({matrix.arch}): `{Path(matrix.model).name}`", "",
