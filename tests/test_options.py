@@ -34,11 +34,16 @@ def test_scheme_options_flags_and_metadata():
     own builder) to an equal scheme; unknown names and foreign options are one line."""
     from posbias_export.commands.export import build_export_parser, export_options
 
-    for chosen in (Int8(), Int8(per_channel=False), Int4(), Int4(block=16, symmetric=True, accuracy_level=0)):
+    for chosen in (Int8(), Int8(per_channel=False), Int4(), Int4(block=16, symmetric=True, accuracy_level=0),
+                   Int4(head="int8")):
         args = build_export_parser().parse_args(["--bias", "alibi", "--out", "x.onnx", *chosen.flags()])
         assert export_options(args).quantize == chosen
     assert Int4(block=64).metadata(7) == {"quantized": "int4", "quantized_nodes": "7", "quant_block": "64",
-                                          "quant_symmetric": "0", "quant_accuracy_level": "4"}
+                                          "quant_head": "int4", "quant_symmetric": "0", "quant_accuracy_level": "4"}
+    assert Int4().resolved(16, "int8") == Int4(block=16, head="int8")  # an architecture's defaults
+    assert Int4(block=64, head="float").resolved(16, "int8") == Int4(block=64, head="float")  # what was asked wins
+    with pytest.raises(ValueError, match="quantized head must be one of int4, int8, float"):
+        scheme("int4", head="int2")
     with pytest.raises(ValueError, match="quantize must be one of int8, int4, got 'int3'"):
         scheme("int3")
     with pytest.raises(ValueError, match="block do not apply to --quantize int8"):

@@ -87,6 +87,29 @@ def test_quantized_nodes_are_the_weights_and_the_tied_head(tmp_path):
     assert not [n.op_type for f in proto.functions for n in f.node if n.op_type in quantized_ops]
 
 
+@pytest.mark.parametrize("head", ["int8", "float"])
+def test_the_head_keeps_the_precision_asked_for(tmp_path, head):
+    """--quant-head: the LM head alone as an 8-bit MatMulNBits, or left float; every other layer
+    int4 (ONNX Runtime's quantizer quantizes every MatMul of its op types unless excluded: the
+    others are named in nodes_to_exclude); the file passes the policy, closer to float than
+    the all-int4 file."""
+    path = _export("alibi", "int4", tmp_path / "q.onnx", head=head)
+    proto = onnx.load(str(path))
+    bits = {n.name: next((a.i for a in n.attribute if a.name == "bits"), None) for n in proto.graph.node
+            if n.op_type == "MatMulNBits"}
+    layers = load_checkpoint(MODELS / "alibi.safetensors").cfg.num_layers
+    inits = {t.name for t in proto.graph.initializer}
+    float_matmuls = [n for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    if head == "int8":
+        assert sorted(bits.values()) == [4] * (6 * layers) + [8] and not float_matmuls
+    else:
+        assert list(bits.values()) == [4] * (6 * layers) and len(float_matmuls) == 1
+    assert read_metadata(proto)["quant_head"] == head
+    cell = lambda p: _cells(run_matrix(p, ("ort-cpu",), (1024,), batch=2, order=False))[0]
+    mine, all_int4 = cell(path), cell(_export("alibi", "int4", tmp_path / "q4.onnx"))
+    assert mine.verdict == "pass" and mine.parity["kl_mean"] < all_int4.parity["kl_mean"]
+
+
 def test_quantized_perplexity_stays_within_the_promise(tmp_path):
     """Held-out perplexity of the trained ALiBi checkpoint on ORT: int8 within 1%, int4 within 3%
     of the float file, at the training length and 16x it (the corpus's last 10% lives in

@@ -120,6 +120,8 @@ def _quantize_flags(p) -> None:
             if isinstance(f.default, bool):
                 p.add_argument(flag, action="store_const", const=not f.default, default=None,
                                dest=f"quant:{f.name}", help=help_text)
+            elif "choices" in f.metadata:
+                p.add_argument(flag, choices=f.metadata["choices"], default=None, dest=f"quant:{f.name}", help=help_text)
             else:
                 p.add_argument(flag, type=int, default=None, dest=f"quant:{f.name}", metavar="N", help=help_text)
 

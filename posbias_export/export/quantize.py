@@ -115,25 +115,45 @@ def prepared_float(path: Path) -> onnx.ModelProto:
     return proto
 
 
+def head_nodes(proto: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> tuple[str, ...]:
+    """The weight MatMul that makes the first output (the logits), reached back through the
+    nodes between them (a reshape, a cast); none for a file whose first output has no such
+    MatMul (an encoder's features)."""
+    weights = {n.output[0]: n for n in nodes if n.op_type == "MatMul"}
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    frontier, seen = [proto.graph.output[0].name], set()
+    while frontier:
+        name = frontier.pop()
+        if name in weights:
+            return (weights[name].name,)
+        node = producer.get(name)
+        if node is None or name in seen or node.op_type == "MatMul":
+            continue
+        seen.add(name)
+        frontier += [i for i in node.input if i]
+    return ()
+
+
 def quantize_file(float_path: Path, spec: Scheme) -> onnx.ModelProto:
     """The quantized model of a saved float file (its weights folded into initializers first,
     written beside it, then handed to the quantizer by path)."""
     proto = prepared_float(float_path)
-    names = [n.name for n in weight_nodes(proto)]
+    picked = weight_nodes(proto)
+    names, head = [n.name for n in picked], head_nodes(proto, picked)
     prepared = float_path.with_name("prepared.onnx")
     onnx.save_model(proto, prepared, save_as_external_data=True, all_tensors_to_one_file=True,
                     location="prepared.onnx.data", size_threshold=1024)
     del proto
-    return quantize_path(str(prepared), spec, names)
+    return quantize_path(str(prepared), spec, names, head)
 
 
-def quantize_path(path: str, spec: Scheme, nodes: list[str]) -> onnx.ModelProto:
+def quantize_path(path: str, spec: Scheme, nodes: list[str], head: tuple[str, ...] = ()) -> onnx.ModelProto:
     """ONNX Runtime's quantizer of the scheme applied to the model file at `path` (its tensors
     in external data), at the named `nodes`. The quantizers' own temporaries (quantize_dynamic
     copies the model into the system temp folder) go beside `path` instead: inside our locked
     temporary folder, gone with it, swept after a kill -9, never left in /tmp."""
     with _quiet(), _temporaries_in(Path(path).parent):
-        return _quantize(path, spec, nodes)
+        return _quantize(path, spec, nodes, head)
 
 
 @contextlib.contextmanager
@@ -169,13 +189,14 @@ def _quiet():
             q.setLevel(level)
 
 
-def _quantize(path: str, spec: Scheme, names: list[str]) -> onnx.ModelProto:
+def _quantize(path: str, spec: Scheme, names: list[str], head: tuple[str, ...] = ()) -> onnx.ModelProto:
     from google.protobuf.message import DecodeError
 
     if not names:
         raise ExportCheckError("the model has no weight MatMul or embedding Gather to quantize")
     try:
-        return _functions_at_model_opset(spec.quantize(path, names))
+        quantized = spec.quantize(path, names, head) if head and hasattr(spec, "head") else spec.quantize(path, names)
+        return _functions_at_model_opset(quantized)
     except DecodeError:
         # ONNX Runtime's quantizer writes a shape-inferred copy and reads it back; on a full disk
         # the copy is cut short silently and the read fails with a protobuf error

@@ -13,6 +13,8 @@ KL(float || quantized) within log(1 + x) nats and top-1 agreement on decided pos
 """
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import tempfile
 from dataclasses import dataclass, field, fields
@@ -22,6 +24,7 @@ from typing import ClassVar
 import onnx
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
+HEAD_PRECISIONS = ("int4", "int8", "float")
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0 unset, 1 float32, 2 float16, 3 bfloat16, 4 int8 compute
 
 
@@ -112,40 +115,70 @@ class Int4(Scheme):
     accuracy level 4 computes in int8 (1.8x faster decode than 0 at BLOOM-560m, equal
     perplexity: benchmarks/quantized.md)."""
 
-    block: int = field(default=32, metadata={
-        "flag": "--quant-block", "help": f"int4: weights per scale ({', '.join(map(str, BLOCK_SIZES))}; default 32)"})
+    block: int | None = field(default=None, metadata={
+        "flag": "--quant-block", "help": f"int4: weights per scale ({', '.join(map(str, BLOCK_SIZES))}; default the "
+                                         "architecture's: 32, T5 16, measured in benchmarks/quantized.md)"})
     symmetric: bool = field(default=False, metadata={
         "flag": "--quant-symmetric", "help": "int4: no zero points (default: asymmetric)"})
+    head: str | None = field(default=None, metadata={
+        "flag": "--quant-head", "choices": HEAD_PRECISIONS,
+        "help": "int4: the output head's precision (int4, int8: an 8-bit MatMulNBits, float: left as it is; default "
+                "the architecture's: int4, the T5 decoder int8, measured in docs/quantized.md)"})
     accuracy_level: int = field(default=4, metadata={
         "flag": "--quant-accuracy-level",
         "help": "int4: MatMulNBits accuracy_level (0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 compute; default 4: measured "
                 "1.8x faster decode than 0 on CPU at equal perplexity, benchmarks/quantized.md)"})
 
+    DEFAULT_BLOCK: ClassVar[int] = 32  # ours, BLOOM, MPT, Falcon (an imported architecture may say otherwise)
+    DEFAULT_HEAD: ClassVar[str] = "int4"
     name: ClassVar[str] = "int4"
     ops: ClassVar[frozenset[str]] = frozenset({"MatMulNBits", "GatherBlockQuantized"})
     policy: ClassVar[Policy] = Policy(math.log(1.03), 0.95, "perplexity within 3% of float, in nats")
     coarseness: ClassVar[int] = 2
 
     def __post_init__(self):
-        if self.block not in BLOCK_SIZES:
+        if self.block is not None and self.block not in BLOCK_SIZES:
             raise ValueError(f"quantization block must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block!r}")
+        if self.head is not None and self.head not in HEAD_PRECISIONS:
+            raise ValueError(f"quantized head must be one of {', '.join(HEAD_PRECISIONS)}, got {self.head!r}")
         if self.accuracy_level not in ACCURACY_LEVELS:
             raise ValueError(f"accuracy level must be one of {', '.join(map(str, ACCURACY_LEVELS))}, "
                              f"got {self.accuracy_level!r}")
 
+    def resolved(self, default_block: int | None = None, default_head: str | None = None) -> "Int4":
+        """This scheme with its block and head decided: those asked for, else the architecture's."""
+        return dataclasses.replace(self, block=self.block or default_block or self.DEFAULT_BLOCK,
+                                   head=self.head or default_head or self.DEFAULT_HEAD)
+
     def option_metadata(self) -> dict[str, str]:
-        return {"quant_block": str(self.block), "quant_symmetric": str(int(self.symmetric)),
+        return {"quant_block": str(self.resolved().block), "quant_head": self.resolved().head,
+                "quant_symmetric": str(int(self.symmetric)),
                 "quant_accuracy_level": str(self.accuracy_level)}
 
-    def quantize(self, path: str, nodes: list[str]) -> onnx.ModelProto:
+    def quantize(self, path: str, nodes: list[str], head: tuple[str, ...] = ()) -> onnx.ModelProto:
+        """`head`: the output head's nodes, quantized as `self.head` says (int4 with the rest;
+        int8 in a second pass, an 8-bit MatMulNBits; float: left out)."""
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-        quantizer = MatMulNBitsQuantizer(path, bits=4, block_size=self.block, is_symmetric=self.symmetric,
-                                         accuracy_level=self.accuracy_level or None, nodes_to_include=nodes,
-                                         op_types_to_quantize=("MatMul", "Gather"),
-                                         quant_axes=(("MatMul", 0), ("Gather", 1)))
-        quantizer.process()
-        return quantizer.model.model
+        spec = self.resolved()
+        body = [n for n in nodes if spec.head == "int4" or n not in head]
+        graph = onnx.load(path, load_external_data=False).graph
+        candidates = [n.name for n in graph.node if n.op_type in ("MatMul", "Gather")]
+
+        def nbits(model, bits, names):
+            # the quantizer takes every MatMul / Gather of its op types whatever nodes_to_include
+            # says (it only adds to them): the others are named in nodes_to_exclude
+            quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=spec.block, is_symmetric=self.symmetric,
+                                             accuracy_level=self.accuracy_level or None, nodes_to_include=names,
+                                             nodes_to_exclude=[n for n in candidates if n not in names],
+                                             op_types_to_quantize=("MatMul", "Gather"),
+                                             quant_axes=(("MatMul", 0), ("Gather", 1)))
+            quantizer.process()
+            return quantizer.model.model
+
+        model = nbits(path, 4, body)
+        eight = [n for n in nodes if n in head] if spec.head == "int8" else []
+        return nbits(model, 8, eight) if eight else model
 
 
 SCHEMES: dict[str, type[Scheme]] = {cls.name: cls for cls in (Int8, Int4)}

@@ -130,6 +130,9 @@ class ImportedModel(nn.Module):
         bias is exact or computed as ours is); see hf/validate.py."""
         return 0.0
 
+    default_quant_block = None  # int4's weights per scale when none is asked: the scheme's own (32)
+    default_quant_head = None  # int4's head precision when none is asked: the scheme's own (int4)
+
     def transformers_table_bytes(self) -> float:
         """What transformers' own forward allocates whatever the input length (a position table
         sized by the config), checked before its row runs in validate."""
