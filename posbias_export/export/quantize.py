@@ -119,6 +119,8 @@ def head_nodes(proto: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> tuple[str
     """The weight MatMul that makes the first output (the logits), reached back through the
     nodes between them (a reshape, a cast); none for a file whose first output has no such
     MatMul (an encoder's features)."""
+    if proto.graph.output[0].name != "logits":  # an encoder's features: no head
+        return ()
     weights = {n.output[0]: n for n in nodes if n.op_type == "MatMul"}
     producer = {o: n for n in proto.graph.node for o in n.output}
     frontier, seen = [proto.graph.output[0].name], set()
