@@ -347,3 +347,29 @@ def test_the_quantizers_temporaries_live_beside_the_output(tmp_path, monkeypatch
     _export("alibi", "int8", tmp_path / "q.onnx")
     assert seen and Path(seen[0]).resolve().parent == tmp_path.resolve()
     assert tempfile.gettempdir() == before
+
+
+def test_t5_int4_takes_its_architecture_defaults_unless_asked(tmp_path):
+    """T5's int4 default is block 16 with the decoder's head in 8 bits (what makes t5-base's pair
+    pass the policy, docs/quantized.md); flags given on the command line win."""
+    import hf_folders
+
+    from posbias_export.cli import main as cli_main
+
+    source = hf_folders.save_tiny_model("t5_gated", tmp_path / "t5")
+
+    def shipped(folder, *flags):
+        assert cli_main(["--model", str(source), "--out-dir", str(folder), "--quantize", "int4", *flags]) == 0
+        out = {}
+        for name in ("encoder_model", "decoder_model_merged"):
+            proto = onnx.load(str(folder / f"{name}.onnx"), load_external_data=False)
+            bits = sorted(next((a.i for a in n.attribute if a.name == "bits"), 0) for n in proto.graph.node
+                          if n.op_type == "MatMulNBits")
+            out[name] = (read_metadata(proto)["quant_block"], read_metadata(proto)["quant_head"], bits[-1])
+        return out
+
+    default = shipped(tmp_path / "default")
+    assert default["encoder_model"][0] == "16" and default["encoder_model"][2] == 4
+    assert default["decoder_model_merged"] == ("16", "int8", 8)
+    asked = shipped(tmp_path / "asked", "--quant-block", "32", "--quant-head", "int4")
+    assert asked["decoder_model_merged"] == ("32", "int4", 4)
