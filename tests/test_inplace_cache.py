@@ -154,7 +154,7 @@ def test_generate_through_one_buffer_equals_the_concat_file(tmp_path):
 
     runner = load_runner("ort/generate.py")
     inplace, concat = _export(tmp_path, "alibi", "ort"), _export(tmp_path, "alibi", "portable")
-    paths = [tmp_path / "alibi_ort.onnx", tmp_path / "alibi_portable.onnx"]
+    paths = [tmp_path / "alibi_ort_float32.onnx", tmp_path / "alibi_portable_float32.onnx"]
     decoders = [runner.CachedDecoder(str(p)) for p in paths]
     assert decoders[0].inplace and not decoders[1].inplace
     long_prompt = bytes(np.random.default_rng(3).integers(32, 127, runner.PREFILL_BLOCK + 77).astype(np.uint8))
