@@ -3,6 +3,7 @@ uses this): CPU model and the instruction sets that change the numbers (AVX-512,
 from __future__ import annotations
 
 import os
+import re
 import platform
 
 
@@ -72,3 +73,12 @@ def describe_gpu(env: dict) -> str:
     return (f"Machine: {gpu}, {env['cpus']} CPU cores; onnxruntime {env['onnxruntime']} "
             f"({', '.join(p.replace('ExecutionProvider', '') for p in env.get('providers', []))}), "
             f"torch {env['torch']}; {env.get('date', '')}.")
+
+
+LOCAL_PATH = re.compile(r"(?<![\w.])(/[\w.@+-]+)+/([\w.@+-]+)")  # an absolute path: its last part is kept
+
+
+def without_local_paths(row: dict) -> dict:
+    """A results row as it may be committed: every absolute path in its text (an error naming the
+    temporary folder it read) cut to its last part, so no machine's paths are published."""
+    return {k: LOCAL_PATH.sub(r"…/\2", v) if isinstance(v, str) else v for k, v in row.items()}

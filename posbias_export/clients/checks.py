@@ -14,7 +14,6 @@ untied heads (a tied tiny head mostly repeats its last token), made here.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..environment import describe, environment
+from ..environment import describe, environment, without_local_paths
 from ..export.schemes import SCHEMES as ALL_SCHEMES
 from ..export.files import output_folder, write_text_atomic
 from ..hf.models import SUPPORTED, architecture
@@ -327,15 +326,6 @@ def _quantized_markdown(rows: list[dict]) -> list[str]:
             lines.append(f"| {client} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines
-
-
-LOCAL_PATH = re.compile(r"(?<![\w.])(/[\w.@+-]+)+/([\w.@+-]+)")  # an absolute path: its last part is kept
-
-
-def without_local_paths(row: dict) -> dict:
-    """A results row as it may be committed: every absolute path in its text (a client's error
-    names the temporary folder it read) cut to its last part, so no machine's paths are published."""
-    return {k: LOCAL_PATH.sub(r"…/\2", v) if isinstance(v, str) else v for k, v in row.items()}
 
 
 def run_and_write(kinds=SUPPORTED, out_dir="benchmarks", optimum: bool = True, progress=None) -> list[Path]:
