@@ -34,7 +34,7 @@ def test_quantizer_reading_back_a_cut_copy_is_a_full_disk(tmp_path, monkeypatch,
 
     from posbias_export.export import schemes
 
-    def cut(self, path, names):
+    def cut(self, path, names, head=()):
         raise DecodeError("Error parsing message with type 'onnx.ModelProto': Wire format was corrupt")
 
     monkeypatch.setattr(schemes.Int8, "quantize", cut)

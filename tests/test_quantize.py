@@ -338,9 +338,9 @@ def test_the_quantizers_temporaries_live_beside_the_output(tmp_path, monkeypatch
     seen = []
     real = schemes.Int8.quantize
 
-    def spying(self, path, nodes):
+    def spying(self, path, nodes, head=()):
         seen.append(tempfile.gettempdir())
-        return real(self, path, nodes)
+        return real(self, path, nodes, head)
 
     monkeypatch.setattr(schemes.Int8, "quantize", spying)
     before = tempfile.gettempdir()

@@ -197,8 +197,7 @@ def _quantize(path: str, spec: Scheme, names: list[str], head: tuple[str, ...] =
     if not names:
         raise ExportCheckError("the model has no weight MatMul or embedding Gather to quantize")
     try:
-        quantized = spec.quantize(path, names, head) if head and hasattr(spec, "head") else spec.quantize(path, names)
-        return _functions_at_model_opset(quantized)
+        return _functions_at_model_opset(spec.quantize(path, names, head))
     except DecodeError:
         # ONNX Runtime's quantizer writes a shape-inferred copy and reads it back; on a full disk
         # the copy is cut short silently and the read fails with a protobuf error

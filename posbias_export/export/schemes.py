@@ -67,9 +67,13 @@ class Scheme:
     def option_metadata(self) -> dict[str, str]:
         raise NotImplementedError
 
-    def quantize(self, path: str, nodes: list[str]) -> onnx.ModelProto:
+    def resolved(self, default_block: int | None = None, default_head: str | None = None) -> "Scheme":
+        """The scheme with the options an architecture decides filled in (none by default)."""
+        return self
+
+    def quantize(self, path: str, nodes: list[str], head: tuple[str, ...] = ()) -> onnx.ModelProto:
         """ONNX Runtime's quantizer applied to the model file at `path` (tensors in external
-        data), at the named nodes."""
+        data), at the named nodes; `head`: the output head's nodes among them."""
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -98,8 +102,8 @@ class Int8(Scheme):
     def option_metadata(self) -> dict[str, str]:
         return {"quant_per_channel": str(int(self.per_channel)), "quant_reduce_range": str(int(self.REDUCE_RANGE))}
 
-    def quantize(self, path: str, nodes: list[str]) -> onnx.ModelProto:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
+    def quantize(self, path: str, nodes: list[str], head: tuple[str, ...] = ()) -> onnx.ModelProto:
+        from onnxruntime.quantization import QuantType, quantize_dynamic  # int8: the head as every layer
 
         with tempfile.TemporaryDirectory(dir=Path(path).parent) as tmp:  # external data both ways: protobuf's 2 GB
             out = Path(tmp) / "quantized.onnx"

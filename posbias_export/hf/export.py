@@ -167,7 +167,7 @@ def export_model(model_dir: str | os.PathLike, path: str | os.PathLike, options:
     if options.quantize is not None and model.arch == "encoder" and not has_decoder(model_dir):
         raise ValueError(f"quantize judges a file by the next-token predictions it leads to; {model.model_type}'s "
                          "encoder alone (feature extraction, no decoder in the folder) leads to none")
-    if hasattr(options.quantize, "resolved"):  # int4's block: the one asked for, else the architecture's
+    if options.quantize is not None:  # int4's block and head: those asked for, else the architecture's
         options = dataclasses.replace(options, quantize=options.quantize.resolved(model.default_quant_block,
                                                                                   model.default_quant_head))
     spec = ImportedSpec.of(model, options, NAMINGS[names], shipped)
