@@ -1,5 +1,6 @@
 """The GPU-shaped body's slim distance-table path (gpu_table_script.py): every block gathers its
-own bias from the per-distance vector with an int32 index, over keys aligned to multiples of 8.
+own bias from the per-distance vector's 8-wide windows with an int32 index, over keys aligned to
+multiples of 8, the widest block first.
 
 The index arithmetic is checked exactly (each gathered entry is the distance of its own query
 and key), the aligned keys always cover the keys a block must see, and an export whose alignment
@@ -15,7 +16,8 @@ import torch
 import posbias_export as pbe
 from posbias_export.export import functions
 from posbias_export.export.block_scaffold import UNBOUNDED
-from posbias_export.export.gpu_table_script import KEY_ALIGN, AlignKeys, SlimBlock, SlimBlockBounds, SlimVectorPositions
+from posbias_export.export.gpu_table_script import (KEY_ALIGN, AlignKeys, GatherBlockBias, SlimBlock, SlimBlockBounds,
+                                                    SlimVectorPositions, SlimWindows)
 from posbias_export.nn.attention import AttentionSettings
 from posbias_export.parity import FLOAT32, compare, torch_outputs
 from conftest import SMALL, ort_session
@@ -32,9 +34,10 @@ CASES = [(37, 37, 16, UNBOUNDED, 0), (300, 300, 64, UNBOUNDED, 0), (20, 45, 8, U
 
 @pytest.mark.parametrize("q_len, k_len, block, lookback, lookahead", CASES)
 def test_each_block_gathers_the_distance_of_its_own_query_and_key(q_len, k_len, block, lookback, lookahead):
-    """Run the functions eagerly: for every block, vector position idx[r, c] holds distance
-    (query index) - (key index), the keys start and end on multiples of 8 inside the padded keys,
-    and they cover every key the block's queries may see."""
+    """Run the functions eagerly: for every block, the bias gathered from the windows of the
+    vector's positions holds distance (query index) - (key index), the keys start and end on
+    multiples of 8 inside the padded keys, they cover every key the block's queries may see, and
+    the blocks come last first (a causal Loop's widest block first)."""
     n_blocks = -(-q_len // block)
     offset = k_len - q_len
     k = np.zeros((1, 1, k_len, 2), np.float32)
@@ -44,6 +47,9 @@ def test_each_block_gathers_the_distance_of_its_own_query_and_key(q_len, k_len, 
     k8, v8, keep8 = AlignKeys(k, k, keep)
     assert k8.shape[2] % KEY_ALIGN == 0 and k8.shape[2] - k_len < KEY_ALIGN
     assert keep8[..., :k_len].all() and not keep8[..., k_len:].any()
+    assert list(bounds[:, 0]) == [block * i for i in reversed(range(n_blocks))]
+    windows = SlimWindows(cols[None].astype(np.float32))  # [1, T - 7, 8]: exact (small integers)
+    assert windows.shape == (1, cols.shape[0] - 7, KEY_ALIGN)
     q_pad = np.zeros((1, 1, n_blocks * block, 2), np.float32)
     for it in range(n_blocks):
         q_b, k_b, _, keep_b, idx = SlimBlock(_i64(it), bounds, q_pad, k8, v8, keep8, _i64(block))
@@ -54,8 +60,8 @@ def test_each_block_gathers_the_distance_of_its_own_query_and_key(q_len, k_len, 
         needed_lo = max(0, first - lookback)
         needed_end = min(k_len, first + block + lookahead)
         assert lo <= needed_lo and needed_end <= end
-        assert 0 <= idx.min() and idx.max() < cols.shape[0]
-        distance = row[0] - cols[idx]  # [Bq, W] what the family's function was evaluated at
+        assert 0 <= idx.min() and idx.max() < windows.shape[1] and idx.shape == (block, (end - lo) // KEY_ALIGN)
+        distance = row[0] - GatherBlockBias(windows, idx)[0]  # [Bq, W] what the family's function was evaluated at
         expected = (first + np.arange(block))[:, None] - (lo + np.arange(end - lo))[None, :]
         np.testing.assert_array_equal(distance, expected)
 
@@ -72,15 +78,15 @@ def _body(model):
 
 
 def test_no_table_and_no_int64_index_in_the_gpu_body(tmp_path):
-    """The slim path's only Gather over the bias takes the int32 index SlimBlock builds; nothing
-    expands a [H, Bq, M] table; the one-block branch aligns its keys too."""
+    """The slim path's only Gather over the bias takes the int32 index SlimBlock builds (over the
+    windows); nothing expands a [H, Bq, M] table; the one-block branch aligns its keys too."""
     _, path = _export(tmp_path, "kerple_log", True)
     model = onnx.load(path)
     called = {n.op_type for n in functions.all_nodes(list(_body(model).node))}
-    assert {"SlimBlockBounds", "SlimBlock", "GatherBlockBias", "AlignKeys", "AlignDirectKeys"} <= called
+    assert {"SlimBlockBounds", "SlimBlock", "SlimWindows", "GatherBlockBias", "AlignKeys", "AlignDirectKeys"} <= called
     assert not {"ExpandDistanceVector", "DistanceVectorPositions", "SliceByDistance"} & called
     gather = next(f for f in model.functions if f.name == "GatherBlockBias")
-    assert [n.op_type for n in gather.node] == ["Gather"]
+    assert [n.op_type for n in gather.node if n.op_type != "Constant"] == ["Gather", "Reshape"]
 
 
 def _lengths_parity(core, session, lengths):

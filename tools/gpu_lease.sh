@@ -7,7 +7,7 @@
 #                  REHEARSAL=1 PYTHON=.venv/bin/python bash tools/gpu_lease.sh rehearse DIR   # both calls on ORT CPU, timed
 #   call 1 (carry .gpu/c1, ~43 MB):  bash tools/gpu_lease.sh receive           (33-37 s with the machine's start)
 #   call 2 (carry .gpu/c2, ~19 MB):  bash tools/gpu_lease.sh work $OUT   (timeout_s 560; 298 s on the H200)
-#   give_back at once.
+#   give_back at once.  (later leases: diagnose, verify, retime in place of work; see each below)
 #   here, after (files_at as A):  tar -xzf A/results.tar.gz -C A && python tools/gpu_parity.py write A/r
 #     python tools/gpu_order.py write A/r; python tools/gpu_session.py write A/r
 #
@@ -151,10 +151,32 @@ case $step in
       > "$work/r/timing_ort.log" 2>&1
     save "timings (ORT, host-synchronous)"
     echo "[$(date +%T)] verify done in $(( $(date +%s) - t0 )) s" ;;
+  retime)  # a fourth lease's work call (after receive): the slim table path changed (8-key windows, widest
+            # block first): its timings and memory alone on the GPU beside the PyTorch cells, the decode
+            # timing with host-synchronous launches, then the slim files re-judged and the jobs never run alone
+    t0=$(date +%s); rm -rf "$work/r"; mkdir -p "$work/r/par" "$out"
+    receive >/dev/null
+    join > "$work/r/join.log" 2>&1 || { cat "$work/r/join.log"; exit 1; }
+    files=$work/files; save join
+    timeout 90 $py tools/gpu_session.py ort "$work/r/timing" --models "$files/models" --provider $provider $small \
+      > "$work/r/timing_ort.log" 2>&1
+    save "timings (ORT)"
+    [ -z "${REHEARSAL:-}" ] && timeout 110 $py tools/gpu_session.py torch "$work/r/timing" > "$work/r/timing_torch.log" 2>&1
+    save "timings (PyTorch)"
+    contexts=4096; steps=32; [ -n "${REHEARSAL:-}" ] && { contexts=256; steps=8; }
+    first=$($py -c "from posbias_export.biases import BIASES; print(next(iter(BIASES)))")
+    timeout 60 $py -m posbias_export bench-decode --device $provider --biases "$first" \
+      --contexts $contexts --steps $steps --out-dir "$work/r/decode" > "$work/r/decode.log" 2>&1
+    save decode
+    timeout 200 $py tools/gpu_parity.py run "$files" "$work/r" --jobs 12 --deadline 120 $cpu_only \
+      --only att_kerple,att_t5,att_sandwich,att_window,att_none_float32_cuda-ort_long,hf_bloom_float16_cuda-ort_long \
+      > "$work/r/parity.log" 2>&1
+    save parity
+    echo "[$(date +%T)] retime done in $(( $(date +%s) - t0 )) s" ;;
   rehearse)  # REHEARSAL=1: pack, then both calls here on ORT CPU, each timed into OUT/calls.txt
     [ -n "${REHEARSAL:-}" ] || { echo "rehearse needs REHEARSAL=1"; exit 2; }
     rm -rf "$work" "$out/pack"; mkdir -p "$out"; : > "$out/calls.txt"; export GPU_PACK=$out/pack GPU_WORK=$work
-    for s in pack receive work; do
+    for s in pack receive ${REHEARSE_STEP:-work}; do
       t=$(date +%s); bash tools/gpu_lease.sh $s "$out" > "$out/$s.log" 2>&1 || { cat "$out/$s.log"; exit 1; }
       echo "$s $(( $(date +%s) - t )) s" | tee -a "$out/calls.txt"
     done ;;

@@ -70,14 +70,14 @@ def loop(block_nodes: list[onnx.NodeProto], out: str, out_type: int, own_queries
     return helper.make_node("Loop", ["n_blocks", "go"], [out], body=loop_body(block_nodes, out_type, own_queries))
 
 
-def padding_loops(block_nodes, out_type: int, own_queries: bool = False) -> onnx.NodeProto:
+def padding_loops(block_nodes, out_type: int, own_queries: bool = False, out: str = "blocks") -> onnx.NodeProto:
     """Two Loops, chosen once per call by has_padding: block_nodes(padded) builds each body (an
-    If inside the body would copy each block's bias in ONNX Runtime). Output: blocks."""
+    If inside the body would copy each block's bias in ONNX Runtime). Output: `out`."""
     def branch(padded: bool) -> onnx.GraphProto:
         name = "blocks_padded" if padded else "blocks_unpadded"
         return helper.make_graph([loop(block_nodes(padded), name, out_type, own_queries)], name, [],
                                  [helper.make_tensor_value_info(name, out_type, None)])
-    return helper.make_node("If", ["has_padding"], ["blocks"], then_branch=branch(True), else_branch=branch(False))
+    return helper.make_node("If", ["has_padding"], [out], then_branch=branch(True), else_branch=branch(False))
 
 
 def graph(nodes, name: str, out: str, out_type: int) -> onnx.GraphProto:

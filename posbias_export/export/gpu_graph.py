@@ -163,6 +163,7 @@ def _slim_vector(body: _GpuBody) -> list[onnx.NodeProto]:
         helper.make_node("Constant", [], ["vector_axis"], value=helper.make_tensor("vector_axis", TensorProto.INT64,
                                                                                    [1], [1])),
         helper.make_node("Squeeze", ["vector_3d", "vector_axis"], ["vector"]),  # [H|1, 1, T] -> [H|1, T]
+        call("SlimWindows", ["vector"], ["windows"]),  # [H|1, T - 7, 8]
     ]
 
 
@@ -172,7 +173,7 @@ def _slim_block(body: _GpuBody, padded: bool) -> list[onnx.NodeProto]:
     bias_out = "bias_b" if padded else "mask_b"
     return [
         call("SlimBlock", ["it", "bounds", "q_pad", "k8", "v8", "keep8", "block"], ["q_b", "k_b", "v_b", "keep_b", "idx_b"]),
-        call("GatherBlockBias", ["vector", "idx_b"], [bias_out]),
+        call("GatherBlockBias", ["windows", "idx_b"], [bias_out]),
         *([body.floor_node("padding_floor"), call("ReplacePadding", ["bias_b", "keep_b", "padding_floor"], ["mask_b"])]
           if padded else []),
         *body.attend("q_b", "k_b", "v_b", "mask_b", "attended_b"),
@@ -188,7 +189,14 @@ def _slim_table(body: _GpuBody) -> list[onnx.NodeProto]:
         call("AlignKeys", ["k", "v", "keep"], ["k8", "v8", "keep8"]),
         call("SlimBlockBounds", ["k", "block", "n_blocks", "offset", "lookback", "lookahead"], ["bounds"]),
         call("HasPadding", ["keep" if body.bias.causal else "keep8"], ["has_padding"]),
-        padding_loops(lambda padded: _slim_block(body, padded), body.out_type, own_queries=True),
+        padding_loops(lambda padded: _slim_block(body, padded), body.out_type, own_queries=True,
+                      out="blocks_last_first"),
+        # the blocks ran last first (SlimBlockBounds): back in order, [n, 1, B, H, Bq, d]
+        *[helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], [value]))
+          for name, value in (("reverse_start", -1), ("reverse_end", -(1 << 63)), ("reverse_axis", 0),
+                              ("reverse_step", -1))],
+        helper.make_node("Slice", ["blocks_last_first", "reverse_start", "reverse_end", "reverse_axis", "reverse_step"],
+                         ["blocks"]),
     ]
 
 

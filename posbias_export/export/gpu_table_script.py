@@ -2,11 +2,20 @@
 positions are the key indices: KERPLE, T5, Sandwich, window blocks, ...).
 
 The family's function runs once per call on a per-head vector of distances (T values per head).
-Each query block then gathers ITS OWN bias straight from that vector with an int32 index it
-builds itself, written once in the [H|1, Bq, W] layout the fused op reads:
+Each query block then gathers ITS OWN bias from that vector, written once in the [H|1, Bq, W]
+layout the fused op reads:
 
     no [H, Bq, M] table, no [Bq, M] int64 index (at 16384 tokens: 1.34 GB + 0.67 GB that every
     block sliced again), and the block's memory is its own bias alone.
+
+A block's bias is Toeplitz (its value depends on key - query), so it is gathered 8 keys at a time
+from SlimWindows' rows of 8 consecutive vector values: an int32 index of Bq x W/8, not Bq x W
+(ONNX Runtime CUDA's Gather read 4 index bytes per 2-byte float16 value, and the index had been
+written once already: 4.9 of 8.8 ms at 16384 tokens on an H200, benchmarks/gpu_attention.md).
+
+The blocks run last first (SlimBlockBounds), so the Loop's first block is its widest: every later
+block's bias fits in memory the first one freed. In block order, each block's bias was wider than
+any freed before it, and ONNX Runtime's arena held all of them at once (11 GB at 32768 tokens).
 
 Every block's keys start and end on a multiple of KEY_ALIGN (the keys are padded once to a
 multiple of it: fused kernels read a bias row in 8-element vectors; the one-block branch of every
@@ -76,16 +85,18 @@ def SlimVectorPositions(k: FLOAT, block: INT64, lookahead: INT64):
 @script(posbias, default_opset=op)
 def SlimBlockBounds(k: FLOAT, block: INT64, n_blocks: INT64, offset: INT64, lookback: INT64,
                     lookahead: INT64) -> INT64:
-    """Every block's bounds, once, before the Loop -> [n, 4]: the block's first padded query row
+    """Every block's bounds, once, before the Loop -> [n, 4], the last block first (see the module
+    docstring; the Loop's outputs are put back in order after it): the block's first padded query row
     q0, its aligned keys [lo, end) (lo rounded down, end up, to a multiple of 8; the extra keys
     are masked by distance or marked padding), and `shift`, the vector index of (row Bq - 1, key lo).
 
-    PyTorch: first = offset + arange(n) * Bq; lo = max(first - lookback, 0) // 8 * 8;
+    PyTorch: first = offset + arange(n - 1, -1, -1) * Bq; lo = max(first - lookback, 0) // 8 * 8;
              end = ceil8(min(first + Bq + lookahead, Lk)); shift = lo - first + Lk
     """
     k_len = op.Squeeze(op.Shape(k, start=2, end=3))  # scalar Lk
     eight = op.Constant(value_int=8)
-    q0 = op.Mul(op.Range(op.Constant(value_int=0), n_blocks, op.Constant(value_int=1)), block)  # [n]
+    one = op.Constant(value_int=1)
+    q0 = op.Mul(op.Range(op.Sub(n_blocks, one), op.Constant(value_int=-1), op.Neg(one)), block)  # [n], last block first
     first = op.Add(q0, offset)  # [n] key index of each block's first query
     end = op.Min(op.Add(op.Add(first, block), lookahead), k_len)  # [n]
     lo = op.Max(op.Sub(first, lookback), op.Constant(value_int=0))  # [n]
@@ -99,11 +110,11 @@ def SlimBlockBounds(k: FLOAT, block: INT64, n_blocks: INT64, offset: INT64, look
 @script(posbias, default_opset=op)
 def SlimBlock(it: INT64, bounds: INT64, q_pad: FLOAT, k8: FLOAT, v8: FLOAT, keep8: BOOL, block: INT64):
     """Query block `it` and its aligned keys, from row `it` of SlimBlockBounds: q_b [B, H, Bq, d],
-    k_b, v_b [B, H, W, d], keep_b [B|1, 1, 1, W], and idx [Bq, W] int32, the vector index of each
-    (query, key) pair: idx[r, c] = Bq - 1 - r + shift + c.
+    k_b, v_b [B, H, W, d], keep_b [B|1, 1, 1, W], and idx [Bq, W/8] int32, the window (SlimWindows)
+    of each query and each 8 keys: idx[r, c] = Bq - 1 - r + shift + 8c (W is a multiple of 8).
 
     PyTorch: q0, lo, end, shift = bounds[it]; q_pad[:, :, q0:q0 + Bq], k8[:, :, lo:end], ...,
-             ((Bq - 1 - arange(Bq))[:, None] + shift + arange(end - lo)).int()
+             ((Bq - 1 - arange(Bq))[:, None] + shift + arange(0, end - lo, 8)).int()
     """
     row = op.Gather(bounds, it)  # [4]
     q0 = op.Slice(row, [0], [1])  # [1]
@@ -115,19 +126,33 @@ def SlimBlock(it: INT64, bounds: INT64, q_pad: FLOAT, k8: FLOAT, v8: FLOAT, keep
     last = op.Cast(op.Sub(block, op.Constant(value_int=1)), to=6)  # scalar int32 Bq - 1
     one = op.Cast(op.Constant(value_int=1), to=6)
     rows = op.Range(last, op.Cast(op.Constant(value_int=-1), to=6), op.Neg(one))  # [Bq] int32: Bq-1 .. 0
-    cols = op.Range(shift, op.Add(shift, width), one)  # [W] int32
-    idx = op.Add(op.Unsqueeze(rows, [1]), cols)  # [Bq, W] int32
+    cols = op.Range(shift, op.Add(shift, width), op.Cast(op.Constant(value_int=8), to=6))  # [W/8] int32
+    idx = op.Add(op.Unsqueeze(rows, [1]), cols)  # [Bq, W/8] int32
     return (q_b, op.Slice(k8, lo, end, [2]), op.Slice(v8, lo, end, [2]), op.Slice(keep8, lo, end, [-1]), idx)
 
 
 @script(posbias, default_opset=op)
-def GatherBlockBias(vector: FLOAT, idx: INT32) -> FLOAT:
-    """One block's bias straight from the typed vector: vector [H|1, T], idx [Bq, W] int32 ->
-    [H|1, Bq, W], written once.
+def SlimWindows(vector: FLOAT) -> FLOAT:
+    """Every run of 8 consecutive vector values, once per call: vector [H|1, T] -> windows
+    [H|1, T - 7, 8], windows[h, m, j] = vector[h, m + j] (8 x the vector: 8 H T values, small).
 
-    PyTorch: vector[:, idx]
+    PyTorch: vector.unfold(1, 8, 1)
     """
+    starts = op.Range(op.Constant(value_int=0), op.Sub(op.Squeeze(op.Shape(vector, start=1, end=2)),
+                                                        op.Constant(value_int=7)), op.Constant(value_int=1))  # [T - 7]
+    idx = op.Add(op.Unsqueeze(starts, [1]), op.Constant(value_ints=[0, 1, 2, 3, 4, 5, 6, 7]))  # [T - 7, 8]
     return op.Gather(vector, idx, axis=1)
 
 
-SLIM_TABLE_FUNCTIONS = (AlignKeys, AlignDirectKeys, SlimVectorPositions, SlimBlockBounds, SlimBlock, GatherBlockBias)
+@script(posbias, default_opset=op)
+def GatherBlockBias(windows: FLOAT, idx: INT32) -> FLOAT:
+    """One block's bias from the typed windows, 8 keys per index: windows [H|1, T - 7, 8],
+    idx [Bq, W/8] int32 -> [H|1, Bq, W/8, 8] -> [H|1, Bq, W], written once.
+
+    PyTorch: windows[:, idx].flatten(-2)
+    """
+    return op.Reshape(op.Gather(windows, idx, axis=1), op.Constant(value_ints=[0, 0, -1]))
+
+
+SLIM_TABLE_FUNCTIONS = (AlignKeys, AlignDirectKeys, SlimVectorPositions, SlimBlockBounds, SlimBlock, SlimWindows,
+                        GatherBlockBias)
