@@ -7,7 +7,7 @@
 #                  REHEARSAL=1 PYTHON=.venv/bin/python bash tools/gpu_lease.sh rehearse DIR   # both calls on ORT CPU, timed
 #   call 1 (carry .gpu/c1, ~43 MB):  bash tools/gpu_lease.sh receive           (33-37 s with the machine's start)
 #   call 2 (carry .gpu/c2, ~19 MB):  bash tools/gpu_lease.sh work $OUT   (timeout_s 560; 298 s on the H200)
-#   give_back at once.  (later leases: diagnose, verify, retime in place of work; see each below)
+#   give_back at once.  (later leases: diagnose, verify, retime, compare in place of work; see each below)
 #   here, after (files_at as A):  tar -xzf A/results.tar.gz -C A && python tools/gpu_parity.py write A/r
 #     python tools/gpu_order.py write A/r; python tools/gpu_session.py write A/r
 #
@@ -72,6 +72,7 @@ case $step in
   pack)  # here: every file exported with this checkout's torch (the one CI tests), then the wheel cut to the calls
     files=$(mktemp -d)
     $py tools/gpu_parity.py build "$files" $small || exit 1
+    [ -n "${GPU_EXTRA:-}" ] && cp -r "$GPU_EXTRA" "$files/"  # files to compare beside them (the compare step)
     mkdir -p "$pack" && tar -cJf "$pack/files.tar.xz" -C "$files" . && rm -rf "$files"
     if [ -n "${REHEARSAL:-}" ] && ! ls .gpu/p1 >/dev/null 2>&1; then  # no wheel to cut: a stand-in part
       mkdir -p "$pack/c1" && cp "$pack/files.tar.xz" "$pack/c1/" && tar -cf - -T /dev/null | xz > "$pack/c1/ort.tar.xz.1"
@@ -173,6 +174,27 @@ case $step in
       > "$work/r/parity.log" 2>&1
     save parity
     echo "[$(date +%T)] retime done in $(( $(date +%s) - t0 )) s" ;;
+  compare)  # a fifth lease's work call (after receive): the slim path's two block-bias forms timed alone on the
+             # GPU (this checkout's files in models/, the other form's, packed with GPU_EXTRA, in models_other/)
+             # beside compiled Flex, then this checkout's table files re-judged and the BLOOM long job
+    t0=$(date +%s); rm -rf "$work/r"; mkdir -p "$work/r/par" "$out"
+    receive >/dev/null
+    join > "$work/r/join.log" 2>&1 || { cat "$work/r/join.log"; exit 1; }
+    files=$work/files; save join
+    grid=kerple_log,t5; [ -n "${REHEARSAL:-}" ] && grid=t5
+    timeout 70 $py tools/gpu_session.py ort "$work/r/timing" --models "$files/models" --provider $provider $small \
+      --biases $grid > "$work/r/timing_ort.log" 2>&1
+    save "timings (this checkout)"
+    timeout 70 $py tools/gpu_session.py ort "$work/r/timing_other" --models "$files/models_other" --provider $provider \
+      $small --biases $grid > "$work/r/timing_other.log" 2>&1
+    save "timings (the other form)"
+    [ -z "${REHEARSAL:-}" ] && timeout 80 $py tools/gpu_session.py torch "$work/r/timing" --flex-only \
+      > "$work/r/timing_torch.log" 2>&1
+    save "flex"
+    timeout 170 $py tools/gpu_parity.py run "$files" "$work/r" --jobs 8 --deadline 90 $cpu_only \
+      --only att_kerple,att_t5,hf_bloom_float16_cuda-ort_long > "$work/r/parity.log" 2>&1
+    save parity
+    echo "[$(date +%T)] compare done in $(( $(date +%s) - t0 )) s" ;;
   rehearse)  # REHEARSAL=1: pack, then both calls here on ORT CPU, each timed into OUT/calls.txt
     [ -n "${REHEARSAL:-}" ] || { echo "rehearse needs REHEARSAL=1"; exit 2; }
     rm -rf "$work" "$out/pack"; mkdir -p "$out"; : > "$out/calls.txt"; export GPU_PACK=$out/pack GPU_WORK=$work

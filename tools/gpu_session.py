@@ -30,9 +30,11 @@ TORCH_GRID = {"alibi": ((4096, 16384), ("flex", "torch-sdpa", "torch-eager")), "
               "kerple_log": ((16384,), ("flex",)), "t5": ((16384,), ("flex",))}
 
 
-def part_ort(out: Path, models: Path, provider: str = "cuda", small: bool = False) -> None:
+def part_ort(out: Path, models: Path, provider: str = "cuda", small: bool = False, biases: str | None = None) -> None:
     rows = []
     for bias, lengths in (SMALL_GRID if small else ORT_GRID).items():  # written after each file: a cut call keeps it
+        if biases and bias not in biases.split(","):
+            continue
         got = g.run_ort(models / f"{bias}_float16_cuda-ort.onnx", lengths, "float16", HEADS, HEAD_DIM, REPEATS,
                         timeout=120, provider=provider, profile=True)
         rows += [{"bias": bias, "dtype": "float16", "config": "ort-cuda-ort", **r} for r in got]
@@ -75,6 +77,7 @@ def main(argv=None) -> int:
     o.add_argument("--models", type=Path, required=True, help="where the attention files are (gpu_parity.py build)")
     o.add_argument("--provider", choices=("cuda", "cpu"), default="cuda")
     o.add_argument("--small", action="store_true", help="64 and 256 tokens (the CPU rehearsal)")
+    o.add_argument("--biases", help="comma-separated: only these families' files")
     t = sub.add_parser("torch")
     t.add_argument("out", type=Path)
     t.add_argument("--warm", action="store_true", help="each cell once: compiles, fills the caches, writes nothing")
@@ -89,7 +92,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "machine.json").write_text(json.dumps(gpu_environment()))
     if args.part == "ort":
-        part_ort(args.out, args.models, args.provider, args.small)
+        part_ort(args.out, args.models, args.provider, args.small, args.biases)
     else:
         part_torch(args.out, args.warm, args.flex_only)
     return 0
