@@ -58,11 +58,12 @@ def _ort_run(session, steps, shared: bool):
     names = [i.name for i in session.get_inputs() if i.name.startswith("past_")]
     outputs = [o.name for o in session.get_outputs()]
     heads, dim = session.get_inputs()[2].shape[1], session.get_inputs()[2].shape[3]
-    dtype = np.float16 if session.get_inputs()[2].type == "tensor(float16)" else np.float32
+    dtype = {"tensor(float16)": np.float16, "tensor(int8)": np.int8}.get(session.get_inputs()[2].type, np.float32)
+    batch = steps[0][0].shape[0]
     if shared:
-        buffers = [ort.OrtValue.ortvalue_from_numpy(np.zeros((2, heads, CAPACITY, dim), dtype)) for _ in names]
+        buffers = [ort.OrtValue.ortvalue_from_numpy(np.zeros((batch, heads, CAPACITY, dim), dtype)) for _ in names]
     else:
-        past = [np.zeros((2, heads, 0, dim), dtype) for _ in names]
+        past = [np.zeros((batch, heads, 0, dim), dtype) for _ in names]
     got = []
     for ids, mask in steps:
         if not shared:
@@ -81,7 +82,7 @@ def _ort_run(session, steps, shared: bool):
         got.append(binding.copy_outputs_to_cpu()[0])
     if shared:  # only the rows written so far are non-zero: the kernel wrote in place, nothing more
         written = steps[-1][1].shape[1]
-        assert all(buffer.shape() == [2, heads, CAPACITY, dim] for buffer in buffers)
+        assert all(buffer.shape() == [batch, heads, CAPACITY, dim] for buffer in buffers)
         assert not np.abs(buffers[0].numpy()[:, :, written:]).any() and np.abs(buffers[0].numpy()[:, :, :written]).any()
     return got
 

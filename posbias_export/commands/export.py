@@ -77,7 +77,7 @@ def _model_flags(p) -> None:
 def _file_flags(p) -> None:
     """What the file is: opset, target, dtype, trace, cache, attention form."""
     from ..export import DTYPES, OPSETS, TARGETS
-    from ..export.options import LOGITS
+    from ..export.options import KV_DTYPES, LOGITS
     from ..nn import ATTENTION_FORMS
 
     p.add_argument("--opset", type=int, choices=OPSETS, default=None,
@@ -94,6 +94,10 @@ def _file_flags(p) -> None:
                    help="with --kv-cache or --out-dir: all (every position; the default) or last (the last position "
                    "only, [B, 1, V]: what generation reads, no [B, L, V] tensor for a long prompt; Optimum, "
                    "transformers.js and generate take it, onnxruntime-genai does not for right-padded batches)")
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default="float",
+                   help="with --kv-cache --target ort: float (the model's dtype; the default) or int8 (a quarter of "
+                   "float32's cache bytes: one calibrated scale per layer's keys and values; ONNX Runtime's own "
+                   "loops, not Optimum or transformers.js)")
     p.add_argument("--attention", choices=ATTENTION_FORMS, default=None,
                    help="blocked: a Loop over query blocks, memory linear in L (default for opset 18); plain: the "
                    "whole [heads, L, L] bias and scores at once (default for opset 23)")
@@ -168,7 +172,7 @@ def export_options(args):
                          attention=args.attention, block=args.block, inline_functions=args.inline_functions,
                          check_growth=not args.skip_growth_check, attention_mask=bool(args.attention_mask),
                          kv_cache=args.kv_cache, logits=args.logits or "all", quantize=quantize_spec(args),
-                         part=args.part or "encoder", context_length=args.context_length)
+                         part=args.part or "encoder", context_length=args.context_length, kv_dtype=args.kv_dtype)
 
 
 def run_export(args) -> int:
@@ -224,7 +228,7 @@ def run_export_folder(args) -> int:
         from ..hf.ship import ship
 
         refused = [f for f, on in (("--kv-cache", args.kv_cache), ("--part", args.part), ("--attention", args.attention),
-                                   ("--validate", args.validate)) if on]
+                                   ("--validate", args.validate), ("--kv-dtype int8", args.kv_dtype == "int8")) if on]
         if refused:
             raise UsageError(f"--out-dir decides what each client needs; drop {', '.join(refused)}")
         print(ship(args.model, args.out_dir, options).summary())

@@ -44,6 +44,12 @@ def write_metadata(proto: onnx.ModelProto, meta: dict[str, str]) -> None:
     onnx.helper.set_model_props(proto, {PREFIX + k: v for k, v in meta.items()})
 
 
+def add_metadata(proto: onnx.ModelProto, meta: dict[str, str]) -> None:
+    """`meta` written beside what the file already records (a key given replaces its value)."""
+    onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props},
+                                        **{PREFIX + k: v for k, v in meta.items()}})
+
+
 # Keys whose value is a positive integer wherever it is read (sizes, lengths, the opset).
 INTEGER_KEYS = ("vocab_size", "opset", "trace_len", "attention_block", "max_positions", "quantized_nodes")
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from .schemes import Scheme
 
 DTYPE_NAMES = ("float32", "float16")
-LOGITS = ("all", "last")  # a cached decoder's logits: every position, or the last one (generation)
+LOGITS = ("all", "last")
+KV_DTYPES = ("float", "int8")  # a cached decoder's cache: the model's float dtype, or int8 (kv_int8.py)  # a cached decoder's logits: every position, or the last one (generation)
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class ExportOptions:
     quantize: Scheme | None = None  # int8 / int4 weights (schemes.py)
     part: str = "encoder"  # a T5 folder: which half
     context_length: int | None = None  # --out-dir: genai_config.json's context_length
+    kv_dtype: str = "float"  # "int8": an in-place file's KV cache in int8 (kv_int8.py)
 
     def __post_init__(self):
         if self.dtype not in DTYPE_NAMES:
@@ -37,6 +39,8 @@ class ExportOptions:
             raise ValueError(f"trace_len must be an integer >= 2 (1 would specialize the axis), got {self.trace_len!r}")
         if self.logits not in LOGITS:
             raise ValueError(f"logits must be one of {', '.join(LOGITS)}, got {self.logits!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         if self.quantize is not None and not isinstance(self.quantize, Scheme):
             raise ValueError(f"quantize must be a scheme (posbias_export.export.schemes.scheme('int4')), "
                              f"got {self.quantize!r}")

@@ -33,6 +33,7 @@ from .files import SavedModel, ensure_writable, save_checked
 from .gpu_graph import gpu_function_proto
 from .inplace_graph import function_proto as inplace_function_proto
 from .metadata import FORMAT_VERSION, drop_machine_paths, write_metadata
+from .metadata import add_metadata as add_metadata_keys
 from .naming import POSBIAS, rename
 from .options import ExportOptions, options_from
 from .signature import ExportSpec, ModelSpec, Signature
@@ -305,9 +306,27 @@ def quantize_weights(state: ExportState) -> None:
     state.done.append(f"{spec.name} weights ({count} nodes by ONNX Runtime's quantizer)")
 
 
+def int8_cache(state: ExportState) -> None:
+    """--kv-dtype int8: the file as it stands (float or quantized weights) written to a temporary,
+    its cache calibrated there on ONNX Runtime, then its cache made int8 (kv_int8.py)."""
+    if state.request.options.kv_dtype != "int8":
+        return
+    from ..runners import atomic
+    from . import kv_int8
+
+    with atomic().temporary_folder(state.request.path) as tmp:
+        float_path = Path(tmp) / "float_cache.onnx"
+        save_checked(state.proto, float_path, checks.check_loads_in_ort, state.weights)
+        absmax = kv_int8.calibrate(str(float_path), state.request.spec.calibration_tokenizer())
+        state.proto, state.weights = onnx.load(str(float_path)), []
+    layers = kv_int8.to_int8_cache(state.proto, absmax)
+    add_metadata_keys(state.proto, {"kv_dtype": "int8", "kv_calibration": kv_int8.CALIBRATION_NOTE})
+    state.done.append(f"int8 KV cache ({layers} layers, scales calibrated on {kv_int8.CALIBRATION_TOKENS} tokens)")
+
+
 def save(state: ExportState) -> None:
     state.initializer_bytes = checks.initializer_bytes(state.proto)  # before saving: external data empties the proto
-    quantized = state.request.options.quantize is not None
+    quantized = state.request.options.quantize is not None or state.request.options.kv_dtype != "float"
     # quantized: contrib ops the checker's shape inference does not know; ONNX Runtime must load it
     check = checks.check_loads_in_ort if quantized else checks.check_full_and_loads
     state.saved = save_checked(state.proto, state.request.path, check, state.weights)
@@ -327,6 +346,7 @@ PASSES: tuple[Pass, ...] = (
     ("names", apply_names),
     ("metadata", add_metadata),
     ("quantize", quantize_weights),
+    ("kv_dtype", int8_cache),
     ("save", save),
 )
 
@@ -366,7 +386,8 @@ def report(state: ExportState) -> ExportReport:
     return ExportReport(
         path=str(r.path), arch=r.spec.arch, bias=r.spec.bias,
         opset=next((op.version for op in proto.opset_import if op.domain in ("", "ai.onnx")), r.opset),
-        dtype=r.dtype if r.options.quantize is None else f"{r.dtype} activations, {r.options.quantize.name} weights",
+        dtype=(r.dtype if r.options.quantize is None else f"{r.dtype} activations, {r.options.quantize.name} weights")
+        + (", int8 KV cache" if r.options.kv_dtype == "int8" else ""),
         trace_len=r.trace_len, inputs=report_dims(proto.graph.input), outputs=report_dims(proto.graph.output),
         op_types=sorted({n.op_type for n in proto.graph.node}), initializer_bytes=state.initializer_bytes,
         file_bytes=saved.model_bytes, seconds=time.perf_counter() - state.start, checks=state.done,

@@ -211,7 +211,11 @@ def scheme_in_graph(proto: onnx.ModelProto) -> str | None:
 def checked_scheme(proto: onnx.ModelProto, label: str | None) -> str | None:
     """The file's scheme: what its graph shows, which a label (posbias.quantized) must agree
     with. The label alone never chooses a policy: a float file labelled int4 would be judged
-    ~1000x more loosely. ValueError (one line) for an unknown or disagreeing label."""
+    ~1000x more loosely. An int8 KV cache (kv_int8.py) rounds what the file computes as int8
+    weights do: such a file is judged by the coarser of int8 and its weights' scheme.
+    ValueError (one line) for an unknown or disagreeing label."""
+    from .kv_int8 import has_int8_cache
+
     found = scheme_in_graph(proto)
     if label is not None and label not in SCHEMES:
         raise ValueError(f"the file's metadata posbias.quantized is {label[:40]!r}, not one of {', '.join(SCHEMES)}")
@@ -219,7 +223,7 @@ def checked_scheme(proto: onnx.ModelProto, label: str | None) -> str | None:
         shown = f"its graph's quantized ops are {found}'s" if found else "its graph has no quantized op (float weights)"
         raise ValueError(f"the file's metadata says posbias.quantized={label} but {shown}: refusing to judge it by "
                          "a label")
-    return found
+    return coarser([found, "int8"]) if has_int8_cache(proto) else found
 
 
 def coarser(names) -> str | None:

@@ -132,6 +132,9 @@ class ExportSpec:
                                  "quantized MatMul); the GPU targets keep float weights")
         if request.settings.cache == "inplace":
             self.check_inplace(request)
+        elif request.options.kv_dtype != "float":
+            raise ValueError(f"kv_dtype {request.options.kv_dtype} is for a cache written in place: it needs kv_cache "
+                             "and target ort (--kv-cache --target ort)")
 
     def check_inplace(self, request) -> None:
         """--target ort writes a KV cache in place: a cached decoder (float32, or float16 with
@@ -141,6 +144,10 @@ class ExportSpec:
         if request.options.inline_functions:
             raise ValueError("target ort keeps its cached attention a function around GroupQueryAttention; drop "
                              "--inline-functions")
+
+    def calibration_tokenizer(self) -> str | None:
+        """The tokenizer.json an int8 cache is calibrated through (None: the text's bytes)."""
+        return None
 
     def predicts_tokens(self) -> bool:
         """Whether the file's outputs lead to next-token predictions (what the quantized policy,

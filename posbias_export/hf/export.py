@@ -51,6 +51,10 @@ class ImportedSpec(ExportSpec):
     def attention_mask(self) -> bool:
         return True
 
+    def calibration_tokenizer(self) -> str | None:
+        path = self.model.source_dir / "tokenizer.json"
+        return str(path) if path.is_file() else None
+
     def signature(self, model, trace_len, dtype, settings, batch=2) -> Signature:
         m = self.model
         return lm_signature(model, settings, m.vocab_size, (m.num_kv_heads, m.head_dim, m.num_layers), trace_len, dtype,

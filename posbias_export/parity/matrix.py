@@ -49,9 +49,10 @@ def quantized_inputs(meta: dict, model: torch.nn.Module, feeds: dict[str, np.nda
     out = {"input_ids": ids}
     if "attention_mask" in feeds:
         out["attention_mask"] = np.ones((batch, length), np.int64)
+    cache = np.int8 if meta.get("kv_dtype") == "int8" else None  # an int8 cache's empty past is int8
     for name, value in feeds.items():
         if name.startswith("past_"):
-            out[name] = value[:, :, :0]
+            out[name] = value[:, :, :0].astype(cache or value.dtype)
     return out
 
 

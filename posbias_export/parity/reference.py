@@ -183,7 +183,9 @@ def torch_args(meta: dict, feeds: dict[str, np.ndarray]) -> tuple:
     mask = torch.from_numpy(feeds["attention_mask"])
     if meta.get("kv_cache") == "1":  # CachedLogits' order: past_key.0, past_value.0, past_key.1, ...
         layers = sum(1 for name in feeds if name.startswith("past_key."))
-        past = [torch.from_numpy(feeds[f"past_{kind}.{i}"]) for i in range(layers) for kind in ("key", "value")]
+        # an int8 cache (--kv-dtype int8) is judged on prompts into an empty one: its values never reach the reference
+        past = [torch.from_numpy(feeds[f"past_{kind}.{i}"]).float() if feeds[f"past_{kind}.{i}"].dtype == np.int8
+                else torch.from_numpy(feeds[f"past_{kind}.{i}"]) for i in range(layers) for kind in ("key", "value")]
         return (first, mask, *past)
     return (first, mask) if arch == "lm" else (first, None, mask)
 

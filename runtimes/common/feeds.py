@@ -88,4 +88,5 @@ def _empty_cache(spec: InputSpec, array: np.ndarray) -> bool:
 ONNX_TYPE_TO_NUMPY = {
     "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
     "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_,
+    "tensor(int8)": np.int8,  # an int8 KV cache (--kv-dtype int8)
 }

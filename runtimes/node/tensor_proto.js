@@ -5,6 +5,7 @@
 
 const TYPES = {
   1: { name: 'float32', array: Float32Array },
+  3: { name: 'int8', array: Int8Array },  // an int8 KV cache (--kv-dtype int8)
   6: { name: 'int32', array: Int32Array },
   7: { name: 'int64', array: BigInt64Array },
   9: { name: 'bool', array: Uint8Array },
