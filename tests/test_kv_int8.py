@@ -127,3 +127,26 @@ def test_out_dir_refuses_an_int8_cache(tmp_path, capsys):
                      "--kv-dtype", "int8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--kv-dtype int8" in err[0], err
+
+
+def test_imported_bloom_with_int4_weights_and_an_int8_cache(tmp_path):
+    """The flags together on an imported folder: the cache calibrated through the folder's own
+    file (tokens of its vocabulary), judged by the coarser scheme (int4) against the folder's
+    model, unbound and bound."""
+    pytest.importorskip("transformers")
+    from hf_folders import save_tiny_model
+
+    from posbias_export.export.schemes import checked_scheme, scheme
+    from posbias_export.hf.export import export_model
+    from posbias_export.validation import validate
+
+    folder = save_tiny_model("bloom", tmp_path / "bloom")
+    path = tmp_path / "bloom.onnx"
+    export_model(folder, path, kv_cache=True, target="ort", quantize=scheme("int4"), kv_dtype="int8", logits="last",
+                 check_growth=False)
+    model = onnx.load(str(path))
+    assert has_int8_cache(model) and checked_scheme(model, "int4") == "int4"
+    result = validate([path], ["ort-cpu", "ort-cpu-shared"], (1, 17, 40), batch=2, model_dir=folder, order=False)
+    cells = [c for c in result.matrices[0].cells if c.runtime.startswith("ort-cpu")]
+    assert result.ok and cells, [(c.runtime, c.case, c.verdict) for c in result.matrices[0].cells if not c.ok]
+    assert all(c.parity["scheme"] == "int4" for c in cells if c.runtime in ("ort-cpu", "ort-cpu-shared"))
