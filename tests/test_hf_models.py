@@ -164,6 +164,49 @@ def test_t5_encoder_and_decoder_files_generate_transformers_tokens(folders, tmp_
     assert np.array_equal(tokens, expected[:, 1:].numpy())
 
 
+@pytest.mark.parametrize("dtype,target", [("float32", "portable"), ("float16", "cuda-ort")])
+def test_clients_t5_decoder_caches_the_cross_attention(folders, tmp_path, dtype, target):
+    """The clients' merged decoder (Optimum's layout: use_cache_branch, past_key_values.N.encoder.*):
+    the first step computes every layer's cross-attention keys and values, later steps take them
+    from the cache and never read encoder_hidden_states (zeros there change nothing), and greedy
+    generation through it (runtimes/ort/seq2seq.py) gives transformers' tokens."""
+    import onnxruntime as ort
+
+    folder = folders["t5_gated"]
+    kwargs = dict(block=8, check_growth=False, dtype=dtype, target=target)
+    export_model(folder, tmp_path / "encoder.onnx", **kwargs)
+    export_model(folder, tmp_path / "decoder.onnx", part="decoder", names="huggingface", **kwargs)
+    ids, mask = left_padded(20, 2, VOCAB, seed=6)
+    tokens = load_runner("ort/seq2seq.py").greedy_generate(
+        str(tmp_path / "encoder.onnx"), str(tmp_path / "decoder.onnx"), ids, mask, max_new_tokens=12,
+        start_token=0, min_new_tokens=12, eos_token=1)
+    theirs = transformers.T5ForConditionalGeneration.from_pretrained(str(folder)).eval()
+    expected = theirs.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                               max_new_tokens=12, min_new_tokens=12, do_sample=False, decoder_start_token_id=0,
+                               eos_token_id=1, pad_token_id=0)
+    assert np.array_equal(tokens, expected[:, 1:].numpy())
+
+    decoder = ort.InferenceSession(str(tmp_path / "decoder.onnx"), providers=["CPUExecutionProvider"])
+    encoder = ort.InferenceSession(str(tmp_path / "encoder.onnx"), providers=["CPUExecutionProvider"])
+    states = encoder.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+    inputs = [i for i in decoder.get_inputs()]
+    cache = [i for i in inputs if i.name.startswith("past_key_values.")]
+    assert [i.name.split(".")[2] for i in cache[:4]] == ["decoder", "decoder", "encoder", "encoder"]  # Optimum's order
+    dtype_np = states.dtype
+    empty = {i.name: np.zeros((2, i.shape[1], 0, i.shape[3]), dtype_np) for i in cache}
+    start = np.zeros((2, 1), np.int64)
+    first = dict(zip([o.name for o in decoder.get_outputs()], decoder.run(
+        None, {"input_ids": start, "encoder_hidden_states": states, "encoder_attention_mask": mask,
+               "use_cache_branch": np.array([False]), **empty})))
+    assert first["present.0.encoder.key"].shape[2] == ids.shape[1]  # computed from the encoder's states
+    past = {name.replace("present", "past_key_values"): value for name, value in first.items() if name != "logits"}
+    step = first["logits"][:, -1].argmax(-1)[:, None].astype(np.int64)
+    runs = [decoder.run(None, {"input_ids": step, "encoder_hidden_states": s, "encoder_attention_mask": mask,
+                               "use_cache_branch": np.array([True]), **past})[0]
+            for s in (states, np.zeros_like(states))]
+    np.testing.assert_array_equal(runs[0], runs[1])  # the cached branch reads the cache, not the states
+
+
 def test_validate_judges_a_plain_dynamo_export(folders, tmp_path):
     path = dynamo_export(folders["bloom"], tmp_path / "bloom_dynamo.onnx", "bloom")
     matrix = run_hf_matrix(path, folders["bloom"], ("ort-cpu", "reference"), (17, 300), order=False)

@@ -15,7 +15,8 @@ from pathlib import Path
 from .harness import copy_bandwidth_gbs, kept_rows, measured_python, median, scratch, work_folder, write_results
 from .real_models import PUBLISHED, SEQ2SEQ, published_folder, weight_bytes
 
-FILES = {"concat": ["--target", "portable"], "in place": ["--target", "ort"]}
+FILES = {"concat": ["--target", "portable"], "in place": ["--target", "ort"],
+         "in place, int8 cache": ["--target", "ort", "--kv-dtype", "int8"]}
 SCHEMES = {"float32": [], "int4": ["--quantize", "int4"]}
 CONTEXTS = (512, 4096)
 WARM_STEPS = 2  # a new session's first steps allocate: not the steady state a server lives in
@@ -48,7 +49,7 @@ def measure(name: str, work: Path, files: Path, contexts, schemes, new_tokens: i
     row = ServingRow(name, bandwidth_gbs=copy_bandwidth_gbs())
     for scheme, flags in ((s, SCHEMES[s]) for s in schemes):
         for label, target in FILES.items():
-            path = files / f"{name}_{scheme}_{label.replace(' ', '_')}.onnx"
+            path = files / f"{name}_{scheme}_{label.replace(',', '').replace(' ', '_')}.onnx"
             progress(f"{name}: export {scheme}, {label}")
             seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--kv-cache", "--logits",
                                                 "last", *target, *flags, "--skip-growth-check", "--out", str(path)])

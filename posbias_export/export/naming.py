@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-_CACHE = re.compile(r"^(past|present)_(key|value)\.(\d+)$")
+_CACHE = re.compile(r"^(past|present)_(cross_)?(key|value)\.(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,9 @@ class Naming:
         match = _CACHE.match(ours)
         if not match:
             return ours
-        direction, kind, layer = match.groups()
-        part = f".{self.cache_part}" if self.cache_part else ""
+        direction, cross, kind, layer = match.groups()
+        # a seq2seq decoder's cross-attention cache: past_key_values.N.encoder.key (Optimum's merged layout)
+        part = ".encoder" if cross else (f".{self.cache_part}" if self.cache_part else "")
         return f"past_key_values.{layer}{part}.{kind}" if direction == "past" else f"present.{layer}{part}.{kind}"
 
     def dim(self, ours: str) -> str:
@@ -38,7 +39,8 @@ class Naming:
 
 POSBIAS = Naming("posbias")
 HUGGINGFACE = Naming("huggingface", {"batch": "batch_size", "seq": "sequence_length", "past": "past_sequence_length",
-                                     "total": "total_sequence_length", "encoder_seq": "encoder_sequence_length"})
+                                     "total": "total_sequence_length", "encoder_seq": "encoder_sequence_length",
+                                     "encoder_past": "encoder_sequence_length_out"})
 NAMINGS = {n.name: n for n in (POSBIAS, HUGGINGFACE)}
 
 

@@ -307,18 +307,21 @@ def quantize_weights(state: ExportState) -> None:
 
 
 def int8_cache(state: ExportState) -> None:
-    """--kv-dtype int8: the file as it stands (float or quantized weights) written to a temporary,
-    its cache calibrated there on ONNX Runtime, then its cache made int8 (kv_int8.py)."""
+    """--kv-dtype int8: a copy of the file as it stands (float or quantized weights) written to a
+    temporary, its cache calibrated there on ONNX Runtime, then the graph's cache made int8
+    (kv_int8.py); a streamed file's weights stay placeholders, streamed again by `save`."""
     if state.request.options.kv_dtype != "int8":
         return
     from ..runners import atomic
     from . import kv_int8
 
+    probe = onnx.ModelProto()
+    probe.CopyFrom(state.proto)  # saving moves tensors out of the proto it is given
     with atomic().temporary_folder(state.request.path) as tmp:
         float_path = Path(tmp) / "float_cache.onnx"
-        save_checked(state.proto, float_path, checks.check_loads_in_ort, state.weights)
+        save_checked(probe, float_path, checks.check_loads_in_ort, state.weights)
         absmax = kv_int8.calibrate(str(float_path), state.request.spec.calibration_tokenizer())
-        state.proto, state.weights = onnx.load(str(float_path)), []
+    del probe
     layers = kv_int8.to_int8_cache(state.proto, absmax)
     add_metadata_keys(state.proto, {"kv_dtype": "int8", "kv_calibration": kv_int8.CALIBRATION_NOTE})
     state.done.append(f"int8 KV cache ({layers} layers, scales calibrated on {kv_int8.CALIBRATION_TOKENS} tokens)")
@@ -363,7 +366,8 @@ def cache_bytes_per_token(proto: onnx.ModelProto) -> int:
     for value in proto.graph.input:
         t = value.type.tensor_type
         dims = t.shape.dim
-        if "past" in value.name and len(dims) == 4 and dims[1].HasField("dim_value") and dims[3].HasField("dim_value"):
+        cross = "cross" in value.name or ".encoder." in value.name  # a seq2seq cross cache: per encoder token
+        if "past" in value.name and not cross and len(dims) == 4 and dims[1].HasField("dim_value") and dims[3].HasField("dim_value"):
             total += dims[1].dim_value * dims[3].dim_value * onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
     return total
 

@@ -103,19 +103,30 @@ class CachedT5Decoder(torch.nn.Module):
         return (logits, *[t for kv in presents for t in kv])
 
 
-class CachedT5DecoderNoMask(torch.nn.Module):
-    """The T5 decoder as the clients call it: no mask of its own (decoder tokens are never padded
-    while generating: every key is attended, as transformers' own generate does)."""
+class CachedT5DecoderMerged(torch.nn.Module):
+    """The T5 decoder as the clients call it, in Optimum's merged layout: no mask of its own
+    (decoder tokens are never padded while generating: every key is attended, as transformers'
+    own generate does), use_cache_branch, and per layer the self-attention cache then the
+    cross-attention one (t5_decoder.T5Decoder.step_cross_cached)."""
 
     def __init__(self, decoder, settings):
         super().__init__()
         self.decoder, self.settings = decoder, settings
 
-    def forward(self, input_ids, encoder_hidden_states, encoder_attention_mask, *past_flat):
-        past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(len(past_flat) // 2)]
-        logits, presents = self.decoder.step(input_ids, None, encoder_hidden_states, encoder_attention_mask, past,
-                                        settings=self.settings)
-        return (logits, *[t for kv in presents for t in kv])
+    def forward(self, input_ids, encoder_hidden_states, encoder_attention_mask, use_cache_branch, *past_flat):
+        layers = len(past_flat) // 4
+        past = [(past_flat[4 * i], past_flat[4 * i + 1]) for i in range(layers)]
+        past_cross = [(past_flat[4 * i + 2], past_flat[4 * i + 3]) for i in range(layers)]
+        logits, presents, cross = self.decoder.step_cross_cached(input_ids, encoder_hidden_states, encoder_attention_mask,
+                                                                 use_cache_branch, past, past_cross, self.settings)
+        return (logits, *[t for own, kv in zip(presents, cross) for t in (*own, *kv)])
+
+
+def merged_cache_names(layers: int) -> tuple[list[str], list[str]]:
+    """Per layer: past_key.N, past_value.N, past_cross_key.N, past_cross_value.N (Optimum's
+    order: the decoder's cache, then the encoder's); the presents likewise."""
+    past = [f"past_{part}{kind}.{i}" for i in range(layers) for part in ("", "cross_") for kind in ("key", "value")]
+    return past, [n.replace("past_", "present_") for n in past]
 
 
 @dataclass
@@ -144,11 +155,28 @@ class T5DecoderSpec(ImportedSpec):
             module, leading, shapes = CachedT5Decoder(model, settings), (ids, mask, states, enc_mask), (
                 {0: b, 1: seq}, {0: b, 1: total}, {0: b, 1: enc_seq}, {0: b, 1: enc_seq})
         else:
-            names = ["input_ids", "encoder_hidden_states", "encoder_attention_mask"]
-            module, leading, shapes = CachedT5DecoderNoMask(model, settings), (ids, states, enc_mask), (
-                {0: b, 1: seq}, {0: b, 1: enc_seq}, {0: b, 1: enc_seq})
+            return self.merged_signature(model, ids, states, enc_mask, settings, dtype, gen, past_len)
         return cached_signature(module, leading, shapes, names, {n: (0, 1) for n in names}, m.num_kv_heads, m.head_dim,
                                 m.num_layers, batch, past_len, dtype, gen, past_dim)
+
+    def merged_signature(self, model, ids, states, enc_mask, settings, dtype, gen, past_len) -> Signature:
+        """The clients' file (CachedT5DecoderMerged): traced on the cached branch's shapes (the
+        cross cache as long as the encoder's states; torch.cond traces both branches)."""
+        m = self.model
+        b, seq, enc_seq = torch.export.Dim("batch"), torch.export.Dim("seq"), torch.export.Dim("encoder_seq")
+        past_dim, cross_dim = torch.export.Dim("past"), torch.export.Dim("encoder_past")
+        batch, enc_len = ids.shape[0], states.shape[1]
+        past = [torch.randn(batch, m.num_kv_heads, length, m.head_dim, generator=gen).to(dtype)
+                for _ in range(m.num_layers) for length in (past_len, past_len, enc_len, enc_len)]
+        past_names, present_names = merged_cache_names(m.num_layers)
+        leading = ["input_ids", "encoder_hidden_states", "encoder_attention_mask", "use_cache_branch"]
+        cache_shapes = tuple({0: b, 2: cross_dim if "cross" in n else past_dim} for n in past_names)
+        return Signature(
+            CachedT5DecoderMerged(model, settings), (ids, states, enc_mask, torch.tensor([True]), *past),
+            ({0: b, 1: seq}, {0: b, 1: enc_seq}, {0: b, 1: enc_seq}, {}, cache_shapes),
+            [*leading, *past_names], ["logits", *present_names],
+            {**{n: (0, 1) for n in leading[:3]}, "logits": (0, 1), **{n: (0, 2) for n in past_names + present_names}},
+        )
 
 
 def export_model(model_dir: str | os.PathLike, path: str | os.PathLike, options: ExportOptions | None = None, *,

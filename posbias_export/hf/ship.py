@@ -140,22 +140,27 @@ def genai_config(model, config: dict, generation: dict, filename: str = "model.o
 def triton_config(path: Path, name: str, max_batch: int = TRITON_MAX_BATCH, gpu: bool = False) -> str:
     """A Triton model configuration (onnxruntime backend) for the file at `path`: every input
     and output with its type and dims read from the file, the batch axis (first) left to
-    Triton (max_batch_size, dynamic batching), every other symbolic axis -1. gpu: instances
-    on the GPUs (KIND_GPU), else on the CPU."""
+    Triton (max_batch_size, dynamic batching), every other symbolic axis -1. A file with an
+    input that has no batch axis (the T5 decoder's use_cache_branch [1]: requests batched along
+    it would not be one flag) gets max_batch_size 0 and every axis declared. gpu: instances on
+    the GPUs (KIND_GPU), else on the CPU."""
     graph = onnx.load(str(path), load_external_data=False).graph
+    batched = all(v.type.tensor_type.shape.dim and not v.type.tensor_type.shape.dim[0].HasField("dim_value")
+                  for v in graph.input)
 
     def entries(values) -> str:
         rows = []
         for value in values:
             t = value.type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim][1:]
+            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim][1 if batched else 0:]
             rows.append(f'  {{\n    name: "{value.name}"\n    data_type: {_TRITON_TYPES[t.elem_type]}\n'
                         f'    dims: [ {", ".join(map(str, dims))} ]\n  }}')
         return ",\n".join(rows)
 
-    return (f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch}\n'
-            f"input [\n{entries(graph.input)}\n]\noutput [\n{entries(graph.output)}\n]\ndynamic_batching {{ }}\n"
-            f"instance_group [ {{ kind: {'KIND_GPU' if gpu else 'KIND_CPU'} }} ]\n")
+    return (f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch if batched else 0}\n'
+            f"input [\n{entries(graph.input)}\n]\noutput [\n{entries(graph.output)}\n]\n"
+            + ("dynamic_batching { }\n" if batched else "")
+            + f"instance_group [ {{ kind: {'KIND_GPU' if gpu else 'KIND_CPU'} }} ]\n")
 
 
 def _triton_name(text: str) -> str:

@@ -34,10 +34,25 @@ class CacheLayout:
         return dict(zip(self.present, self.past))
 
 
+_CROSS_PAST = re.compile(r"^(?:past_cross_(?P<k1>key|value)\.(?P<l1>\d+)|past_key_values\.(?P<l2>\d+)\.encoder\.(?P<k2>key|value))$")
+_CROSS_PRESENT = re.compile(
+    r"^(?:present_cross_(?P<k1>key|value)\.(?P<l1>\d+)|present\.(?P<l2>\d+)\.encoder\.(?P<k2>key|value))$")
+
+
+def cross_cache_layout(input_names, output_names) -> CacheLayout | None:
+    """A seq2seq decoder's cross-attention cache (Optimum's merged layout: past_key_values.N.
+    encoder.key in, present.N.encoder.key out, chosen by use_cache_branch), or None."""
+    return _layout(input_names, output_names, _CROSS_PAST, _CROSS_PRESENT)
+
+
 def cache_layout(input_names, output_names) -> CacheLayout | None:
     """The cache's names layer by layer, or None when the model has no cache inputs. A cache
     with a missing layer or half, or inputs without their outputs, is a ValueError."""
-    past, present = _by_layer(input_names, _PAST), _by_layer(output_names, _PRESENT)
+    return _layout(input_names, output_names, _PAST, _PRESENT)
+
+
+def _layout(input_names, output_names, past_pattern, present_pattern) -> CacheLayout | None:
+    past, present = _by_layer(input_names, past_pattern), _by_layer(output_names, present_pattern)
     if not past:
         return None
     layers = 1 + max(layer for layer, _ in past)

@@ -6,7 +6,9 @@
 
     encoder: input_ids, attention_mask [B, Le] -> last_hidden_state [B, Le, D]
     decoder: input_ids [B, L], (attention_mask [B, P+L],) encoder_hidden_states,
-             encoder_attention_mask, the cache (past_key.N or past_key_values.N.decoder.key) -> logits, presents
+             encoder_attention_mask, the cache (past_key.N or past_key_values.N.decoder.key) -> logits, presents;
+             the clients' merged file also caches the cross-attention keys (past_key_values.N.encoder.key,
+             use_cache_branch): computed on the first step, fed back unchanged after
 
 OUT is a folder written with --model DIR --out-dir OUT (encoder_model.onnx, decoder_model_merged.onnx,
 tokenizer.json, config.json). onnxruntime, numpy and tokenizers only. The encoder runs once; each
@@ -23,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from common.atomic import Terminated, on_sigterm_raise  # noqa: E402
-from common.cache import cache_layout  # noqa: E402
+from common.cache import cache_layout, cross_cache_layout  # noqa: E402
 from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
 from common.json_files import read_json_object, token_id  # noqa: E402
 from common.loading import load_runner  # noqa: E402
@@ -61,6 +63,7 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
     names = {i.name: i for i in decoder.get_inputs()}
     try:
         layout = cache_layout(names, [o.name for o in decoder.get_outputs()])
+        cross = cross_cache_layout(names, [o.name for o in decoder.get_outputs()])  # None: recomputed every step
     except ValueError as err:
         raise RunnerError(f"{decoder_path}: {err}") from None
     if "encoder_hidden_states" not in names or layout is None:
@@ -87,6 +90,9 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
     timings["encoder_s"], timings["steps_ms"] = time.perf_counter() - started, []
     cache_dtype = np.dtype(ONNX_TYPE_TO_NUMPY[first.type])  # float16 for a float16 decoder
     past = [np.zeros((batch, heads, 0, head_dim), cache_dtype) for _ in range(2 * layers)]
+    # the cross-attention cache (the clients' merged file): empty and use_cache_branch false on the first
+    # step, which computes it; then the first step's, passed back unchanged, and true
+    cross_past = [np.zeros((batch, heads, 0, head_dim), cache_dtype) for _ in cross.past] if cross else []
     step = np.full((batch, 1), start_token, np.int64)
     tokens, done = [], np.zeros(batch, bool)
     for index in range(max_new_tokens):
@@ -94,8 +100,13 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
                  **dict(zip(layout.past, past))}
         if "attention_mask" in names:  # the decoder's own mask (a file shipped for clients has none: all ones)
             feeds["attention_mask"] = np.ones((batch, index + 1), np.int64)
+        if cross:
+            feeds.update({"use_cache_branch": np.array([index > 0]), **dict(zip(cross.past, cross_past))})
         started = time.perf_counter()
-        logits, *past = _run(decoder, outputs, feeds, decoder_path)
+        logits, *past = _run(decoder, outputs + (list(cross.present) if cross and index == 0 else []), feeds,
+                             decoder_path)
+        if cross and index == 0:
+            past, cross_past = past[:len(layout.present)], past[len(layout.present):]
         timings["steps_ms"].append(1e3 * (time.perf_counter() - started))
         last = logits[:, -1]
         if eos_token is not None and index < min_new_tokens:

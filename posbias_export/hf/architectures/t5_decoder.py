@@ -6,8 +6,14 @@ has one (T5 v1.1), else the shared embedding with the original T5's d_model^-0.5
 
 One file serves prefill and decode: input_ids [B, L], attention_mask [B, P + L],
 encoder_hidden_states [B, Le, D], encoder_attention_mask [B, Le], past_key.N / past_value.N
-[B, H, P, d] -> logits [B, L, V], present_key.N / present_value.N. The cross-attention keys
-are recomputed from encoder_hidden_states each step (no second cache: a step costs Le * D^2).
+[B, H, P, d] -> logits [B, L, V], present_key.N / present_value.N. That file recomputes the
+cross-attention keys from encoder_hidden_states each step (a step costs Le * D^2 more).
+
+The clients' file (Optimum's merged layout, `step_cross_cached`) also caches the cross-attention
+keys and values: past_cross_key.N / past_cross_value.N [B, H, Le|0, d] and use_cache_branch [1]
+in, present_cross_key.N / present_cross_value.N out. One If (torch.cond) picks: use_cache_branch
+false (the first step, the cross caches empty) computes every layer's keys and values from
+encoder_hidden_states; true passes the cached ones through.
 """
 from __future__ import annotations
 
@@ -24,11 +30,15 @@ from .t5 import T5FeedForward, T5Projections, normed_sublayer, t5_bias_params
 BIAS_KEY = "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
 
 
-def cross_attention(attn: T5Projections, x, encoder_states, encoder_mask):
-    """x [B, L, D] attends to encoder_states [B, Le, D] (mask [B, Le]); T5: no scale, no bias."""
+def cross_keys_values(attn: T5Projections, encoder_states) -> tuple[torch.Tensor, torch.Tensor]:
+    """encoder_states [B, Le, D] -> one layer's cross-attention k, v [B, H, Le, d] (contiguous: the
+    cached ones a client feeds back are)."""
+    return tuple(split_heads(proj(encoder_states), attn.num_heads).contiguous() for proj in (attn.k, attn.v))
+
+
+def cross_attention(attn: T5Projections, x, k, v, encoder_mask):
+    """x [B, L, D] attends to the encoder's k, v [B, H, Le, d] (mask [B, Le]); T5: no scale, no bias."""
     q = split_heads(attn.q(x), attn.num_heads)  # [B, H, L, d]
-    k = split_heads(attn.k(encoder_states), attn.num_heads)  # [B, H, Le, d]
-    v = split_heads(attn.v(encoder_states), attn.num_heads)
     scores = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))  # [B, H, L, Le]
     keep = encoder_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, Le]
     scores = scores + torch.where(keep, 0.0, MASK_PENALTY).to(scores.dtype)
@@ -56,10 +66,11 @@ class T5DecoderBlock(nn.Module):
                                     normed_sublayer(config, EncDecAttention=T5Projections(config)),
                                     normed_sublayer(config, DenseReluDense=T5FeedForward(config))])
 
-    def forward(self, x, attention_mask, encoder_states, encoder_mask, past, settings):
+    def forward(self, x, attention_mask, cross_kv, encoder_mask, past, settings):
+        """cross_kv: this layer's cross-attention (k, v) (cross_keys_values)."""
         own, cross, ff = self.layer
         x, present = own(x, attention_mask, past, settings)
-        x = x + cross_attention(cross.EncDecAttention, cross.layer_norm(x), encoder_states, encoder_mask)
+        x = x + cross_attention(cross.EncDecAttention, cross.layer_norm(x), *cross_kv, encoder_mask)
         return x + ff.DenseReluDense(ff.layer_norm(x)), present
 
 
@@ -120,12 +131,34 @@ class T5Decoder(ImportedModel, part="decoder"):
         (logits, presents)."""
         return self.run(input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, past, settings)
 
-    def run(self, input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, past, settings):
+    def step_cross_cached(self, input_ids, encoder_hidden_states, encoder_attention_mask, use_cache_branch, past: list,
+                          past_cross: list, settings=EAGER) -> tuple[torch.Tensor, list, list]:
+        """The clients' step (no mask of its own): use_cache_branch [1] bool; past_cross one
+        (k, v) pair per layer, [B, H, 0, d] on the first step -> (logits, presents, the
+        cross (k, v) pairs: computed on the first step, passed through after)."""
+        def fresh(states, *cached):
+            return tuple(t for block in self.decoder.block
+                         for t in cross_keys_values(block.layer[1].EncDecAttention, states))
+
+        def passed(states, *cached):
+            return tuple(t.clone() for t in cached)
+
+        flat = torch.cond(use_cache_branch.reshape(()), passed, fresh,
+                          (encoder_hidden_states, *[t for kv in past_cross for t in kv]))
+        torch._check(flat[0].shape[2] == encoder_hidden_states.shape[1])  # cached keys are the encoder's length
+        cross = [(flat[2 * i], flat[2 * i + 1]) for i in range(len(self.decoder.block))]
+        logits, presents = self.run(input_ids, None, encoder_hidden_states, encoder_attention_mask, past, settings,
+                                    cross)
+        return logits, presents, cross
+
+    def run(self, input_ids, attention_mask, encoder_hidden_states, encoder_attention_mask, past, settings, cross=None):
         x = self.shared(input_ids)  # [B, L, D]
         presents = []
         for index, block in enumerate(self.decoder.block):
-            x, present = block(x, attention_mask, encoder_hidden_states, encoder_attention_mask,
-                               None if past is None else past[index], settings)
+            kv = cross[index] if cross is not None else cross_keys_values(block.layer[1].EncDecAttention,
+                                                                          encoder_hidden_states)
+            x, present = block(x, attention_mask, kv, encoder_attention_mask, None if past is None else past[index],
+                               settings)
             presents.append(present)
         x = self.decoder.final_layer_norm(x) * self.rescale
         logits = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.shared.weight)  # [B, L, V]
