@@ -199,9 +199,13 @@ def decode_step_profile(path: Path, threads: int, past: int, source: int | None 
         width = next(i.shape[-1] for i in inputs if i.name == "encoder_hidden_states")
         feeds["encoder_hidden_states"] = np.zeros((1, source, width), np.float32)
         feeds["encoder_attention_mask"] = np.ones((1, source), np.int64)
+    if "use_cache_branch" in names:  # the clients' T5 decoder: a steady step reads its cached cross-attention
+        feeds["use_cache_branch"] = np.array([True])
     for i in inputs:
         if i.name not in feeds:  # the cache: [batch, heads, past, head size], batch first (1), the one other symbol past
-            shape = [1] + [past if isinstance(d, str) or d is None else d for d in i.shape[1:]]
+            # (the cross-attention cache: as long as the source)
+            length = source if ".encoder." in i.name or "cross" in i.name else past
+            shape = [1] + [length if isinstance(d, str) or d is None else d for d in i.shape[1:]]
             feeds[i.name] = np.zeros(shape, np.float32)
     got = profile(path, feeds, runs=4)
     return {"wall_ms": got["wall_us"] / 1e3, "ops": {o["op"]: o["us"] / 1e3 for o in got["ops"]}}

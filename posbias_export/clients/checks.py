@@ -88,10 +88,12 @@ def ours(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndar
         enc = ort.InferenceSession(str(folder / "encoder_model.onnx"), providers=["CPUExecutionProvider"])
         dec = ort.InferenceSession(str(folder / "decoder_model_merged.onnx"), providers=["CPUExecutionProvider"])
         states = enc.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
-        past = {i.name: np.zeros((1, HEADS, 0, HIDDEN // HEADS), np.float32) for i in dec.get_inputs()
-                if i.name.startswith("past_")}
+        past = {i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32) for i in dec.get_inputs()
+                if i.name.startswith("past_")}  # empty caches, the file's heads and head size
+        first = {"use_cache_branch": np.array([False])} if any(i.name == "use_cache_branch" for i in dec.get_inputs()) \
+            else {}  # the merged decoder's first step: it computes the cross-attention cache
         logits = dec.run(None, {"input_ids": np.array([[PAD]]), "encoder_hidden_states": states,
-                                "encoder_attention_mask": np.ones_like(ids), **past})[0][0]
+                                "encoder_attention_mask": np.ones_like(ids), **past, **first})[0][0]
         return [PAD, *tokens], logits
     gen = load_runner("ort/generate.py")
     decoder = gen.CachedDecoder(str(folder / "model.onnx"))

@@ -21,7 +21,8 @@ BLOCKED = AttentionSettings(form="blocked")
 def file_inputs(proto: onnx.ModelProto, ids: np.ndarray, mask: np.ndarray,
                 extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Feeds for whatever the file asks: input_ids, attention_mask, position_ids (from the
-    mask), empty past tensors for a cached decoder (past length 0: a prefill), and the named
+    mask), empty past tensors for a cached decoder (past length 0: a prefill; a merged seq2seq
+    decoder's use_cache_branch false), and the named
     `extra` tensors (a T5 decoder's encoder_hidden_states and encoder_attention_mask)."""
     feeds = {}
     batch = ids.shape[0]
@@ -35,6 +36,8 @@ def file_inputs(proto: onnx.ModelProto, ids: np.ndarray, mask: np.ndarray,
             feeds[name] = mask
         elif name == "position_ids":
             feeds[name] = np.clip(mask.cumsum(-1) - 1, 0, None).astype(np.int64)
+        elif name == "use_cache_branch":  # a merged seq2seq decoder's prefill: it computes its caches
+            feeds[name] = np.array([False])
         elif "past" in name:
             dims = value.type.tensor_type.shape.dim
             shape = [batch if i == 0 else (d.dim_value if d.HasField("dim_value") else 0) for i, d in enumerate(dims)]
@@ -42,7 +45,7 @@ def file_inputs(proto: onnx.ModelProto, ids: np.ndarray, mask: np.ndarray,
             feeds[name] = np.zeros(shape, dtype)
         else:
             raise ParityInputError(f"cannot feed input {name!r}: validate --model knows input_ids, attention_mask, "
-                                   "position_ids and past key/value tensors")
+                                   "position_ids, use_cache_branch and past key/value tensors")
     if "input_ids" not in feeds:
         raise ParityInputError("the file has no input_ids input")
     return feeds
