@@ -144,15 +144,13 @@ def test_t5_decoder_equals_transformers_in_float64(folders, form):
     assert (got - expected).abs().max().item() < 1e-10
 
 
-@pytest.mark.parametrize("dtype,target", [("float32", "portable"), ("float16", "cuda-ort")])
-def test_t5_encoder_and_decoder_files_generate_transformers_tokens(folders, tmp_path, dtype, target):
-    """The encoder file and the cached decoder file (ORT, runtimes/ort/seq2seq.py), greedy,
-    a left-padded batch: the tokens of transformers' generate (float32); the float16 pair for
-    the GPU target too, its encoder output feeding the decoder in float16."""
-    folder = folders["t5_gated"]
+def _pair_generates_transformers_tokens(folder, tmp_path, dtype, target, names="posbias"):
+    """Export the encoder and the cached decoder (`names`: ours, or the clients' merged layout),
+    generate greedily through runtimes/ort/seq2seq.py on a left-padded batch, and assert the
+    tokens of transformers' generate. Returns (ids, mask)."""
     kwargs = dict(block=8, check_growth=False, dtype=dtype, target=target)
     export_model(folder, tmp_path / "encoder.onnx", **kwargs)
-    export_model(folder, tmp_path / "decoder.onnx", part="decoder", **kwargs)
+    export_model(folder, tmp_path / "decoder.onnx", part="decoder", names=names, **kwargs)
     ids, mask = left_padded(20, 2, VOCAB, seed=6)
     tokens = load_runner("ort/seq2seq.py").greedy_generate(
         str(tmp_path / "encoder.onnx"), str(tmp_path / "decoder.onnx"), ids, mask, max_new_tokens=12,
@@ -162,6 +160,15 @@ def test_t5_encoder_and_decoder_files_generate_transformers_tokens(folders, tmp_
                                max_new_tokens=12, min_new_tokens=12, do_sample=False, decoder_start_token_id=0,
                                eos_token_id=1, pad_token_id=0)
     assert np.array_equal(tokens, expected[:, 1:].numpy())
+    return ids, mask
+
+
+@pytest.mark.parametrize("dtype,target", [("float32", "portable"), ("float16", "cuda-ort")])
+def test_t5_encoder_and_decoder_files_generate_transformers_tokens(folders, tmp_path, dtype, target):
+    """The encoder file and the cached decoder file (ORT, runtimes/ort/seq2seq.py), greedy,
+    a left-padded batch: the tokens of transformers' generate (float32); the float16 pair for
+    the GPU target too, its encoder output feeding the decoder in float16."""
+    _pair_generates_transformers_tokens(folders["t5_gated"], tmp_path, dtype, target)
 
 
 @pytest.mark.parametrize("dtype,target", [("float32", "portable"), ("float16", "cuda-ort")])
@@ -172,20 +179,7 @@ def test_clients_t5_decoder_caches_the_cross_attention(folders, tmp_path, dtype,
     generation through it (runtimes/ort/seq2seq.py) gives transformers' tokens."""
     import onnxruntime as ort
 
-    folder = folders["t5_gated"]
-    kwargs = dict(block=8, check_growth=False, dtype=dtype, target=target)
-    export_model(folder, tmp_path / "encoder.onnx", **kwargs)
-    export_model(folder, tmp_path / "decoder.onnx", part="decoder", names="huggingface", **kwargs)
-    ids, mask = left_padded(20, 2, VOCAB, seed=6)
-    tokens = load_runner("ort/seq2seq.py").greedy_generate(
-        str(tmp_path / "encoder.onnx"), str(tmp_path / "decoder.onnx"), ids, mask, max_new_tokens=12,
-        start_token=0, min_new_tokens=12, eos_token=1)
-    theirs = transformers.T5ForConditionalGeneration.from_pretrained(str(folder)).eval()
-    expected = theirs.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                               max_new_tokens=12, min_new_tokens=12, do_sample=False, decoder_start_token_id=0,
-                               eos_token_id=1, pad_token_id=0)
-    assert np.array_equal(tokens, expected[:, 1:].numpy())
-
+    ids, mask = _pair_generates_transformers_tokens(folders["t5_gated"], tmp_path, dtype, target, "huggingface")
     decoder = ort.InferenceSession(str(tmp_path / "decoder.onnx"), providers=["CPUExecutionProvider"])
     encoder = ort.InferenceSession(str(tmp_path / "encoder.onnx"), providers=["CPUExecutionProvider"])
     states = encoder.run(None, {"input_ids": ids, "attention_mask": mask})[0]

@@ -90,8 +90,8 @@ def ours(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndar
         states = enc.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
         past = {i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32) for i in dec.get_inputs()
                 if i.name.startswith("past_")}  # empty caches, the file's heads and head size
-        first = {"use_cache_branch": np.array([False])} if any(i.name == "use_cache_branch" for i in dec.get_inputs()) \
-            else {}  # the merged decoder's first step: it computes the cross-attention cache
+        merged = any(i.name == "use_cache_branch" for i in dec.get_inputs())
+        first = {"use_cache_branch": np.array([False])} if merged else {}  # the merged decoder's first step
         logits = dec.run(None, {"input_ids": np.array([[PAD]]), "encoder_hidden_states": states,
                                 "encoder_attention_mask": np.ones_like(ids), **past, **first})[0][0]
         return [PAD, *tokens], logits

@@ -10,8 +10,10 @@ layout the fused op reads:
 
 A block's bias is Toeplitz (its value depends on key - query), so it is gathered 8 keys at a time
 from SlimWindows' rows of 8 consecutive vector values: an int32 index of Bq x W/8, not Bq x W
-(ONNX Runtime CUDA's Gather read 4 index bytes per 2-byte float16 value, and the index had been
-written once already: 4.9 of 8.8 ms at 16384 tokens on an H200, benchmarks/gpu_attention.md).
+(an eighth of the index memory; on ORT CPU 1.9x faster at 16384 tokens. ONNX Runtime CUDA's
+Gather time did not move, 4.9 ms at 16384 tokens on an H200: its kernel spends it on index
+arithmetic per value. An index-free form, Expand and two Slices, measured slower still:
+benchmarks/gpu_slim_forms.md).
 
 The blocks run last first (SlimBlockBounds), so the Loop's first block is its widest: every later
 block's bias fits in memory the first one freed. In block order, each block's bias was wider than

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from .schemes import Scheme
 
 DTYPE_NAMES = ("float32", "float16")
-LOGITS = ("all", "last")
-KV_DTYPES = ("float", "int8")  # a cached decoder's cache: the model's float dtype, or int8 (kv_int8.py)  # a cached decoder's logits: every position, or the last one (generation)
+LOGITS = ("all", "last")  # a cached decoder's logits: every position, or the last one (generation)
+KV_DTYPES = ("float", "int8")  # a cached decoder's cache: the model's float dtype, or int8 (kv_int8.py)
 
 
 @dataclass(frozen=True)

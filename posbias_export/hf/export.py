@@ -131,9 +131,9 @@ def merged_cache_names(layers: int) -> tuple[list[str], list[str]]:
 
 @dataclass
 class T5DecoderSpec(ImportedSpec):
-    """The cached T5 decoder (hf/architectures/t5_decoder.py): input_ids, attention_mask (unless with_mask is
-    off), encoder_hidden_states, encoder_attention_mask and the past pairs in; logits and the
-    present pairs out."""
+    """The cached T5 decoder (hf/architectures/t5_decoder.py): input_ids, attention_mask,
+    encoder_hidden_states, encoder_attention_mask and the past pairs in; logits and the present
+    pairs out. with_mask off: the clients' merged file (CachedT5DecoderMerged)."""
 
     with_mask: bool = True
 
@@ -150,21 +150,21 @@ class T5DecoderSpec(ImportedSpec):
         mask = torch.ones(batch, past_len + trace_len, dtype=torch.int64)
         states = torch.randn(batch, enc_len, m.config.d_model, generator=gen).to(dtype)  # the encoder file's output dtype
         enc_mask = torch.ones(batch, enc_len, dtype=torch.int64)
-        if self.with_mask:
-            names = ["input_ids", "attention_mask", "encoder_hidden_states", "encoder_attention_mask"]
-            module, leading, shapes = CachedT5Decoder(model, settings), (ids, mask, states, enc_mask), (
-                {0: b, 1: seq}, {0: b, 1: total}, {0: b, 1: enc_seq}, {0: b, 1: enc_seq})
-        else:
-            return self.merged_signature(model, ids, states, enc_mask, settings, dtype, gen, past_len)
+        if not self.with_mask:
+            return self.merged_signature(model, (ids, states, enc_mask), (b, seq, enc_seq, past_dim), settings, dtype,
+                                         gen, past_len)
+        names = ["input_ids", "attention_mask", "encoder_hidden_states", "encoder_attention_mask"]
+        module, leading, shapes = CachedT5Decoder(model, settings), (ids, mask, states, enc_mask), (
+            {0: b, 1: seq}, {0: b, 1: total}, {0: b, 1: enc_seq}, {0: b, 1: enc_seq})
         return cached_signature(module, leading, shapes, names, {n: (0, 1) for n in names}, m.num_kv_heads, m.head_dim,
                                 m.num_layers, batch, past_len, dtype, gen, past_dim)
 
-    def merged_signature(self, model, ids, states, enc_mask, settings, dtype, gen, past_len) -> Signature:
+    def merged_signature(self, model, leading_args, dims, settings, dtype, gen, past_len) -> Signature:
         """The clients' file (CachedT5DecoderMerged): traced on the cached branch's shapes (the
         cross cache as long as the encoder's states; torch.cond traces both branches)."""
         m = self.model
-        b, seq, enc_seq = torch.export.Dim("batch"), torch.export.Dim("seq"), torch.export.Dim("encoder_seq")
-        past_dim, cross_dim = torch.export.Dim("past"), torch.export.Dim("encoder_past")
+        (ids, states, enc_mask), (b, seq, enc_seq, past_dim) = leading_args, dims
+        cross_dim = torch.export.Dim("encoder_past")
         batch, enc_len = ids.shape[0], states.shape[1]
         past = [torch.randn(batch, m.num_kv_heads, length, m.head_dim, generator=gen).to(dtype)
                 for _ in range(m.num_layers) for length in (past_len, past_len, enc_len, enc_len)]
