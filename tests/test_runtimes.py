@@ -241,17 +241,25 @@ def test_validate_cuda_without_provider_is_a_failing_verdict(exports):
     assert "error: CUDA requested" in proc.stdout
 
 
-def test_cuda_sessions_launch_host_synchronously_unless_the_caller_chose(monkeypatch):
+def test_cuda_sessions_launch_host_synchronously_for_control_flow_unless_the_caller_chose(monkeypatch, exports):
     """ONNX Runtime CUDA raced on our control-flow files until launches were host-synchronous
-    (benchmarks/gpu_race.md): the runners set CUDA_LAUNCH_BLOCKING=1 and keep a caller's value."""
+    (benchmarks/gpu_race.md): the runners set CUDA_LAUNCH_BLOCKING=1 for a file with If/Loop and
+    keep a caller's value; an in-place cache file (no control flow; exact asynchronously,
+    benchmarks/gpu_serving.md) leaves launches asynchronous."""
     from posbias_export.runners import runtimes_common
 
     run = runtimes_common("loading").load_runner("ort/run.py")
+    monkeypatch.setattr(run, "_cuda_async", [])
+    inplace = exports.cli("alibi", extra=("--kv-cache", "--target", "ort"))
+    blocked = exports.cli("alibi")  # the default file: its blocked attention is a Loop
+    assert not run.has_control_flow(str(inplace)) and run.has_control_flow(str(blocked))
     monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
-    run.host_synchronous_cuda()
+    run.host_synchronous_cuda(str(inplace))
+    assert "CUDA_LAUNCH_BLOCKING" not in os.environ
+    run.host_synchronous_cuda(str(blocked))
     assert os.environ["CUDA_LAUNCH_BLOCKING"] == "1"
     monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "0")
-    run.host_synchronous_cuda()
+    run.host_synchronous_cuda(str(blocked))
     assert os.environ["CUDA_LAUNCH_BLOCKING"] == "0"
 
 

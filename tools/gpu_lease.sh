@@ -7,7 +7,7 @@
 #                  REHEARSAL=1 PYTHON=.venv/bin/python bash tools/gpu_lease.sh rehearse DIR   # both calls on ORT CPU, timed
 #   call 1 (carry .gpu/c1, ~43 MB):  bash tools/gpu_lease.sh receive           (33-37 s with the machine's start)
 #   call 2 (carry .gpu/c2, ~19 MB):  bash tools/gpu_lease.sh work $OUT   (timeout_s 560; 298 s on the H200)
-#   give_back at once.  (later leases: diagnose, verify, retime, compare in place of work; see each below)
+#   give_back at once.  (later leases: diagnose, verify, retime, compare, serve in place of work; see each below)
 #   here, after (files_at as A):  tar -xzf A/results.tar.gz -C A && python tools/gpu_parity.py write A/r
 #     python tools/gpu_order.py write A/r; python tools/gpu_session.py write A/r
 #
@@ -195,6 +195,29 @@ case $step in
       --only att_kerple,att_t5,hf_bloom_float16_cuda-ort_long > "$work/r/parity.log" 2>&1
     save parity
     echo "[$(date +%T)] compare done in $(( $(date +%s) - t0 )) s" ;;
+  serve)  # a sixth lease's work call (after receive): the in-place cache files (float32, float16, int8 cache)
+           # judged on CUDA with launches asynchronous (CUDA_LAUNCH_BLOCKING=0: they have no If or Loop) and
+           # with the runners' cure, then decode timed against PyTorch eager both ways (gpu_serve.py)
+    t0=$(date +%s); rm -rf "$work/r"; mkdir -p "$work/r/par" "$out"
+    receive >/dev/null
+    join > "$work/r/join.log" 2>&1 || { cat "$work/r/join.log"; exit 1; }
+    files=$work/files; save join
+    # SERVE_JOBS / SERVE_FILES / SERVE_LIMIT: a later lease's subset (its job names, files under lm/, seconds)
+    jobs=${SERVE_JOBS:-alibi_kv_inplace}; limit=${SERVE_LIMIT:-150}
+    inplace=$(for f in ${SERVE_FILES:-alibi_kv_inplace alibi_kv_inplace_float16 alibi_kv_inplace_int8}; do echo "$files/lm/$f.onnx"; done)
+    (CUDA_LAUNCH_BLOCKING=0 timeout $limit $py tools/gpu_parity.py run "$files" "$work/r/async" --jobs 4 ${cpu_only:---no-cpu} \
+      --only $jobs > "$work/r/parity_async.log" 2>&1) &
+    (timeout $limit $py tools/gpu_parity.py run "$files" "$work/r" --jobs 4 $cpu_only --only $jobs \
+      > "$work/r/parity.log" 2>&1) &
+    wait
+    echo "[$(date +%T)] parity done at $(( $(date +%s) - t0 )) s"; save parity
+    contexts=512,4096; steps=32; [ -n "${REHEARSAL:-}" ] && { contexts=64,256; steps=8; }
+    for blocking in 0 1; do  # alone on the GPU: the two settings one after the other
+      CUDA_LAUNCH_BLOCKING=$blocking timeout 70 $py tools/gpu_serve.py run "$work/r/serve" $inplace --provider $provider \
+        --contexts $contexts --steps $steps >> "$work/r/serve.log" 2>&1
+      save "serve (CUDA_LAUNCH_BLOCKING=$blocking)"
+    done
+    echo "[$(date +%T)] serve done in $(( $(date +%s) - t0 )) s" ;;
   rehearse)  # REHEARSAL=1: pack, then both calls here on ORT CPU, each timed into OUT/calls.txt
     [ -n "${REHEARSAL:-}" ] || { echo "rehearse needs REHEARSAL=1"; exit 2; }
     rm -rf "$work" "$out/pack"; mkdir -p "$out"; : > "$out/calls.txt"; export GPU_PACK=$out/pack GPU_WORK=$work

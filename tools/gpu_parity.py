@@ -9,8 +9,8 @@ the GPU there: --reference-device cuda) -> benchmarks/gpu_parity.md.
 Files: the default LM of every family; the fused whole-sequence files (ALiBi and none, --target
 cuda-ort, float32 and float16 attention, H=8, d=64); the slim-table files (KERPLE, T5, Sandwich,
 the same); the window file (the same); an imported BLOOM (tiny config, random weights) float16
---target cuda-ort; the in-place cache file (--kv-cache --target ort, its cache bound as one
-buffer on ort-cpu-shared / ort-cuda-shared); the --kv-cache file that `generate` compares.
+--target cuda-ort; the in-place cache files (--kv-cache --target ort: float32, float16, and an
+int8 cache; the cache bound as one buffer on ort-cpu-shared / ort-cuda-shared); the --kv-cache file that `generate` compares.
 Lengths 1, 17, 1024, 4096 (batch 3; attention files batch 1), then 16384 (attention files also
 32768) in their own job on the CUDA provider alone. Short jobs first. --small is the CPU
 rehearsal: ALiBi and T5, 1 / 17 / 64 and 128 tokens.
@@ -84,6 +84,11 @@ def plan(root: Path, small: bool) -> tuple[list[tuple[str, list[str]]], list[dic
     inplace = root / "lm" / "alibi_kv_inplace.onnx"
     exports.append((str(inplace), ["--bias", "alibi", "--kv-cache", "--target", "ort", "--out", str(inplace)]))
     job("alibi_kv_inplace", [inplace], "ort-cpu,ort-cpu-shared,ort-cuda,ort-cuda-shared", short, 3)
+    for name, extra in (("float16", ["--dtype", "float16"]), ("int8", ["--kv-dtype", "int8"]),  # GQA's CUDA kernel, a compact cache
+                        ("float16_int8", ["--dtype", "float16", "--kv-dtype", "int8"])):
+        path = root / "lm" / f"alibi_kv_inplace_{name}.onnx"
+        exports.append((str(path), ["--bias", "alibi", "--kv-cache", "--target", "ort", *extra, "--out", str(path)]))
+        job(f"alibi_kv_inplace_{name}", [path], "ort-cpu,ort-cpu-shared,ort-cuda,ort-cuda-shared", short, 3)
     for dtype in g.DTYPES:
         for b in attention_families(small):
             path = root / "models" / f"{b}_{dtype}_cuda-ort.onnx"  # gpu_attention.export_files' name

@@ -49,7 +49,7 @@ def load_runner(relative: str):
     return runtimes_common("loading").load_runner(relative)
 
 
-def served_providers(provider: str, tf32: bool = False) -> list:
+def served_providers(model: str, provider: str, tf32: bool = False) -> list:
     """The runners' providers (what is timed is what is served), the CUDA arena growing by what
     is asked (kSameAsRequested) and not to the next power of two, so the memory column is what
     the graph needs (the default doubling reached 22 GB at 16384)."""
@@ -57,7 +57,7 @@ def served_providers(provider: str, tf32: bool = False) -> list:
     providers = runner.provider_list(provider, tf32)
     if provider == "cpu":
         return providers
-    runner.host_synchronous_cuda()  # as served (CUDA_LAUNCH_BLOCKING=0 in the environment times without it)
+    runner.host_synchronous_cuda(model)  # as served (CUDA_LAUNCH_BLOCKING=0 in the environment times without it)
     (name, cuda), cpu = providers
     return [(name, {**cuda, "arena_extend_strategy": "kSameAsRequested"}), cpu]
 
@@ -69,7 +69,7 @@ def cuda_session(model: str, tf32: bool = False, provider: str = "cuda"):
         ort.preload_dlls()
     ort.set_default_logger_severity(3)  # a failing length is reported in its JSON row, once
     opts = load_runner("ort/run.py").session_options(ort)
-    session = ort.InferenceSession(model, opts, providers=served_providers(provider, tf32))
+    session = ort.InferenceSession(model, opts, providers=served_providers(model, provider, tf32))
     active = session.get_providers()[0]
     if provider == "cuda" and active != "CUDAExecutionProvider":
         raise RuntimeError(f"CUDA provider did not load (session runs on {active})")
@@ -143,7 +143,7 @@ def profile_length(model: str, provider: str, length: int, heads: int, head_dim:
     from posbias_export.bench.profile import profile
 
     kernels = CudaKernels() if provider == "cuda" else contextlib.nullcontext()
-    result = profile(model, feeds(length, heads, head_dim, dtype), runs=1, providers=served_providers(provider),
+    result = profile(model, feeds(length, heads, head_dim, dtype), runs=1, providers=served_providers(model, provider),
                      options=load_runner("ort/run.py").session_options(ort), during=kernels)
     row = {"length": length, "ort_ops_ms": {r["op"]: round(r["us"] / 1e3, 3) for r in result["ops"][:8]},
            "wall_ms": round(result["wall_us"] / 1e3, 3)}

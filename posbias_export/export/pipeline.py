@@ -384,6 +384,15 @@ def report(state: ExportState) -> ExportReport:
                      "size] buffer and a step writes only its new rows (unbound, present grows as with --target "
                      "portable); ONNX Runtime only (Python, Node, onnxruntime-genai); a prompt after cached tokens "
                      "needs batch 1 (GroupQueryAttention's CPU kernel)")
+        # measured on ORT 1.31.1 CUDA (benchmarks/gpu_serving.md)
+        if r.options.kv_dtype == "int8":
+            notes.append("on ONNX Runtime CUDA an int8 cache does not run on the GPU: with float32 weights its "
+                         "attention falls back to the CPU, with float16 the CUDA kernel refuses a bias with a "
+                         "quantized cache; serve it on the CPU")
+        elif r.dtype != "float16":
+            notes.append("on ONNX Runtime CUDA GroupQueryAttention has a float16 kernel only: this float32 file's "
+                         "attention runs on the CPU there (the cache crosses to the host each step); for a GPU "
+                         "export --dtype float16")
     elif proto.functions:
         notes.append("OpenVINO cannot load model-local functions: give it a file exported with --inline-functions "
                      "(ONNX Runtime, onnxruntime-node and the reference evaluator load this one as it is)")

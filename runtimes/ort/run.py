@@ -55,18 +55,52 @@ def session_options(ort, threads: int = 0, lean: bool = False):
     return opts
 
 
-def host_synchronous_cuda() -> None:
-    """Every CUDA launch synchronous with the host (CUDA_LAUNCH_BLOCKING=1) unless the caller set
-    the variable: ONNX Runtime CUDA (1.31.1, H200) gave wrong outputs (max error 3-5) for files with
-    control flow whose shape values cross from the GPU to the host (our blocked Loop, the slim
-    tables' If), e.g. 4096 tokens after 1024 in one session, and Range asking for 10^18 bytes.
-    Only host-synchronous launches cured it; one hardware queue, no memory reuse, no CPU arena, no
-    memory patterns, one stream, no graph optimisations and deterministic kernels did not
-    (benchmarks/gpu_order.md, benchmarks/gpu_race.md): a host-side race. CUDA reads the variable
-    when it starts, so this runs before the session creates the context."""
+CONTROL_FLOW = ("If", "Loop", "Scan")
+_cuda_async = []  # set once a CUDA session started this process without the cure
+
+
+def has_control_flow(model_path: str) -> bool:
+    """Whether the file's graph, its functions or their subgraphs hold If / Loop / Scan (the
+    graph only: external weights are not read). True when it cannot tell (no onnx package, a
+    file onnx cannot parse): the cure is then on, as it was for every file before."""
+    try:
+        import onnx
+
+        model = onnx.load(model_path, load_external_data=False)
+    except Exception:  # noqa: BLE001 - the session's own load reports a bad file
+        return True
+
+    def found(nodes) -> bool:
+        return any(n.op_type in CONTROL_FLOW or any(found(g.node) for a in n.attribute for g in (a.g, *a.graphs))
+                   for n in nodes)
+    return found(model.graph.node) or any(found(f.node) for f in model.functions)
+
+
+def host_synchronous_cuda(*model_paths: str) -> None:
+    """Every CUDA launch synchronous with the host (CUDA_LAUNCH_BLOCKING=1), unless the caller set
+    the variable, when one of the files has control flow: ONNX Runtime CUDA (1.31.1, H200) gave
+    wrong outputs (max error 3-5) for files whose If / Loop take shape values from the GPU to the
+    host (our blocked Loop, the slim tables' If), e.g. 4096 tokens after 1024 in one session, and
+    Range asking for 10^18 bytes. Only host-synchronous launches cured it; one hardware queue, no
+    memory reuse, no CPU arena, no memory patterns, one stream, no graph optimisations and
+    deterministic kernels did not (benchmarks/gpu_order.md, benchmarks/gpu_race.md): a host-side
+    race. Files without control flow (the in-place cache files) pass every cell and the order
+    protocol with asynchronous launches, and decode up to 2.6x faster so
+    (benchmarks/gpu_serving.md), so they run without it. CUDA reads the variable when the process
+    creates its context: a file with control flow after one without, in one process, is warned
+    about (set CUDA_LAUNCH_BLOCKING=1 before starting such a process)."""
     import os
 
-    os.environ.setdefault("CUDA_LAUNCH_BLOCKING", "1")
+    if "CUDA_LAUNCH_BLOCKING" in os.environ:
+        return
+    if not any(has_control_flow(p) for p in model_paths):
+        _cuda_async.append(True)
+        return
+    if _cuda_async:
+        print("warning: this process started CUDA with asynchronous launches (a file without control flow); "
+              f"{Path(model_paths[0]).name} has If/Loop, which ONNX Runtime CUDA can run wrong so: set "
+              "CUDA_LAUNCH_BLOCKING=1 before starting the process", file=sys.stderr)
+    os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
 
 
 def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf32: bool = False, lean: bool = False):
@@ -77,7 +111,7 @@ def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf3
         raise RunnerError("onnxruntime is not installed") from None
     wanted = PROVIDERS[provider]
     if provider == "cuda":
-        host_synchronous_cuda()
+        host_synchronous_cuda(model_path)
         if hasattr(ort, "preload_dlls"):
             try:
                 ort.preload_dlls()

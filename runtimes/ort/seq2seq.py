@@ -51,6 +51,8 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
     if max_new_tokens > MAX_NEW_TOKENS:
         raise RunnerError(f"max_new_tokens is at most {MAX_NEW_TOKENS} (the decoder's cache grows with every token), "
                           f"got {max_new_tokens}")
+    if provider == "cuda":  # before either session: the decoder's If decides for the process
+        host_synchronous_cuda(encoder_path, decoder_path)
     encoder, decoder = create_session(encoder_path, provider), create_session(decoder_path, provider)
     vocab = encoder.get_modelmeta().custom_metadata_map.get("posbias.vocab_size")
     ids = np.asarray(input_ids)
