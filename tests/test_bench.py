@@ -210,6 +210,31 @@ def test_bench_serving_renders_targets_and_refuses_names_first(tmp_path, capsys)
     assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()
 
 
+def test_bench_serving_measured_in_parts_keeps_what_it_did_not_repeat(tmp_path, capsys):
+    """A model measured again with --files optimum,eager keeps its earlier runs of our files, and
+    the new rows are judged against the Concat file's tokens; an unknown --files is one line."""
+    from posbias_export.bench.serving import EAGER, OPTIMUM, ServingRow, merged, render
+
+    def run(file, context, ms, tokens=(1, 2, 3)):
+        return {"scheme": "float32", "file": file, "context": context, "prefill_s": 1.0, "prefill_peak_gb": 1.0,
+                "peak_gb": 1.2, "decode_ms": ms, "floor_ms": 10.0, "tokens": list(tokens)}
+
+    earlier = ServingRow("bloom-560m", runs=[run("concat", 512, 50.0), run("in place", 512, 40.0),
+                                             run(OPTIMUM, 512, 99.0)], bandwidth_gbs=40.0)
+    fresh = ServingRow("bloom-560m", runs=[run(EAGER, 512, 120.0, (1, 2, 4)), run(OPTIMUM, 512, 60.0)], bandwidth_gbs=41.0)
+    row = merged(earlier, fresh)
+    assert [(r["file"], r["decode_ms"]) for r in row.runs] == [("concat", 50.0), ("in place", 40.0), (OPTIMUM, 60.0),
+                                                               (EAGER, 120.0)]
+    table = render([row], "cmd")
+    assert f"| bloom-560m | float32 | {OPTIMUM} | 512 | 1.00 | 1.00 | 60.0 | 10.0 | 6.00 | yes |" in table
+    assert f"| bloom-560m | float32 | {EAGER} | 512 | 1.00 | 1.00 | 120.0 | 10.0 | 12.00 | no |" in table
+    assert cli_main(["bench-serving", "--files", "optimum,tensorrt", "--work", str(tmp_path / "w"),
+                     "--out-dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown --files 'tensorrt'" in err[0]
+    assert not (tmp_path / "w").exists()
+
+
 def test_a_bench_writes_only_what_it_made(tmp_path, monkeypatch):
     """bench-quant once deleted WORK/<name>_<scheme>.onnx and WORK/<name>_<scheme>/ it had not
     made, and bench-real measured whatever folder it found at WORK/<name>: now every file a bench

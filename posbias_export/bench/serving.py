@@ -1,7 +1,8 @@
 """Serving at length (`python -m posbias_export bench-serving`): the in-place cache (--kv-cache
 --target ort, one buffer written where it lies) against the Concat file (the whole cache copied
-every step), on a published configuration with random weights, float32 and int4, after prompts
-of several lengths. Each file is exported and each run made in its own process (peak RSS its
+every step), and in float32 against Optimum's own export (run by the same ONNX Runtime loop) and
+transformers eager, on a published configuration with random weights, float32 and int4, after
+prompts of several lengths. Each file is exported and each run made in its own process (peak RSS its
 own); a run is a prefill, then greedy steps whose median, after the first two (a session's first
 steps allocate), is the decode time. The floor a step cannot beat on this machine: the bytes it
 must read, weights plus the cache at that length, over the measured copy bandwidth.
@@ -9,6 +10,7 @@ must read, weights plus the cache at that length, over the measured copy bandwid
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -17,6 +19,9 @@ from .real_models import PUBLISHED, SEQ2SEQ, published_folder, weight_bytes
 
 FILES = {"concat": ["--target", "portable"], "in place": ["--target", "ort"],
          "in place, int8 cache": ["--target", "ort", "--kv-dtype", "int8"]}
+OPTIMUM, EAGER = "Optimum's file", "transformers eager"  # what people run today, beside ours (float32 only)
+KINDS = (*FILES, OPTIMUM, EAGER)
+KIND_NAMES = dict(zip(("concat", "inplace", "int8", "optimum", "eager"), KINDS))  # bench-serving --files
 SCHEMES = {"float32": [], "int4": ["--quantize", "int4"]}
 CONTEXTS = (512, 4096)
 WARM_STEPS = 2  # a new session's first steps allocate: not the steady state a server lives in
@@ -43,30 +48,80 @@ def cache_bytes_per_token(path: Path) -> int:
     return per_token(onnx.load(str(path), load_external_data=False))
 
 
+def float_cache_bytes_per_token(folder: Path) -> int:
+    """A float32 token's keys and values over every layer, from the folder's config (BLOOM, MPT
+    and Falcon-RW: as many key/value heads as query heads)."""
+    import transformers as tf
+
+    config = tf.AutoConfig.from_pretrained(str(folder))
+    return 2 * config.num_hidden_layers * config.hidden_size * 4
+
+
+def float_weight_bytes(folder: Path) -> int:
+    """The model's weights in float32, each tensor once (the folder's safetensors: float32 as
+    published_folder writes them)."""
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
+def _timed_runs(row: ServingRow, scheme: str, label: str, argv: list[str], weights: float, per_token: int, contexts,
+                new_tokens: int, threads: int, progress) -> None:
+    """A bench.real_models worker (argv: its kind and target) at each prompt length -> row.runs."""
+    for context in contexts:
+        progress(f"{row.name}: {scheme}, {label}, prompt {context} + {new_tokens} steps")
+        _, peak, out = measured_python(["-m", "posbias_export.bench.real_models", *argv, str(context),
+                                        str(new_tokens + WARM_STEPS), str(threads)])
+        got = json.loads(out.strip().splitlines()[-1])
+        row.runs.append({"scheme": scheme, "file": label, "context": context, "prefill_s": got["prefill_s"],
+                         "prefill_peak_gb": got.get("prefill_peak_gb", peak), "peak_gb": peak,
+                         "decode_ms": median(got["decode_ms"][WARM_STEPS:]),
+                         "floor_ms": 1e3 * (weights + per_token * context) / 1e9 / row.bandwidth_gbs,
+                         "tokens": got["tokens"]})
+
+
+def _optimum(row: ServingRow, folder: Path, files: Path, contexts, new_tokens: int, threads: int, progress) -> None:
+    """Optimum's own export of the folder (its side environment, if made) run by the same worker."""
+    from .real_models import optimum_cli
+
+    cli = optimum_cli()
+    if cli is None:
+        progress(f"{row.name}: no Optimum environment (posbias_export/clients/optimum_env.sh): its rows skipped")
+        return
+    out = files / f"{row.name}_optimum"
+    progress(f"{row.name}: export float32, {OPTIMUM}")
+    seconds, peak, _ = measured_python(["export", "onnx", "--model", str(folder), "--task", "text-generation-with-past",
+                                        str(out)], program=str(cli))
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file() and f.suffix != ".json")
+    row.exports.append({"scheme": "float32", "file": OPTIMUM, "seconds": seconds, "peak_gb": peak, "file_gb": size / 1e9})
+    # its floor: the model's float32 weights, as ours (it may store a tied embedding twice, but a
+    # step gathers only one row of the copy that is not the head)
+    _timed_runs(row, "float32", OPTIMUM, ["ort", str(out / "model.onnx")], float_weight_bytes(folder),
+                float_cache_bytes_per_token(folder), contexts, new_tokens, threads, progress)
+    shutil.rmtree(out)
+
+
 def measure(name: str, work: Path, files: Path, contexts, schemes, new_tokens: int, threads: int,
-            progress=print) -> ServingRow:
-    """WORK/<name> (published_folder) exported and run; the files made go to `files` (harness.scratch)."""
+            progress=print, kinds=KINDS) -> ServingRow:
+    """WORK/<name> (published_folder) exported and run; the files made go to `files` (harness.scratch),
+    each removed once its runs are done (a 1B model's float32 files are 5 GB each)."""
     folder = published_folder(name, work, progress=progress)
     row = ServingRow(name, bandwidth_gbs=copy_bandwidth_gbs())
     for scheme, flags in ((s, SCHEMES[s]) for s in schemes):
-        for label, target in FILES.items():
+        for label, target in ((k, v) for k, v in FILES.items() if k in kinds):
             path = files / f"{name}_{scheme}_{label.replace(',', '').replace(' ', '_')}.onnx"
             progress(f"{name}: export {scheme}, {label}")
             seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--kv-cache", "--logits",
                                                 "last", *target, *flags, "--skip-growth-check", "--out", str(path)])
             row.exports.append({"scheme": scheme, "file": label, "seconds": seconds, "peak_gb": peak,
                                 "file_gb": weight_bytes(path) / 1e9})
-            per_token = cache_bytes_per_token(path)
-            for context in contexts:
-                progress(f"{name}: {scheme}, {label}, prompt {context} + {new_tokens} steps")
-                _, peak, out = measured_python(["-m", "posbias_export.bench.real_models", "ort", str(path), str(context),
-                                                str(new_tokens + WARM_STEPS), str(threads)])
-                got = json.loads(out.strip().splitlines()[-1])
-                read = weight_bytes(path) + per_token * context  # what one step must read
-                row.runs.append({"scheme": scheme, "file": label, "context": context, "prefill_s": got["prefill_s"],
-                                 "prefill_peak_gb": got["prefill_peak_gb"], "peak_gb": peak,
-                                 "decode_ms": median(got["decode_ms"][WARM_STEPS:]),
-                                 "floor_ms": 1e3 * read / 1e9 / row.bandwidth_gbs, "tokens": got["tokens"]})
+            _timed_runs(row, scheme, label, ["ort", str(path)], weight_bytes(path), cache_bytes_per_token(path), contexts,
+                        new_tokens, threads, progress)
+            for made in (path, Path(f"{path}.data")):
+                made.unlink(missing_ok=True)
+        if scheme == "float32" and OPTIMUM in kinds:
+            _optimum(row, folder, files, contexts, new_tokens, threads, progress)
+        if scheme == "float32" and EAGER in kinds:
+            _timed_runs(row, "float32", EAGER, ["transformers", str(folder)], float_weight_bytes(folder),
+                        float_cache_bytes_per_token(folder), contexts, new_tokens, threads, progress)
     return row
 
 
@@ -123,8 +178,24 @@ def render(rows: list[ServingRow], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merged(earlier: ServingRow | None, row: ServingRow) -> ServingRow:
+    """A model measured in parts: the earlier row's runs and exports this run did not repeat stay
+    (each with the floor of the bandwidth measured beside it)."""
+    if earlier is None:
+        return row
+    runs = {(r["scheme"], r["file"], r["context"]) for r in row.runs}
+    exports = {(e["scheme"], e["file"]) for e in row.exports}
+    row.runs = [r for r in earlier.runs if (r["scheme"], r["file"], r["context"]) not in runs] + row.runs
+    row.exports = [e for e in earlier.exports if (e["scheme"], e["file"]) not in exports] + row.exports
+    order = {k: i for i, k in enumerate(KINDS)}
+    row.runs.sort(key=lambda r: (list(SCHEMES).index(r["scheme"]), order[r["file"]], r["context"]))
+    row.exports.sort(key=lambda e: (list(SCHEMES).index(e["scheme"]), order[e["file"]]))
+    return row
+
+
 def run_and_write(names, work: Path, out_dir: Path, contexts=CONTEXTS, schemes=tuple(SCHEMES), new_tokens: int = 16,
-                  threads: int = 2, command: str = "python -m posbias_export bench-serving", progress=print) -> list[Path]:
+                  threads: int = 2, command: str = "python -m posbias_export bench-serving", progress=print,
+                  kinds=KINDS) -> list[Path]:
     unknown = [n for n in names if n not in PUBLISHED or n in SEQ2SEQ]
     if unknown:
         raise ValueError(f"unknown model(s) {', '.join(unknown)}; choose from "
@@ -135,10 +206,12 @@ def run_and_write(names, work: Path, out_dir: Path, contexts=CONTEXTS, schemes=t
     work = work_folder(work, PUBLISHED)  # after the names were checked: a refused run makes nothing
     out_dir.mkdir(parents=True, exist_ok=True)
     kept = [ServingRow(**r) for r in kept_rows(out_dir / "serving.json", set(names))]  # rows of other runs
+    earlier = {r["name"]: ServingRow(**r) for r in kept_rows(out_dir / "serving.json", set())}
     rows = []
     for name in names:
         with scratch(work) as files:
-            rows.append(measure(name, work, Path(files), contexts, schemes, new_tokens, threads, progress))
-        rows[-1].command = command
+            row = measure(name, work, Path(files), contexts, schemes, new_tokens, threads, progress, kinds)
+        row.command = command
+        rows.append(merged(earlier.get(name), row))
     every = sorted(kept + rows, key=lambda r: list(PUBLISHED).index(r.name))
     return write_results(out_dir, "serving", [asdict(r) for r in every], render(every, command))

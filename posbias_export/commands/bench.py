@@ -227,6 +227,9 @@ def build_bench_serving_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=positive_int, default=16, help="timed decode steps after two warm-up steps")
     p.add_argument("--work", required=True, help="folder for the random-weight models and the exported files")
     p.add_argument("--threads", type=positive_int, default=2, help="ONNX Runtime threads (default 2)")
+    p.add_argument("--files", type=name_list, default=list(bench.KIND_NAMES),
+                   help=f"what to measure, from: {', '.join(bench.KIND_NAMES)} (default all; Optimum's and "
+                   "transformers' in float32 only); a model's earlier rows of the others are kept")
     p.add_argument("--out-dir", default="benchmarks", help="where serving.md/.json go (default benchmarks)")
     return p
 
@@ -236,10 +239,14 @@ def run_bench_serving(args) -> int:
 
     from ..bench import serving as bench
 
+    unknown = [f for f in args.files if f not in bench.KIND_NAMES]
+    if unknown:
+        raise ValueError(f"unknown --files {unknown[0]!r}; choose from {', '.join(bench.KIND_NAMES)}")
     command = (f"python -m posbias_export bench-serving --models {','.join(args.models)} --contexts "
-               f"{','.join(map(str, args.contexts))} --schemes {','.join(args.schemes)}")
+               f"{','.join(map(str, args.contexts))} --schemes {','.join(args.schemes)} --files {','.join(args.files)}")
     paths = bench.run_and_write(args.models, Path(args.work), Path(args.out_dir), tuple(args.contexts), tuple(args.schemes),
                                 args.steps, args.threads, command,
-                                progress=lambda m: print(m, file=sys.stderr, flush=True))
+                                progress=lambda m: print(m, file=sys.stderr, flush=True),
+                                kinds=tuple(bench.KIND_NAMES[f] for f in args.files))
     print(paths[0].read_text())
     return 0
