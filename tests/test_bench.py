@@ -228,6 +228,9 @@ def test_bench_serving_measured_in_parts_keeps_what_it_did_not_repeat(tmp_path, 
     table = render([row], "cmd")
     assert f"| bloom-560m | float32 | {OPTIMUM} | 512 | 1.00 | 1.00 | 60.0 | 10.0 | 6.00 | yes |" in table
     assert f"| bloom-560m | float32 | {EAGER} | 512 | 1.00 | 1.00 | 120.0 | 10.0 | 12.00 | no |" in table
+    # a client that cannot serve a prompt is a row saying why (Optimum's MPT past its max_seq_len)
+    row.runs.append({"scheme": "float32", "file": OPTIMUM, "context": 4096, "error": "RunnerError: 2048 by 4096"})
+    assert f"| bloom-560m | float32 | {OPTIMUM} | 4096 | failed: RunnerError: 2048 by 4096 |" in render([row], "cmd")
     assert cli_main(["bench-serving", "--files", "optimum,tensorrt", "--work", str(tmp_path / "w"),
                      "--out-dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -68,8 +68,14 @@ def _timed_runs(row: ServingRow, scheme: str, label: str, argv: list[str], weigh
     """A bench.real_models worker (argv: its kind and target) at each prompt length -> row.runs."""
     for context in contexts:
         progress(f"{row.name}: {scheme}, {label}, prompt {context} + {new_tokens} steps")
-        _, peak, out = measured_python(["-m", "posbias_export.bench.real_models", *argv, str(context),
-                                        str(new_tokens + WARM_STEPS), str(threads)])
+        try:
+            _, peak, out = measured_python(["-m", "posbias_export.bench.real_models", *argv, str(context),
+                                            str(new_tokens + WARM_STEPS), str(threads)])
+        except RuntimeError as err:  # a client that cannot serve this prompt: a row saying why, the rest still run
+            lines = [line for line in str(err).splitlines() if line.strip()]
+            row.runs.append({"scheme": scheme, "file": label, "context": context,
+                             "error": (lines[-1] if lines else type(err).__name__)[-300:]})
+            continue
         got = json.loads(out.strip().splitlines()[-1])
         row.runs.append({"scheme": scheme, "file": label, "context": context, "prefill_s": got["prefill_s"],
                          "prefill_peak_gb": got.get("prefill_peak_gb", peak), "peak_gb": peak,
@@ -126,7 +132,9 @@ def measure(name: str, work: Path, files: Path, contexts, schemes, new_tokens: i
 
 
 def _run(row: ServingRow, scheme: str, label: str, context: int) -> dict | None:
-    return next((r for r in row.runs if (r["scheme"], r["file"], r["context"]) == (scheme, label, context)), None)
+    """The run measured for this file and prompt (None where none was, or it failed)."""
+    return next((r for r in row.runs if (r["scheme"], r["file"], r["context"]) == (scheme, label, context)
+                 and "error" not in r), None)
 
 
 def targets(rows: list[ServingRow]) -> list[tuple[str, str, str, bool | None]]:
@@ -147,7 +155,7 @@ def targets(rows: list[ServingRow]) -> list[tuple[str, str, str, bool | None]]:
             ratio = long["decode_ms"] / long["floor_ms"]
             out.append((row.name, f"float32 at {LONG_CONTEXT}: in place / floor <= 1.2", f"{ratio:.2f}", ratio <= 1.2))
         for scheme in SCHEMES:  # prefill memory stays at the Concat file's or below, at every prompt
-            for r in (r for r in row.runs if r["scheme"] == scheme and r["file"] == "in place"):
+            for r in (r for r in row.runs if r["scheme"] == scheme and r["file"] == "in place" and "error" not in r):
                 concat = _run(row, scheme, "concat", r["context"])
                 if concat:
                     out.append((row.name, f"{scheme} prefill peak at {r['context']}: in place <= Concat",
@@ -162,6 +170,10 @@ def render(rows: list[ServingRow], command: str) -> str:
              "decode / floor | tokens equal the Concat file's |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         for r in row.runs:
+            if "error" in r:
+                lines.append(f"| {row.name} | {r['scheme']} | {r['file']} | {r['context']} | failed: {r['error']} "
+                             "| | | | | |")
+                continue
             concat = _run(row, r["scheme"], "concat", r["context"])
             same = "-" if r["file"] == "concat" or concat is None else ("yes" if concat["tokens"] == r["tokens"] else "no")
             lines.append(f"| {row.name} | {r['scheme']} | {r['file']} | {r['context']} | {r['prefill_s']:.2f} | "

@@ -124,6 +124,7 @@ class ExportState:
     done: list[str] = field(default_factory=list)
     initializer_bytes: int = 0
     saved: SavedModel | None = None
+    resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # what lives until the last pass
 
 
 # --- the passes, in order --------------------------------------------------------------------
@@ -281,20 +282,36 @@ def add_metadata(state: ExportState) -> None:
 
 
 def quantize_weights(state: ExportState) -> None:
-    """--quantize: the checked float graph written with its weights (streamed, as `save` does)
-    into a temporary beside the output, shaped weights folded, ONNX Runtime's quantizer run on
-    that file (export/quantize.py), the scheme recorded in the metadata. Through files, not
-    protos: the quantizers copy what they are handed, and a file is the one copy."""
+    """--quantize, the scheme recorded in the metadata. int4: weight by weight on the graph of
+    placeholders, no float file (quantize_streamed.py: ONNX Runtime's rounding, its nodes; the
+    quantized tensors spilled beside the output until `save` streams them in). int8: the checked
+    float graph written with its weights into a temporary beside the output, shaped weights
+    folded, `quantize_dynamic` run on that file (quantize.py): through files, not protos, since
+    the quantizers copy what they are handed and a file is the one copy."""
     spec = state.request.options.quantize
     if spec is None:
         return
     from ..runners import atomic
     from . import quantize
+    from .schemes import Int4
 
+    if isinstance(spec, Int4):  # weight by weight, no float file (quantize_streamed.py); kept until `save`
+        from .quantize_streamed import quantize_streamed
+
+        spill = Path(state.resources.enter_context(atomic().temporary_folder(state.request.path))) / "quantized.bin"
+        state.proto = quantize_streamed(state.proto, state.weights, spec, spill)
+        return recorded(state, spec)
     with atomic().temporary_folder(state.request.path) as tmp:
         float_path = Path(tmp) / "float.onnx"
         save_checked(state.proto, float_path, checks.check_full, state.weights)
         state.proto, state.weights = quantize.quantize_file(float_path, spec), []
+    recorded(state, spec)
+
+
+def recorded(state: ExportState, spec) -> None:
+    """The quantized graph's metadata, producer and summary lines."""
+    from . import quantize
+
     count = quantize.quantized_node_count(state.proto)
     opset = next(op.version for op in state.proto.opset_import if op.domain in ("", "ai.onnx"))  # int4: 21
     write_metadata(state.proto, {**export_metadata(state.request), "opset": str(opset), **spec.metadata(count)})
@@ -411,8 +428,9 @@ def report(state: ExportState) -> ExportReport:
 
 def run_passes(request: ExportRequest, model: torch.nn.Module, passes: tuple[Pass, ...] = PASSES) -> ExportReport:
     state = ExportState(request, model)
-    for _, run in passes:
-        run(state)
+    with state.resources:
+        for _, run in passes:
+            run(state)
     return report(state)
 
 

@@ -53,12 +53,12 @@ class WeightRef:
         permuted tensor is read in slabs of its output's first axis (the source's axis perm[0])."""
         if not self.perm:
             for piece in pieces(self.reader):
-                yield self._checked(piece)
+                yield self.checked(piece)
             return
         whole = self.reader.shape
         if self.perm[0] == 0:  # rows stay rows: permute within each piece
             for piece in pieces(self.reader):
-                yield self._checked(piece.permute(self.perm))
+                yield self.checked(piece.permute(self.perm))
             return
         # W^T: the output's rows are the source's axis perm[0]; each output slab is assembled from
         # the source's row pieces, which land along the output's axis perm.index(0)
@@ -68,9 +68,10 @@ class WeightRef:
         for start in range(0, out_rows, step):
             stop = min(out_rows, start + step)
             slab = torch.cat([p.permute(self.perm)[start:stop] for p in pieces(self.reader)], dim=self.perm.index(0))
-            yield self._checked(slab)
+            yield self.checked(slab)
 
-    def _checked(self, piece: torch.Tensor):
+    def checked(self, piece: torch.Tensor):
+        """A piece of the source as numpy in the file's dtype, refused if not finite."""
         if piece.is_floating_point() and not bool(torch.isfinite(piece).all()):
             raise ValueError(f"weight {self.reader.name} holds NaN or infinity; refusing to export it")
         return piece.to(self.dtype).contiguous().numpy()
