@@ -3,8 +3,6 @@ tensors ONNX Runtime's whole-model MatMulNBitsQuantizer writes from the float fi
 peaks at a fraction of the whole-model path's memory at real width."""
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import numpy as np

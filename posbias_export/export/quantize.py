@@ -34,14 +34,18 @@ def _used_names(graph: onnx.GraphProto) -> set[str]:
     return used
 
 
-def fold_weight_shaping(proto: onnx.ModelProto) -> int:
+def fold_weight_shaping(proto: onnx.ModelProto, read=None, keep=None, transposed=None) -> int:
     """Make every weight an initializer the quantizer can see: evaluate the Split / Transpose /
     Reshape ... nodes whose inputs are all constants (a fused qkv weight split three ways, a
     tied head's Transpose(embedding)) and drop what no node reads any more. (onnxscript's
-    folder skips multi-output nodes such as Split.) Returns the number of nodes folded."""
+    folder skips multi-output nodes such as Split.) Returns the number of nodes folded.
+    A graph of placeholders (quantize_streamed.py) passes how a constant is read (`read`), how an
+    output is held (`keep`), and `transposed(tensor, perm, name)`: a Transpose made without
+    reading its input, or None to evaluate it."""
     from onnx import numpy_helper
     from onnx.reference import ReferenceEvaluator
 
+    read, keep = read or numpy_helper.to_array, keep or (lambda tensor: tensor)
     graph = proto.graph
     consts = {t.name: t for t in graph.initializer}
     kept, folded = [], 0
@@ -52,21 +56,27 @@ def fold_weight_shaping(proto: onnx.ModelProto) -> int:
             kept.append(node)
             continue
         inputs = [i for i in node.input if i]
-        if node.op_type in WEIGHT_SHAPING and node.domain in ("", "ai.onnx") and inputs and all(
-                consts.get(i) is not None for i in inputs):
+        if not (node.op_type in WEIGHT_SHAPING and node.domain in ("", "ai.onnx") and inputs and all(
+                consts.get(i) is not None for i in inputs)):
+            kept.append(node)
+            continue
+        made = None
+        if transposed is not None and node.op_type == "Transpose":
+            source = consts[node.input[0]]
+            perm = next((tuple(a.ints) for a in node.attribute if a.name == "perm"), tuple(reversed(range(len(source.dims)))))
+            made = transposed(source, perm, node.output[0])
+            made = None if made is None else [made]
+        if made is None:
             single = onnx.helper.make_model(
                 onnx.helper.make_graph([node], "fold", [], [onnx.helper.make_tensor_value_info(o, 0, None)
                                                               for o in node.output]),
                 opset_imports=[op for op in proto.opset_import if op.domain in ("", "ai.onnx")])
-            feeds = {i: numpy_helper.to_array(consts[i]) for i in inputs}
-            values = ReferenceEvaluator(single).run(None, feeds)
-            for name, value in zip(node.output, values):
-                tensor = numpy_helper.from_array(value, name)
-                graph.initializer.append(tensor)
-                consts[name] = tensor
-            folded += 1
-            continue
-        kept.append(node)
+            values = ReferenceEvaluator(single).run(None, {i: read(consts[i]) for i in inputs})
+            made = [keep(numpy_helper.from_array(value, name)) for name, value in zip(node.output, values)]
+        for tensor in made:
+            graph.initializer.append(tensor)
+            consts[tensor.name] = tensor
+        folded += 1
     del graph.node[:]
     graph.node.extend(kept)
     used = _used_names(graph)

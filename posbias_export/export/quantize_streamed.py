@@ -2,14 +2,16 @@
 
 The whole-model path (quantize.py) writes the float model, then ONNX Runtime's
 MatMulNBitsQuantizer loads all of it and quantizes node by node: its peak is the float weights
-several times over (6.8-8.9 GB for BLOOM-560m's 0.52 GB int4 file). Here the graph keeps its
-weights as placeholders (streamed.py) and, per node the quantizer would touch, that one weight is
-read, handed to the very routine MatMulNBitsQuantizer calls for the node
-(DefaultWeightOnlyQuantizer.quantize, in a graph holding that weight alone), and what it returns
-replaces the node; its quantized tensors are spilled to a file beside the output and become
-placeholders in turn, streamed into the model's data by `save`. The peak is one float weight and
-its quantized form. The nodes, attributes and tensors are the whole-model path's
-(tests/test_quantize_streamed.py compares them).
+several times over (8.9 GB for BLOOM-560m's 0.52 GB int4 file). Here the graph keeps its weights
+as placeholders (streamed.py). For each node that quantizer would touch, its weight is read a
+slab at a time (nn.Linear's W^T: a piece of W's rows is a slab of columns) and each slab is
+rounded by the quantizer's own per-tensor routine (`qbits_block_quant`, ONNX Runtime's C++
+kernel, for MatMul; `quantize_ndarray` for the embedding's Gather): columns, and the embedding's
+rows, are quantized independently, so the slabs stacked are the whole tensor's result. The node
+is replaced by the MatMulNBits / GatherBlockQuantized node the quantizer writes, and the
+quantized tensors are spilled to a file beside the output as placeholders in turn, streamed into
+the model's data by `save`. The peak is one slab and one weight's quantized form. The file holds
+the whole-model quantizer's nodes and tensors (tests/test_quantize_streamed.py compares them).
 """
 from __future__ import annotations
 
@@ -21,9 +23,9 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import ExportCheckError
+from ..nn.lazy_weights import pieces
 from . import quantize as whole
 from .schemes import Int4
-from ..nn.lazy_weights import pieces
 from .streamed import PENDING, WeightRef, pending_index
 
 SPILL_MIN_BYTES = 1024  # smaller tensors stay in the model proto (what onnx.save_model's threshold keeps inline)
@@ -152,51 +154,6 @@ def _is_pending(tensor: onnx.TensorProto) -> bool:
         e.key == "location" and e.value == PENDING for e in tensor.external_data)
 
 
-def fold_weight_shaping(proto: onnx.ModelProto, weights: Weights) -> int:
-    """quantize.fold_weight_shaping on a graph of placeholders: each shaping node whose inputs are
-    all constants (a fused qkv weight's Split, a tied head's Transpose) evaluated on the weights it
-    reads, its outputs kept (spilled). Returns the number of nodes folded."""
-    from onnx.reference import ReferenceEvaluator
-
-    graph = proto.graph
-    consts = {t.name: t for t in graph.initializer}
-    kept, folded = [], 0
-    for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            consts[node.output[0]] = onnx.helper.get_attribute_value(node.attribute[0]) \
-                if node.attribute[0].name == "value" else None
-            kept.append(node)
-            continue
-        inputs = [i for i in node.input if i]
-        if node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and consts.get(node.input[0]) is not None:
-            source = consts[node.input[0]]  # a tied head's W^T: read as it is written, never held
-            perm = next((tuple(a.ints) for a in node.attribute if a.name == "perm"), tuple(reversed(range(len(source.dims)))))
-            tensor = weights.transposed(source, perm, node.output[0])
-            if tensor is not None:
-                graph.initializer.append(tensor)
-                consts[tensor.name] = tensor
-                folded += 1
-                continue
-        if node.op_type in whole.WEIGHT_SHAPING and node.domain in ("", "ai.onnx") and inputs and all(
-                consts.get(i) is not None for i in inputs):
-            single = onnx.helper.make_model(
-                onnx.helper.make_graph([node], "fold", [], [onnx.helper.make_tensor_value_info(o, 0, None)
-                                                              for o in node.output]),
-                opset_imports=[op for op in proto.opset_import if op.domain in ("", "ai.onnx")])
-            values = ReferenceEvaluator(single).run(None, {i: weights.read(consts[i]) for i in inputs})
-            for name, value in zip(node.output, values):
-                tensor = weights.keep(numpy_helper.from_array(value, name))
-                graph.initializer.append(tensor)
-                consts[name] = tensor
-            folded += 1
-            continue
-        kept.append(node)
-    del graph.node[:]
-    graph.node.extend(kept)
-    drop_unused(graph)
-    return folded
-
-
 def drop_unused(graph: onnx.GraphProto) -> None:
     used = whole._used_names(graph)
     for t in [t for t in graph.initializer if t.name not in used]:
@@ -300,7 +257,7 @@ def quantize_streamed(proto: onnx.ModelProto, refs: list, spec: Int4, spill: Pat
     """Int4.quantize's result on a graph of placeholders (streamed.py), computed weight by weight;
     `refs` gains the spilled tensors' references (the file at `spill` must live until `save`)."""
     weights = Weights(refs, spill)
-    fold_weight_shaping(proto, weights)
+    whole.fold_weight_shaping(proto, weights.read, weights.keep, weights.transposed)
     whole.name_nodes(proto)
     picked = whole.weight_nodes(proto)
     if not picked:
