@@ -7,6 +7,7 @@ import re
 import sys
 
 import pytest
+import torch
 
 from posbias_export.bench import attention as bench
 from posbias_export.cli import main as cli_main
@@ -236,6 +237,25 @@ def test_bench_serving_measured_in_parts_keeps_what_it_did_not_repeat(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown --files 'tensorrt'" in err[0]
     assert not (tmp_path / "w").exists()
+
+
+def test_a_sharded_random_folder_loads_as_published(tmp_path, monkeypatch):
+    """The 7B writer (bench/shards.py) on a tiny MPT: several shards and an index, bfloat16, the
+    head tied on load by transformers, weights at the initializer's scale, norms at one."""
+    import transformers as tf
+
+    from posbias_export.bench import real_models, shards
+
+    monkeypatch.setitem(real_models.PUBLISHED, "mpt-tiny", ("MptForCausalLM", "MptConfig", dict(
+        vocab_size=500, d_model=64, n_layers=2, n_heads=4, max_seq_len=128, expansion_ratio=4)))
+    monkeypatch.setattr(shards, "SHARD_BYTES", 100_000)
+    out = shards.write_sharded("mpt-tiny", tmp_path / "m")
+    assert len(list(out.glob("model-*-of-*.safetensors"))) >= 3 and (out / "model.safetensors.index.json").is_file()
+    model = tf.AutoModelForCausalLM.from_pretrained(out)
+    wqkv = model.transformer.blocks[0].attn.Wqkv.weight.detach().float()
+    assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
+    assert model.transformer.wte.weight.dtype == torch.bfloat16 and abs(float(wqkv.std()) - 0.02) < 0.002
+    assert float(model.transformer.blocks[0].norm_1.weight.float().min()) == 1.0
 
 
 def test_a_bench_writes_only_what_it_made(tmp_path, monkeypatch):

@@ -31,7 +31,12 @@ PUBLISHED = {
         multi_query=False, new_decoder_architecture=False, parallel_attn=False, bias=True)),
     "t5-base": ("T5ForConditionalGeneration", "T5Config", dict(vocab_size=32128, d_model=768, d_kv=64, d_ff=3072,
                                                                num_layers=12, num_heads=12)),
+    "mpt-7b": ("MptForCausalLM", "MptConfig", dict(vocab_size=50432, d_model=4096, n_layers=32, n_heads=32,
+                                                   max_seq_len=2048, expansion_ratio=4)),
 }
+# Written as published, tensor by tensor into bfloat16 shards (13.3 GB): the whole model in memory
+# would not leave room for what is measured on a 24 GB machine.
+SHARDED = {"mpt-7b": "bfloat16"}
 SEQ2SEQ = {"t5-base"}  # an encoder file and a cached decoder file; the encoder's prefill is run
 # What an export's process holds whatever the model (Python, torch, onnx, onnxscript, transformers):
 # exporting a model of a 300-token vocabulary peaks at 0.45-0.46 GB here. Export targets allow it.
@@ -43,6 +48,10 @@ def write_folder(name: str, out: Path, dtype: str = "float32", seed: int = 0) ->
     import torch
     import transformers as tf
 
+    if name in SHARDED:
+        from .shards import write_sharded
+
+        return write_sharded(name, out, SHARDED[name], seed)
     model_class, config_class, fields = PUBLISHED[name]
     torch.manual_seed(seed)
     config = getattr(tf, config_class)(**fields)

@@ -22,7 +22,7 @@ FILES = {"concat": ["--target", "portable"], "in place": ["--target", "ort"],
 OPTIMUM, EAGER = "Optimum's file", "transformers eager"  # what people run today, beside ours (float32 only)
 KINDS = (*FILES, OPTIMUM, EAGER)
 KIND_NAMES = dict(zip(("concat", "inplace", "int8", "optimum", "eager"), KINDS))  # bench-serving --files
-SCHEMES = {"float32": [], "int4": ["--quantize", "int4"]}
+SCHEMES = {"float32": [], "float16": ["--dtype", "float16"], "int4": ["--quantize", "int4"]}
 CONTEXTS = (512, 4096)
 WARM_STEPS = 2  # a new session's first steps allocate: not the steady state a server lives in
 # targets (issue 47): in-place int4 at 4096 <= 0.6x the Concat file and <= 1.3x its floor; float32 <= 1.2x
