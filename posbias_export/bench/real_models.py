@@ -71,7 +71,7 @@ def published_folder(name: str, work: Path, dtype: str = "float32", progress=pri
         if folder.exists() and any(folder.iterdir()):
             raise ValueError(f"{folder} holds files but no config.json: not a model folder this bench made; "
                              "give another --work")
-        progress(f"{name}: writing a random-weight folder ({dtype})")
+        progress(f"{name}: writing a random-weight folder ({SHARDED.get(name, dtype)})")
         return write_folder(name, folder, dtype)
     try:
         config = read_json_object(folder / "config.json")
@@ -477,7 +477,8 @@ def run_and_write(names: list[str], work: Path, out_dir: Path, run_names: set[st
     for name in names:
         source_dtype = "float16" if name == "bloom-3b" else "float32"  # 12 GB of float32 would not fit beside its export
         with scratch(work) as files:
-            rows.append(measure(name, work, Path(files), ("float32", "float16"), name in run_names, threads, new_tokens,
+            dtypes = ("float16",) if name in SHARDED else ("float32", "float16")  # 7B float32: 27 GB of disk
+            rows.append(measure(name, work, Path(files), dtypes, name in run_names, threads, new_tokens,
                                 source_dtype, progress=lambda m: print(m, file=sys.stderr, flush=True)))
         rows[-1].command = command
         every = sorted(kept + rows, key=lambda r: list(PUBLISHED).index(r.name))

@@ -170,9 +170,9 @@ def render(rows: list[ServingRow], command: str) -> str:
              "decode / floor | tokens equal the Concat file's |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         for r in row.runs:
-            if "error" in r:
-                lines.append(f"| {row.name} | {r['scheme']} | {r['file']} | {r['context']} | failed: {r['error']} "
-                             "| | | | | |")
+            if "error" in r:  # the runtime's last sentences (ONNX Runtime's start with a source path)
+                said = ". ".join(r["error"].split("Status Message: ")[-1].split(". ")[-2:])
+                lines.append(f"| {row.name} | {r['scheme']} | {r['file']} | {r['context']} | failed: {said} | | | | | |")
                 continue
             concat = _run(row, r["scheme"], "concat", r["context"])
             same = "-" if r["file"] == "concat" or concat is None else ("yes" if concat["tokens"] == r["tokens"] else "no")
