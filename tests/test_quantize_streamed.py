@@ -53,7 +53,7 @@ CASES = {  # source, export flags, quantize flags
 }
 
 
-@pytest.mark.parametrize("case", tiers.cases(list(CASES), list(CASES), slow={"falcon", "mpt", "bloom-symmetric-block16"}))
+@pytest.mark.parametrize("case", tiers.cases(list(CASES), list(CASES), slow={"bloom", "falcon", "mpt", "bloom-symmetric-block16"}))
 def test_streamed_int4_is_the_whole_model_quantizers_file(tmp_path, monkeypatch, case):
     """Every weight read in pieces of a few rows (odd counts included) and rounded in slabs of a
     few columns: the pieces must stack into exactly what the quantizer gives the whole tensor."""
