@@ -244,12 +244,11 @@ def test_a_sharded_random_folder_loads_as_published(tmp_path, monkeypatch):
     head tied on load by transformers, weights at the initializer's scale, norms at one."""
     import transformers as tf
 
-    from posbias_export.bench import real_models, shards
+    from posbias_export.bench import shards
 
-    monkeypatch.setitem(real_models.PUBLISHED, "mpt-tiny", ("MptForCausalLM", "MptConfig", dict(
-        vocab_size=500, d_model=64, n_layers=2, n_heads=4, max_seq_len=128, expansion_ratio=4)))
     monkeypatch.setattr(shards, "SHARD_BYTES", 100_000)
-    out = shards.write_sharded("mpt-tiny", tmp_path / "m")
+    out = shards.write_sharded(("MptForCausalLM", "MptConfig", dict(
+        vocab_size=500, d_model=64, n_layers=2, n_heads=4, max_seq_len=128, expansion_ratio=4)), tmp_path / "m")
     assert len(list(out.glob("model-*-of-*.safetensors"))) >= 3 and (out / "model.safetensors.index.json").is_file()
     model = tf.AutoModelForCausalLM.from_pretrained(out)
     wqkv = model.transformer.blocks[0].attn.Wqkv.weight.detach().float()

@@ -51,7 +51,7 @@ def write_folder(name: str, out: Path, dtype: str = "float32", seed: int = 0) ->
     if name in SHARDED:
         from .shards import write_sharded
 
-        return write_sharded(name, out, SHARDED[name], seed)
+        return write_sharded(PUBLISHED[name], out, SHARDED[name], seed)
     model_class, config_class, fields = PUBLISHED[name]
     torch.manual_seed(seed)
     config = getattr(tf, config_class)(**fields)

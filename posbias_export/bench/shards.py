@@ -10,17 +10,16 @@ SHARD_BYTES = 10 << 30  # MPT-7B's published shards are ~10 GB and ~3.4 GB
 INIT_STD = 0.02  # the configurations' initializer range
 
 
-def write_sharded(name: str, out: Path, dtype: str = "bfloat16", seed: int = 0) -> Path:
-    """OUT/config.json, model-0000N-of-0000M.safetensors and model.safetensors.index.json for
-    PUBLISHED[name]: norms' weights 1 and biases 0, other tensors normal(0, 0.02), each drawn
-    from its own seeded generator; a tied head is not written (transformers ties it on load)."""
+def write_sharded(published: tuple, out: Path, dtype: str = "bfloat16", seed: int = 0) -> Path:
+    """OUT/config.json, model-0000N-of-0000M.safetensors and model.safetensors.index.json for a
+    published configuration (real_models.PUBLISHED's (model class, config class, fields)): norms'
+    weights 1 and biases 0, other tensors normal(0, 0.02), each drawn from its own seeded
+    generator; a tied head is not written (transformers ties it on load)."""
     import torch
     import transformers as tf
     from safetensors.torch import save_file
 
-    from .real_models import PUBLISHED
-
-    model_class, config_class, fields = PUBLISHED[name]
+    model_class, config_class, fields = published
     config = getattr(tf, config_class)(**fields)
     with torch.device("meta"):
         model = getattr(tf, model_class)(config)
