@@ -90,6 +90,11 @@ def weight_bytes(onnx_path: Path) -> int:
     return onnx_path.stat().st_size + sum(p.stat().st_size for p in extra if p.exists())
 
 
+def folder_weight_bytes(folder: Path) -> int:
+    """A published folder's safetensors (the whole model once, in the dtype it was written in)."""
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
 def _folder_bytes(folder: Path) -> int:
     """An exported folder's model files (Optimum writes model.onnx_data, or one file per tensor)."""
     return sum(f.stat().st_size for f in folder.iterdir() if f.is_file() and f.suffix != ".json")
@@ -279,7 +284,7 @@ def measure(name: str, work: Path, files: Path, dtypes: tuple[str, ...], run: bo
     import transformers as tf
 
     folder = published_folder(name, work, source_dtype, progress)
-    source = sum(p.stat().st_size for p in folder.glob("*.safetensors")) / 1e9
+    source = folder_weight_bytes(folder) / 1e9
     row = RealRow(name, {**PUBLISHED[name][2], "model_type": getattr(tf, PUBLISHED[name][1])().model_type}, source)
     parts = ((" encoder", []), (" decoder", ["--part", "decoder"])) if name in SEQ2SEQ else (("", ["--kv-cache",
                                                                                                    "--logits", "last"]),)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .harness import copy_bandwidth_gbs, kept_rows, measured_python, median, scratch, work_folder, write_results
-from .real_models import PUBLISHED, SEQ2SEQ, published_folder, weight_bytes
+from .real_models import PUBLISHED, SEQ2SEQ, folder_weight_bytes, published_folder, weight_bytes
 
 FILES = {"concat": ["--target", "portable"], "in place": ["--target", "ort"],
          "in place, int8 cache": ["--target", "ort", "--kv-dtype", "int8"]}
@@ -57,12 +57,6 @@ def float_cache_bytes_per_token(folder: Path) -> int:
     return 2 * config.num_hidden_layers * config.hidden_size * 4
 
 
-def float_weight_bytes(folder: Path) -> int:
-    """The model's weights in float32, each tensor once (the folder's safetensors: float32 as
-    published_folder writes them)."""
-    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-
-
 def _timed_runs(row: ServingRow, scheme: str, label: str, argv: list[str], weights: float, per_token: int, contexts,
                 new_tokens: int, threads: int, progress) -> None:
     """A bench.real_models worker (argv: its kind and target) at each prompt length -> row.runs."""
@@ -100,7 +94,7 @@ def _optimum(row: ServingRow, folder: Path, files: Path, contexts, new_tokens: i
     row.exports.append({"scheme": "float32", "file": OPTIMUM, "seconds": seconds, "peak_gb": peak, "file_gb": size / 1e9})
     # its floor: the model's float32 weights, as ours (it may store a tied embedding twice, but a
     # step gathers only one row of the copy that is not the head)
-    _timed_runs(row, "float32", OPTIMUM, ["ort", str(out / "model.onnx")], float_weight_bytes(folder),
+    _timed_runs(row, "float32", OPTIMUM, ["ort", str(out / "model.onnx")], folder_weight_bytes(folder),
                 float_cache_bytes_per_token(folder), contexts, new_tokens, threads, progress)
     shutil.rmtree(out)
 
@@ -126,7 +120,7 @@ def measure(name: str, work: Path, files: Path, contexts, schemes, new_tokens: i
         if scheme == "float32" and OPTIMUM in kinds:
             _optimum(row, folder, files, contexts, new_tokens, threads, progress)
         if scheme == "float32" and EAGER in kinds:
-            _timed_runs(row, "float32", EAGER, ["transformers", str(folder)], float_weight_bytes(folder),
+            _timed_runs(row, "float32", EAGER, ["transformers", str(folder)], folder_weight_bytes(folder),
                         float_cache_bytes_per_token(folder), contexts, new_tokens, threads, progress)
     return row
 

@@ -26,7 +26,7 @@ from ..errors import ExportCheckError
 from ..nn.lazy_weights import pieces
 from . import quantize as whole
 from .schemes import Int4
-from .streamed import PENDING, WeightRef, pending_index
+from .streamed import PENDING, WeightRef, is_pending_tensor, pending_index
 
 SPILL_MIN_BYTES = 1024  # smaller tensors stay in the model proto (what onnx.save_model's threshold keeps inline)
 READ_BYTES = 64 << 20  # a spilled tensor is streamed out this many bytes at a time
@@ -62,7 +62,7 @@ class Weights:
         spill.touch()
 
     def read(self, tensor: onnx.TensorProto) -> np.ndarray:
-        if not _is_pending(tensor):
+        if not is_pending_tensor(tensor):
             return numpy_helper.to_array(tensor)
         ref = self.refs[pending_index(tensor)]
         out = np.empty(tuple(tensor.dims), onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
@@ -85,7 +85,7 @@ class Weights:
     def column_slabs(self, tensor: onnx.TensorProto):
         """A MatMul weight [K, N] as [K, c] slabs, left to right. A source weight read transposed
         (nn.Linear's W^T) is never whole in memory: each piece of its rows is a slab of columns."""
-        ref = self.refs[pending_index(tensor)] if _is_pending(tensor) else None
+        ref = self.refs[pending_index(tensor)] if is_pending_tensor(tensor) else None
         if isinstance(ref, WeightRef) and ref.perm == (1, 0):
             for piece in pieces(ref.reader):
                 yield ref.checked(piece).T
@@ -98,7 +98,7 @@ class Weights:
     def row_slabs(self, tensor: onnx.TensorProto):
         """A 2-D weight as slabs of an even number of rows, top to bottom (int4 packs two values
         a byte: each slab then packs into whole bytes); a source weight piece by piece."""
-        ref = self.refs[pending_index(tensor)] if _is_pending(tensor) else None
+        ref = self.refs[pending_index(tensor)] if is_pending_tensor(tensor) else None
         if isinstance(ref, WeightRef) and not ref.perm:
             parts = (ref.checked(piece) for piece in pieces(ref.reader))
         else:
@@ -118,7 +118,7 @@ class Weights:
     def transposed(self, tensor: onnx.TensorProto, perm: tuple[int, ...], name: str) -> onnx.TensorProto | None:
         """A placeholder of a source weight's transpose (the writer permutes as it reads, as
         streamed.fold_weight_transposes does); None when `tensor` is not a source weight."""
-        ref = self.refs[pending_index(tensor)] if _is_pending(tensor) else None
+        ref = self.refs[pending_index(tensor)] if is_pending_tensor(tensor) else None
         if not isinstance(ref, WeightRef):
             return None
         composed = tuple(ref.perm[p] for p in perm) if ref.perm else perm
@@ -147,11 +147,6 @@ def _placeholder(name: str, data_type: int, dims, index: int, nbytes: int) -> on
     for key, value in (("location", PENDING), ("offset", str(index)), ("length", str(nbytes))):
         tensor.external_data.add(key=key, value=value)
     return tensor
-
-
-def _is_pending(tensor: onnx.TensorProto) -> bool:
-    return tensor.data_location == onnx.TensorProto.EXTERNAL and any(
-        e.key == "location" and e.value == PENDING for e in tensor.external_data)
 
 
 def drop_unused(graph: onnx.GraphProto) -> None:

@@ -170,15 +170,15 @@ def _torch_dtype(dtype: ir.DataType) -> torch.dtype:
             ir.DataType.BFLOAT16: torch.bfloat16, ir.DataType.DOUBLE: torch.float64}[dtype]
 
 
+def is_pending_tensor(tensor: onnx.TensorProto) -> bool:
+    """Whether an initializer is a placeholder whose values `save` has still to write."""
+    return tensor.data_location == onnx.TensorProto.EXTERNAL and any(
+        e.key == "location" and e.value == PENDING for e in tensor.external_data)
+
+
 def pending_tensors(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
     """The graph's placeholder initializers, in file order."""
-    out = []
-    for t in proto.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            entries = {e.key: e.value for e in t.external_data}
-            if entries.get("location") == PENDING:
-                out.append(t)
-    return out
+    return [t for t in proto.graph.initializer if is_pending_tensor(t)]
 
 
 def pending_index(tensor: onnx.TensorProto) -> int:
