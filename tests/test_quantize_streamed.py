@@ -1,6 +1,7 @@
-"""--quantize int4 on the streamed path (export/quantize_streamed.py): the file holds the nodes and
-tensors ONNX Runtime's whole-model MatMulNBitsQuantizer writes from the float file, and its export
-peaks at a fraction of the whole-model path's memory at real width."""
+"""--quantize int4 / int8 on the streamed path (export/quantize_streamed.py, quantize_streamed_int8.py):
+the file holds the nodes and tensors ONNX Runtime's whole-model quantizers (MatMulNBitsQuantizer,
+quantize_dynamic) write from the float file, and its export peaks at a fraction of the
+whole-model path's memory at real width."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +14,7 @@ from onnx import numpy_helper
 import tiers
 from posbias_export.cli import main as cli_main
 from posbias_export.export import quantize
-from posbias_export.export.schemes import Int4
+from posbias_export.export.schemes import Int4, Int8
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "models" / "alibi.safetensors"
 
@@ -42,46 +43,64 @@ def assert_same_model(streamed: onnx.ModelProto, whole: onnx.ModelProto) -> None
     assert [f.SerializeToString() for f in streamed.functions] == [f.SerializeToString() for f in whole.functions]
 
 
-CASES = {  # source, export flags, quantize flags
-    "checkpoint": ("ckpt", ["--kv-cache", "--logits", "last"], []),
-    "bloom": ("bloom", ["--kv-cache", "--logits", "last"], []),
-    "bloom-int8-head": ("bloom", ["--kv-cache", "--logits", "last"], ["--quant-head", "int8"]),
-    "bloom-symmetric-block16": ("bloom", [], ["--quant-symmetric", "--quant-block", "16"]),
-    "falcon": ("falcon", ["--kv-cache"], []),
-    "mpt": ("mpt", ["--kv-cache"], []),
-    "t5-decoder": ("t5_gated", ["--part", "decoder"], []),
+CASES = {  # scheme, source, export flags, quantize flags
+    "int4-checkpoint": ("int4", "ckpt", ["--kv-cache", "--logits", "last"], []),
+    "int4-bloom": ("int4", "bloom", ["--kv-cache", "--logits", "last"], []),
+    "int4-bloom-int8-head": ("int4", "bloom", ["--kv-cache", "--logits", "last"], ["--quant-head", "int8"]),
+    "int4-bloom-symmetric-block16": ("int4", "bloom", [], ["--quant-symmetric", "--quant-block", "16"]),
+    "int4-falcon": ("int4", "falcon", ["--kv-cache"], []),
+    "int4-mpt": ("int4", "mpt", ["--kv-cache"], []),
+    "int4-t5-decoder": ("int4", "t5_gated", ["--part", "decoder"], []),
+    "int8-checkpoint": ("int8", "ckpt", ["--kv-cache", "--logits", "last"], []),
+    "int8-bloom-in-place": ("int8", "bloom", ["--kv-cache", "--logits", "last", "--target", "ort"], []),
+    "int8-bloom-per-tensor": ("int8", "bloom", [], ["--quant-per-tensor"]),
+    "int8-falcon": ("int8", "falcon", ["--kv-cache"], []),
+    "int8-mpt": ("int8", "mpt", ["--kv-cache"], []),
+    "int8-t5-decoder": ("int8", "t5_gated", ["--part", "decoder"], []),
+    "int8-t5-encoder": ("int8", "t5_gated", ["--part", "encoder"], []),
 }
+SLOW_CASES = {"int4-bloom", "int4-falcon", "int4-mpt", "int4-bloom-symmetric-block16", "int8-bloom-per-tensor",
+              "int8-falcon", "int8-mpt", "int8-t5-encoder"}
 
 
-@pytest.mark.parametrize("case", tiers.cases(list(CASES), list(CASES), slow={"bloom", "falcon", "mpt", "bloom-symmetric-block16"}))
-def test_streamed_int4_is_the_whole_model_quantizers_file(tmp_path, monkeypatch, case):
+def _scheme_of(model: onnx.ModelProto, name: str):
+    """The scheme with the options the file records (the architecture's defaults resolved)."""
+    meta = {p.key.removeprefix("posbias."): p.value for p in model.metadata_props}
+    if name == "int8":
+        return Int8(per_channel=meta["quant_per_channel"] == "1")
+    return Int4(block=int(meta["quant_block"]), head=meta["quant_head"], symmetric=meta["quant_symmetric"] == "1",
+                accuracy_level=int(meta["quant_accuracy_level"]))
+
+
+@pytest.mark.parametrize("case", tiers.cases(list(CASES), list(CASES), slow=SLOW_CASES))
+def test_streamed_file_is_the_whole_model_quantizers_file(tmp_path, monkeypatch, case):
     """Every weight read in pieces of a few rows (odd counts included) and rounded in slabs of a
-    few columns: the pieces must stack into exactly what the quantizer gives the whole tensor."""
+    few columns: the pieces must stack into exactly what the quantizer gives the whole tensor
+    (int8: per channel, or one range over all the slabs for the table and --quant-per-tensor)."""
     import hf_folders
-    import posbias_export.export.quantize_streamed as streamed
+    import posbias_export.export.weight_slabs as slabs
     import posbias_export.nn.lazy_weights as lazy
 
     monkeypatch.setattr(lazy, "ROWS_PER_READ", 300)  # a few rows per piece, odd counts among them
-    monkeypatch.setattr(streamed, "SLAB_ELEMENTS", 500)
-    kind, flags, qflags = CASES[case]
+    monkeypatch.setattr(slabs, "SLAB_ELEMENTS", 500)
+    name, kind, flags, qflags = CASES[case]
     source = ["--checkpoint", str(CHECKPOINT)] if kind == "ckpt" else \
         ["--model", str(hf_folders.save_tiny_model(kind, tmp_path / kind))]
     base = [*source, *flags, "--skip-growth-check"]
     assert cli_main([*base, "--out", str(tmp_path / "float.onnx")]) == 0
-    assert cli_main([*base, "--quantize", "int4", *qflags, "--out", str(tmp_path / "int4.onnx")]) == 0
-    ours = onnx.load(str(tmp_path / "int4.onnx"))
-    meta = {p.key.removeprefix("posbias."): p.value for p in ours.metadata_props}
-    spec = Int4(block=int(meta["quant_block"]), head=meta["quant_head"], symmetric=meta["quant_symmetric"] == "1",
-                accuracy_level=int(meta["quant_accuracy_level"]))
-    whole = quantize.quantize_file(tmp_path / "float.onnx", spec)  # ONNX Runtime's MatMulNBitsQuantizer, whole
+    assert cli_main([*base, "--quantize", name, *qflags, "--out", str(tmp_path / f"{name}.onnx")]) == 0
+    ours = onnx.load(str(tmp_path / f"{name}.onnx"))
+    whole = quantize.quantize_file(tmp_path / "float.onnx", _scheme_of(ours, name))  # ONNX Runtime's, whole
     assert_same_model(ours, whole)
     assert quantize.quantized_node_count(ours) >= 3
+    assert not list(tmp_path.glob("**/skeleton.onnx*")) and not list(tmp_path.glob("**/quantized.bin"))
 
 
-def test_streamed_int4_peaks_within_its_bound_at_real_width(tmp_path):
+@pytest.mark.parametrize("name,file_range", [("int4", (0.15, 0.25)), ("int8", (0.28, 0.36))], ids=["int4", "int8"])
+def test_streamed_quantized_export_peaks_within_its_bound_at_real_width(tmp_path, name, file_range):
     """A BLOOM of real width (hidden 2048, vocabulary 50432, 2 layers: 0.8 GB of float32, the
-    largest weight 0.4 GB) exported to int4 in its own process: peak RSS <= 1.5x the file + 1 GB
-    (the whole-model quantizer held the float model several times over)."""
+    largest weight 0.4 GB) exported quantized in its own process: peak RSS <= 1.5x the file +
+    1 GB (the whole-model quantizers held the float model several times over)."""
     import torch
     import transformers as tf
 
@@ -93,7 +112,9 @@ def test_streamed_int4_peaks_within_its_bound_at_real_width(tmp_path):
         tmp_path / "wide")
     out = tmp_path / "wide.onnx"
     _, peak_gb, _ = measured_python(["-m", "posbias_export", "--model", str(tmp_path / "wide"), "--kv-cache", "--logits",
-                                     "last", "--quantize", "int4", "--out", str(out)])
+                                     "last", "--quantize", name, "--out", str(out)])
     file_gb = weight_bytes(out) / 1e9
-    assert 0.15 < file_gb < 0.25  # int4 with scales and zero points: ~1/4 of the float32 bytes
+    # int4: ~1/4 of the float32 bytes with scales and zero points; int8: a byte per weight, the
+    # tied head's transposed copy included (103M + 103M + 101M)
+    assert file_range[0] < file_gb < file_range[1], file_gb
     assert peak_gb <= 1.5 * file_gb + 1.0, (peak_gb, file_gb)

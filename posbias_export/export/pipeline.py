@@ -282,29 +282,18 @@ def add_metadata(state: ExportState) -> None:
 
 
 def quantize_weights(state: ExportState) -> None:
-    """--quantize, the scheme recorded in the metadata. int4: weight by weight on the graph of
-    placeholders, no float file (quantize_streamed.py: ONNX Runtime's rounding, its nodes; the
-    quantized tensors spilled beside the output until `save` streams them in). int8: the checked
-    float graph written with its weights into a temporary beside the output, shaped weights
-    folded, `quantize_dynamic` run on that file (quantize.py): through files, not protos, since
-    the quantizers copy what they are handed and a file is the one copy."""
+    """--quantize, the scheme recorded in the metadata: weight by weight on the graph of
+    placeholders, no float file (quantize_streamed.py: ONNX Runtime's rounding and nodes; int8
+    runs its quantizer on a skeleton, quantize_streamed_int8.py). The quantized tensors are
+    spilled beside the output until `save` streams them in."""
     spec = state.request.options.quantize
     if spec is None:
         return
     from ..runners import atomic
-    from . import quantize
-    from .schemes import Int4
+    from .quantize_streamed import quantize_streamed
 
-    if isinstance(spec, Int4):  # weight by weight, no float file (quantize_streamed.py); kept until `save`
-        from .quantize_streamed import quantize_streamed
-
-        spill = Path(state.resources.enter_context(atomic().temporary_folder(state.request.path))) / "quantized.bin"
-        state.proto = quantize_streamed(state.proto, state.weights, spec, spill)
-        return recorded(state, spec)
-    with atomic().temporary_folder(state.request.path) as tmp:
-        float_path = Path(tmp) / "float.onnx"
-        save_checked(state.proto, float_path, checks.check_full, state.weights)
-        state.proto, state.weights = quantize.quantize_file(float_path, spec), []
+    spill = Path(state.resources.enter_context(atomic().temporary_folder(state.request.path))) / "quantized.bin"
+    state.proto = quantize_streamed(state.proto, state.weights, spec, spill)
     recorded(state, spec)
 
 

@@ -7,6 +7,10 @@ positional bias, norms and the softmax stay in float: they live in model-local f
 Loop/If bodies, or read no weight initializer, and are never in the list handed to the
 quantizer. A tied LM head (MatMul on Transpose(embedding)) gets the transposed table as its
 own initializer first, so the head, half the bytes at BLOOM-560m, is quantized too.
+
+The export never writes the float file: it quantizes weight by weight (quantize_streamed.py,
+with this module's fold and node choice). `quantize_file` is the whole-file path those files are
+tested equal to, and `quantize_path` is what the int8 stream runs on its skeleton.
 """
 from __future__ import annotations
 
