@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -283,6 +284,7 @@ def test_a_bench_writes_only_what_it_made(tmp_path, monkeypatch):
         return {"model": name, "scheme": label, "tokens": [1]}
 
     monkeypatch.setattr(quantized, "_real_row", fake_row)
+    monkeypatch.setattr(real_models, "optimum_cli", lambda: None)  # Optimum's row: its own test
     monkeypatch.setattr(quantized, "copy_bandwidth_gbs", lambda: 40.0)
     monkeypatch.setattr(quantized, "measured_python", lambda *a, **k: (0.0, 0.0, json.dumps({"decode_ms": [1.0]})))
     rows = quantized.real_rows("bloom-560m", work, 1, 2, progress=lambda m: None)
@@ -292,6 +294,50 @@ def test_a_bench_writes_only_what_it_made(tmp_path, monkeypatch):
     (folder / "config.json").write_text(json.dumps({**published, "hidden_size": 64, "model_type": "bloom"}))
     with pytest.raises(ValueError, match="not the published bloom-560m configuration \\(hidden_size is 64"):
         real_models.published_folder("bloom-560m", work)
+
+
+def test_bench_quant_measures_optimums_quantizer_in_its_scratch_and_judges_the_export_bound(tmp_path, monkeypatch):
+    """Optimum's int8 (its export, then its quantizer) is one more row, made in bench-quant's
+    scratch folder and removed; a quantizer that fails is a row with its words. The streamed
+    export's bound (peak <= 1.5x the file + 1 GB) is a target per quantized row."""
+    from posbias_export.bench import quantized, real_models
+
+    calls = []
+
+    def fake_child(args, program=None, **_):
+        calls.append(args)
+        if args[:2] == ["onnxruntime", "quantize"]:
+            out = Path(args[args.index("-o") + 1])
+            out.mkdir()
+            (out / "model_quantized.onnx").write_bytes(b"x" * 1000)
+            return 30.0, 9.5, ""
+        if args[:2] == ["export", "onnx"]:
+            return 60.0, 6.0, ""
+        return 1.0, 1.5, '{"prefill_s": 0.5, "decode_ms": [20.0, 22.0], "tokens": [1, 2]}'
+
+    monkeypatch.setattr(real_models, "optimum_cli", lambda: tmp_path / "optimum-cli")
+    monkeypatch.setattr(quantized, "measured_python", fake_child)
+    row = quantized._optimum_int8_row("bloom-560m", tmp_path / "folder", tmp_path, 2, 2, 40.0, lambda m: None)
+    assert row["export_s"] == 90.0 and row["export_peak_gb"] == 9.5 and row["optimum"]["quantize_peak_gb"] == 9.5
+    assert row["decode_ms"] == 21.0 and row["file_gb"] == 1e-6
+    assert [c[:2] for c in calls] == [["export", "onnx"], ["onnxruntime", "quantize"], ["-m", "posbias_export.bench.real_models"]]
+    assert not list(tmp_path.glob("bloom-560m_optimum*"))  # both folders removed
+
+    def failing(args, program=None, **_):
+        raise RuntimeError("quantize... exited -9: Killed")
+
+    monkeypatch.setattr(quantized, "measured_python", failing)
+    row = quantized._optimum_int8_row("bloom-560m", tmp_path / "folder", tmp_path, 2, 2, 40.0, lambda m: None)
+    assert row == {"model": "bloom-560m", "scheme": quantized.OPTIMUM_INT8, "error": "quantize... exited -9: Killed"}
+
+    results = quantized.QuantResults(real=[
+        {"model": "bloom-560m", "scheme": "int8", "file_gb": 0.82, "export_peak_gb": 1.9, "decode_ms": 30.0,
+         "floor_ms": 29.0},
+        {"model": "bloom-560m", "scheme": "int4", "file_gb": 0.52, "export_peak_gb": 6.78, "decode_ms": 28.0,
+         "floor_ms": 18.0}])
+    bounds = {t: (v, ok) for t, v, ok in quantized.targets(results) if "export peak" in t}
+    assert bounds == {"bloom-560m int8: export peak <= 1.5x the file + 1 GB": ("1.90 GB (bound 2.23)", True),
+                      "bloom-560m int4: export peak <= 1.5x the file + 1 GB": ("6.78 GB (bound 1.78)", False)}
 
 
 def test_bench_clients_checks_names_before_making_its_folder(tmp_path, capsys):
