@@ -323,12 +323,17 @@ def test_bench_quant_measures_optimums_quantizer_in_its_scratch_and_judges_the_e
     assert [c[:2] for c in calls] == [["export", "onnx"], ["onnxruntime", "quantize"], ["-m", "posbias_export.bench.real_models"]]
     assert not list(tmp_path.glob("bloom-560m_optimum*"))  # both folders removed
 
-    def failing(args, program=None, **_):
-        raise RuntimeError("quantize... exited -9: Killed")
+    from posbias_export.bench import harness
 
-    monkeypatch.setattr(quantized, "measured_python", failing)
+    def killed(args, program=None, **_):  # the real kill's message, from a real child
+        if args[:2] == ["export", "onnx"]:
+            return 60.0, 6.0, ""
+        return harness.measured_python(["-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+
+    monkeypatch.setattr(quantized, "measured_python", killed)
     row = quantized._optimum_int8_row("bloom-560m", tmp_path / "folder", tmp_path, 2, 2, 40.0, lambda m: None)
-    assert row == {"model": "bloom-560m", "scheme": quantized.OPTIMUM_INT8, "error": "quantize... exited -9: Killed"}
+    assert row["scheme"] == quantized.OPTIMUM_INT8 and str(tmp_path) not in row["error"]
+    assert re.fullmatch(r"Optimum's quantizer: killed by signal 9 at \d+\.\d GB of peak RSS", row["error"]), row
 
     results = quantized.QuantResults(real=[
         {"model": "bloom-560m", "scheme": "int8", "file_gb": 0.82, "export_peak_gb": 1.9, "decode_ms": 30.0,

@@ -25,7 +25,12 @@ PROSE_MARK = "<!-- written by hand below this line: kept when the file is regene
 
 
 class ChildFailed(RuntimeError):
-    """A measurement's child process failed; the message is one line."""
+    """A measurement's child process failed; the message is one line. `reason`: what happened,
+    without the command (whose paths are this machine's)."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 def run_child(cmd: list[str], timeout: float) -> dict:
@@ -62,10 +67,13 @@ _WAIT4 = ("import os, subprocess, sys, time, json\n"
 
 def measured_python(args: list[str], timeout: float = 3600, program: str = sys.executable) -> tuple[float, float, str]:
     """PROGRAM ARGS (default: this Python) in a child: (seconds, peak RSS in GB, its stdout).
-    RuntimeError with the child's last words when it fails."""
+    ChildFailed with the child's last words when it fails (a kill: the signal and its peak RSS)."""
     got, stderr = _run([sys.executable, "-c", _WAIT4, program, *args], timeout)
     if got["rc"]:
-        raise RuntimeError(f"{' '.join(map(str, args[:4]))}... exited {got['rc']}: {stderr.strip()[-500:]}")
+        how = (f"killed by signal {-got['rc']} at {got['kb'] / 1e6:.1f} GB of peak RSS" if got["rc"] < 0
+               else f"exited {got['rc']}")
+        reason = f"{how}: {stderr.strip()[-500:]}" if stderr.strip() else how
+        raise ChildFailed(f"{' '.join(map(str, args[:4]))}... {reason}", reason)
     return got["s"], got["kb"] / 1e6, got["out"]
 
 

@@ -154,10 +154,12 @@ def _optimum_int8_row(name, folder, work, threads, new_tokens, bandwidth, progre
     if cli is None:
         return None
     exported, quantized = work / f"{name}_optimum", work / f"{name}_optimum_int8"
+    step = "export"
     try:
         progress(f"{name}: Optimum export")
         export_s, export_peak, _ = measured_python(["export", "onnx", "--model", str(folder), "--task",
                                                     "text-generation-with-past", str(exported)], program=str(cli))
+        step = "quantizer"
         progress(f"{name}: Optimum quantizer")
         quant_s, quant_peak, _ = measured_python(["onnxruntime", "quantize", "--onnx_model", str(exported), "--avx2",
                                                   "--per_channel", "-o", str(quantized)], program=str(cli))
@@ -170,7 +172,9 @@ def _optimum_int8_row(name, folder, work, threads, new_tokens, bandwidth, progre
                             "quantize_peak_gb": quant_peak},
                 **_run_figures(path, size, threads, new_tokens, bandwidth)}
     except (RuntimeError, ValueError, StopIteration) as err:  # a failed child, or no file written
-        return {"model": name, "scheme": OPTIMUM_INT8, "error": (str(err).strip().splitlines() or [repr(err)])[-1][:300]}
+        words = getattr(err, "reason", str(err)) or "wrote no .onnx file"  # not the command: its paths are ours
+        return {"model": name, "scheme": OPTIMUM_INT8,
+                "error": f"Optimum's {step}: " + (words.strip().splitlines() or [repr(err)])[-1][:300]}
     finally:
         shutil.rmtree(exported, ignore_errors=True)
         shutil.rmtree(quantized, ignore_errors=True)
