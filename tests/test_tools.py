@@ -46,7 +46,7 @@ def test_gpu_lease_script_parses_and_lists_no_families():
     text = (ROOT / "tools" / "gpu_lease.sh").read_text()
     assert subprocess.run(["bash", "-n", str(ROOT / "tools" / "gpu_lease.sh")]).returncode == 0
     assert not any(f" {b} " in f" {text} " for b in pbe.BIASES if b not in ("none",)), "a family named in the script"
-    for step in ("pack", "receive", "work", "rehearse"):
+    for step in ("pack", "receive", "work", "big", "rehearse"):
         assert f"  {step})" in text
 
 
@@ -275,3 +275,27 @@ def test_gpu_attention_without_a_gpu_is_one_line(monkeypatch, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["gpu_attention: error: the GPU attention benchmark needs a CUDA GPU visible to PyTorch"]
     assert not (tmp_path / "gpu").exists()
+
+
+@pytest.mark.slow
+def test_gpu_big_writes_exports_and_decodes_a_tiny_mpt_on_the_cpu(tmp_path):
+    """The `big` lease step's tool on a tiny MPT (the 7B's code paths: shards, the float16
+    in-place export, ORT decode per context, transformers eager up to max_seq_len only), and
+    its writer reads what it left."""
+    import json
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_big.py"), "run", str(tmp_path / "out"), "--work",
+                           str(tmp_path / "work"), "--provider", "cpu", "--contexts", "64,2100", "--steps", "3",
+                           "--tiny"], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    stages = json.loads((tmp_path / "out" / "big.json").read_text())["stages"]
+    assert stages["export"]["file_gb"] > 0 and stages["bandwidth"]["floor_ms"] > 0
+    for context in (64, 2100):
+        assert stages[f"ort {context}"]["ran_on"] == "CPUExecutionProvider"
+        assert len(stages[f"ort {context}"]["decode_ms"]) == 3
+    assert len(stages["eager 64"]["tokens"]) == 3 and "max_seq_len" in stages["eager 2100"]["error"]
+    load_tool("gpu_big").write(tmp_path / "out", tmp_path)
+    table = (tmp_path / "gpu_big.md").read_text()
+    assert "| 2100 | eager | failed: past MPT's max_seq_len" in table and table.count("| ort | CPUExecutionProvider |") == 2

@@ -7,7 +7,7 @@
 #                  REHEARSAL=1 PYTHON=.venv/bin/python bash tools/gpu_lease.sh rehearse DIR   # both calls on ORT CPU, timed
 #   call 1 (carry .gpu/c1, ~43 MB):  bash tools/gpu_lease.sh receive           (33-37 s with the machine's start)
 #   call 2 (carry .gpu/c2, ~19 MB):  bash tools/gpu_lease.sh work $OUT   (timeout_s 560; 298 s on the H200)
-#   give_back at once.  (later leases: diagnose, verify, retime, compare, serve in place of work; see each below)
+#   give_back at once.  (later leases: diagnose, verify, retime, compare, serve, big in place of work; see each below)
 #   here, after (files_at as A):  tar -xzf A/results.tar.gz -C A && python tools/gpu_parity.py write A/r
 #     python tools/gpu_order.py write A/r; python tools/gpu_session.py write A/r
 #
@@ -218,6 +218,19 @@ case $step in
       save "serve (CUDA_LAUNCH_BLOCKING=$blocking)"
     done
     echo "[$(date +%T)] serve done in $(( $(date +%s) - t0 )) s" ;;
+  big)  # a seventh lease's work call (after receive), issue 48: the MPT-7B configuration written on the GPU
+         # machine (13.3 GB of bfloat16 shards: too large to carry), exported to float16 with the in-place cache,
+         # decoded on ONNX Runtime CUDA at 512 and 4096 tokens against the floor and transformers eager (gpu_big.py)
+    t0=$(date +%s); rm -rf "$work/r"; mkdir -p "$work/r" "$out"
+    receive >/dev/null
+    join > "$work/r/join.log" 2>&1 || { cat "$work/r/join.log"; exit 1; }
+    save join
+    tiny=; contexts=512,4096; [ -n "${REHEARSAL:-}" ] && { tiny=--tiny; contexts=64,2100; }
+    (while sleep 20; do save "big (so far)" > /dev/null; done) & saver=$!  # a cut call keeps the stages done
+    timeout ${BIG_LIMIT:-480} $py tools/gpu_big.py run "$work/r/big" --work "$work/big" --provider $provider \
+      --contexts $contexts --steps 16 $tiny > "$work/r/big.log" 2>&1
+    kill $saver; save big; rm -rf "$work/big"
+    echo "[$(date +%T)] big done in $(( $(date +%s) - t0 )) s" ;;
   rehearse)  # REHEARSAL=1: pack, then both calls here on ORT CPU, each timed into OUT/calls.txt
     [ -n "${REHEARSAL:-}" ] || { echo "rehearse needs REHEARSAL=1"; exit 2; }
     rm -rf "$work" "$out/pack"; mkdir -p "$out"; : > "$out/calls.txt"; export GPU_PACK=$out/pack GPU_WORK=$work

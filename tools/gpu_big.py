@@ -1,0 +1,220 @@
+"""A 7B float16 file on the GPU (issue 48: the MPT-7B configuration exported to float16 here, 13.3 GB,
+needs a GPU to run: ONNX Runtime CPU casts float16 to float32, ~53 GB). The folder cannot travel
+(64 MiB a call), so the lease writes it on the GPU machine, tensor by tensor (bench/shards.py, the
+same seeded bfloat16 shards as here), exports it (`--kv-cache --logits last --target ort --dtype
+float16`: the in-place cache, GroupQueryAttention on CUDA), then decodes on ONNX Runtime CUDA at
+each context (prefill, then greedy steps, the cache in one bound buffer) against the floor (the
+file's bytes over the GPU's measured copy bandwidth) and transformers eager in float16 at the
+contexts MPT's max_seq_len allows. Each stage in its own process; OUT/big.json is rewritten after
+each, so a call cut at its limit keeps what finished.
+
+    python tools/gpu_big.py run OUT --work DIR [--provider cuda] [--contexts 512,4096] [--steps 16] [--tiny]
+    python tools/gpu_big.py write OUT        # here: benchmarks/gpu_big.md / .json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODEL = "mpt-7b"
+TINY = ("MptForCausalLM", "MptConfig", dict(vocab_size=1000, d_model=128, n_layers=2, n_heads=4, max_seq_len=2048,
+                                            expansion_ratio=4))  # the rehearsal's stand-in: the same code paths
+
+
+def run(out: Path, work: Path, provider: str, contexts: list[int], steps: int, tiny: bool) -> int:
+    from posbias_export.bench.harness import ChildFailed, measured_python
+    from posbias_export.bench.real_models import PUBLISHED
+    from posbias_export.bench.shards import write_sharded
+
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"model": "tiny MPT (rehearsal)" if tiny else MODEL, "provider": provider, "stages": {}}
+
+    def stage(name: str, value) -> None:
+        result["stages"][name] = value
+        (out / "big.json").write_text(json.dumps(result, indent=1))
+        print(f"[{time.strftime('%T')}] {name}: {json.dumps(value)[:300]}", flush=True)
+
+    folder, path = work / MODEL, work / f"{MODEL}_float16_inplace.onnx"
+    start = time.perf_counter()
+    write_sharded(TINY if tiny else PUBLISHED[MODEL], folder, "bfloat16", seed=0)
+    stage("folder", {"seconds": time.perf_counter() - start,
+                     "gb": sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 1e9})
+    try:
+        seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--kv-cache", "--logits",
+                                            "last", "--target", "ort", "--dtype", "float16", "--out", str(path)])
+    except ChildFailed as err:
+        stage("export", {"error": err.reason[-300:]})
+        return 1
+    file_bytes = sum(p.stat().st_size for p in (path, Path(f"{path}.data")) if p.exists())
+    stage("export", {"seconds": seconds, "peak_gb": peak, "file_gb": file_bytes / 1e9})
+    bandwidth = copy_bandwidth(provider)
+    stage("bandwidth", {"gbs": bandwidth, "floor_ms": file_bytes / 1e9 / bandwidth * 1e3})
+    for context in contexts:
+        for who, args in (("ort", [str(path), provider]), ("eager", [str(folder), provider])):
+            if who == "eager" and context + steps > (TINY if tiny else PUBLISHED[MODEL])[2]["max_seq_len"]:
+                stage(f"{who} {context}", {"error": "past MPT's max_seq_len (2048): transformers refuses it"})
+                continue
+            try:
+                _, peak, text = measured_python([str(Path(__file__)), who, *args, str(context), str(steps)],
+                                                timeout=400)
+            except ChildFailed as err:
+                stage(f"{who} {context}", {"error": err.reason[-300:]})
+                continue
+            got = json.loads(text.strip().splitlines()[-1])
+            stage(f"{who} {context}", {**got, "host_peak_gb": peak, "decode_median_ms": statistics.median(got["decode_ms"])})
+    return 0
+
+
+def copy_bandwidth(provider: str) -> float:
+    """GB/s a device copy moves (bytes read plus written): the floor's denominator."""
+    if provider != "cuda":
+        from posbias_export.bench.harness import copy_bandwidth_gbs
+
+        return copy_bandwidth_gbs()
+    import torch
+
+    a = torch.ones(1 << 28, device="cuda")  # 1 GiB of float32
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(5):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        b.copy_(a)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * a.numel() * 4 / best / 1e9
+
+
+def ort_decode(path: str, provider: str, context: int, steps: int) -> dict:
+    """ONNX Runtime: a prefill of `context` tokens, then greedy steps, the cache in one buffer."""
+    import numpy as np
+
+    from posbias_export.parity.runtimes import load_runner
+
+    runner = load_runner("ort/generate.py")
+    start = time.perf_counter()
+    decoder = runner.CachedDecoder(path, provider)
+    load_s = time.perf_counter() - start
+    step = runner.stepper(decoder, 1, context + steps)
+    ids = np.random.default_rng(0).integers(10, 900, (1, context)).astype(np.int64)
+    mask = np.ones_like(ids)
+    start = time.perf_counter()
+    logits = step(ids, mask)
+    prefill = time.perf_counter() - start
+    token, tokens, times = logits[:, -1].argmax(-1)[:, None], [], []
+    for _ in range(steps):
+        tokens.append(int(token[0, 0]))
+        mask = np.concatenate([mask, np.ones((1, 1), np.int64)], 1)
+        start = time.perf_counter()
+        logits = step(token, mask)  # logits come back to the host: the step is complete when it returns
+        times.append(time.perf_counter() - start)
+        token = logits[:, -1].argmax(-1)[:, None]
+    return {"ran_on": decoder.session.get_providers()[0], "load_s": load_s, "prefill_s": prefill,
+            "decode_ms": [1e3 * t for t in times], "tokens": tokens}
+
+
+def eager_decode(folder: str, provider: str, context: int, steps: int) -> dict:
+    """transformers eager, float16 on the GPU (float32 on the CPU rehearsal), the same prompt."""
+    import numpy as np
+    import torch
+    import transformers as tf
+
+    device = "cuda" if provider == "cuda" else "cpu"
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    model = tf.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype).to(device).eval()
+    ids = torch.from_numpy(np.random.default_rng(0).integers(10, 900, (1, context)).astype(np.int64)).to(device)
+
+    def synced():
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    with torch.no_grad():
+        start = synced()
+        out = model(input_ids=ids, use_cache=True)
+        prefill = synced() - start
+        past, token, tokens, times = out.past_key_values, out.logits[:, -1].argmax(-1)[:, None], [], []
+        mask = torch.ones_like(ids)
+        for _ in range(steps):
+            tokens.append(int(token[0, 0]))
+            mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype, device=device)], 1)
+            start = synced()
+            out = model(input_ids=token, attention_mask=mask, past_key_values=past, use_cache=True)
+            times.append(synced() - start)
+            past, token = out.past_key_values, out.logits[:, -1].argmax(-1)[:, None]
+    peak = torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else None
+    return {"prefill_s": prefill, "decode_ms": [1e3 * t for t in times], "tokens": tokens, "device_peak_gb": peak}
+
+
+def write(folder: Path, dest: Path = ROOT / "benchmarks") -> None:
+    """benchmarks/gpu_big.md / .json from a lease's OUT/big.json."""
+    got = json.loads((folder / "big.json").read_text())
+    s = got["stages"]
+    lines = ["<!-- generated by: python tools/gpu_big.py write OUT (a lease's tools/gpu_lease.sh big) -->",
+             f"# {got['model']} in float16 on the GPU ({got['provider']})", "",
+             "Written on the GPU machine tensor by tensor (bench/shards.py, seeded bfloat16 shards), exported there with "
+             "`--kv-cache --logits last --target ort --dtype float16` (the in-place cache), decoded on ONNX Runtime at "
+             "each context: prefill, then greedy steps (median), against the floor (the file's bytes over the GPU's "
+             "measured copy bandwidth) and transformers eager in float16.", ""]
+    if "folder" in s:
+        lines.append(f"- folder: {s['folder']['gb']:.2f} GB written in {s['folder']['seconds']:.0f} s")
+    if "export" in s:
+        e = s["export"]
+        lines.append(f"- export: failed: {e['error']}" if "error" in e else
+                     f"- export: {e['seconds']:.0f} s, peak RSS {e['peak_gb']:.2f} GB, file {e['file_gb']:.2f} GB")
+    if "bandwidth" in s:
+        lines.append(f"- copy bandwidth {s['bandwidth']['gbs']:.0f} GB/s: floor {s['bandwidth']['floor_ms']:.2f} ms/token")
+    lines += ["", "| context | runtime | ran on | prefill s | decode ms/token | decode / floor | tokens equal eager |",
+              "|---|---|---|---|---|---|---|"]
+    floor = s.get("bandwidth", {}).get("floor_ms")
+    for key, v in s.items():
+        if not key.startswith(("ort ", "eager ")):
+            continue
+        who, context = key.split()
+        if "error" in v:
+            lines.append(f"| {context} | {who} | failed: {v['error'].replace('|', '/')} | | | | |")
+            continue
+        other = s.get(f"{'eager' if who == 'ort' else 'ort'} {context}", {})
+        same = "-" if "tokens" not in other else f"{sum(a == b for a, b in zip(v['tokens'], other['tokens']))}/{len(v['tokens'])}"
+        ratio = f"{v['decode_median_ms'] / floor:.2f}" if floor else "-"
+        lines.append(f"| {context} | {who} | {v.get('ran_on', 'torch')} | {v['prefill_s']:.2f} | "
+                     f"{v['decode_median_ms']:.2f} | {ratio} | {same} |")
+    (dest / "gpu_big.md").write_text("\n".join(lines) + "\n")
+    (dest / "gpu_big.json").write_text(json.dumps(got, indent=1) + "\n")
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["ort"], ["eager"]):  # a stage's child process
+        who, target, provider, context, steps = argv
+        got = (ort_decode if who == "ort" else eager_decode)(target, provider, int(context), int(steps))
+        print(json.dumps(got))
+        return 0
+    p = argparse.ArgumentParser(prog="gpu_big.py")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("out", type=Path)
+    r.add_argument("--work", type=Path, required=True)
+    r.add_argument("--provider", choices=("cpu", "cuda"), default="cuda")
+    r.add_argument("--contexts", default="512,4096")
+    r.add_argument("--steps", type=int, default=16)
+    r.add_argument("--tiny", action="store_true", help="a tiny MPT in place of the 7B (the CPU rehearsal)")
+    w = sub.add_parser("write")
+    w.add_argument("out", type=Path)
+    w.add_argument("--dest", type=Path, default=ROOT / "benchmarks")
+    args = p.parse_args(argv)
+    if args.command == "write":
+        write(args.out, args.dest)
+        return 0
+    return run(args.out, args.work, args.provider, [int(c) for c in args.contexts.split(",")], args.steps, args.tiny)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
