@@ -1,4 +1,5 @@
-"""--quantize int4 without the float file: each weight quantized as the export goes, one at a time.
+"""--quantize without the float file: each weight quantized as the export goes, one at a time.
+`quantize_streamed` is the entry point of both schemes (int8: quantize_streamed_int8.py); int4 is here.
 
 The whole-model path (quantize.py) writes the float model, then ONNX Runtime's
 MatMulNBitsQuantizer loads all of it and quantizes node by node: its peak is the float weights
