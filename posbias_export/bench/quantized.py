@@ -104,13 +104,11 @@ def _decoder_rows(name: str, folder: Path, work: Path, threads: int, new_tokens:
             path.unlink(missing_ok=True)
             Path(str(path) + ".data").unlink(missing_ok=True)
         float_tokens = out[-1].get("tokens") if spec is None else float_tokens
-        if "tokens" in out[-1]:
-            out[-1]["tokens_equal_float"] = sum(a == b for a, b in zip(out[-1]["tokens"], float_tokens or []))
     optimum = _optimum_int8_row(name, folder, work, threads, new_tokens, bandwidth, progress)
-    if optimum is not None:
-        if "tokens" in optimum:
-            optimum["tokens_equal_float"] = sum(a == b for a, b in zip(optimum["tokens"], float_tokens or []))
-        out.append(optimum)
+    out += [optimum] if optimum is not None else []
+    for row in out:
+        if "tokens" in row:
+            row["tokens_equal_float"] = sum(a == b for a, b in zip(row["tokens"], float_tokens or []))
     progress(f"{name}: transformers eager")
     _, _, text = measured_python(["-m", "posbias_export.bench.real_models", "transformers", str(folder), "512",
                                        str(new_tokens), str(threads)])
@@ -220,13 +218,11 @@ def seq2seq_rows(name: str, folder: Path, work: Path, threads: int, new_tokens: 
         finally:
             shutil.rmtree(ship_dir, ignore_errors=True)
         float_tokens = out[-1].get("tokens") if spec is None else float_tokens
-        if "tokens" in out[-1]:
-            out[-1]["tokens_equal_float"] = sum(a == b for a, b in zip(out[-1]["tokens"], float_tokens or []))
     optimum = _optimum_int8_row(name, folder, work, threads, new_tokens, bandwidth, progress)
-    if optimum is not None:
-        if "tokens" in optimum:
-            optimum["tokens_equal_float"] = sum(a == b for a, b in zip(optimum["tokens"], float_tokens or []))
-        out.append(optimum)
+    out += [optimum] if optimum is not None else []
+    for row in out:
+        if "tokens" in row:
+            row["tokens_equal_float"] = sum(a == b for a, b in zip(row["tokens"], float_tokens or []))
     progress(f"{name}: transformers eager")
     _, _, text = measured_python(["-m", "posbias_export.bench.real_models", "transformers-seq2seq", str(folder),
                                        "512", str(new_tokens), str(threads)])

@@ -17,7 +17,6 @@ The file equals the whole-model path's (tests/test_quantize_streamed.py compares
 """
 from __future__ import annotations
 
-
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
