@@ -51,6 +51,16 @@ class ExportCache:
         return self.paths[key]
 
 
+@pytest.fixture
+def as_built(monkeypatch):
+    """Exports made in this test keep each blocked body as its builder made it (helpers called by
+    name, index arithmetic inside the If branches): for the tests that read a body's design. What
+    export/hoist.py then does to it (every export) is tests/test_hoist.py's."""
+    from posbias_export.export import pipeline
+
+    monkeypatch.setattr(pipeline, "hoist_functions", lambda proto: proto)
+
+
 @pytest.fixture(scope="session")
 def exports(tmp_path_factory):
     return ExportCache(tmp_path_factory.mktemp("exports"))

@@ -108,14 +108,14 @@ def _judge(core, length, dtype):
                                 FLOAT16 if dtype == "float16" else FLOAT32)
 
 
-def _swap_function(path, replacement, out):
-    """The file with one posbias function body replaced (a sabotaged feature layout)."""
-    model = onnx.load(path)
+def _sabotaged(monkeypatch, replacement):
+    """Exports from here on carry one posbias helper function with another body (a sabotaged
+    feature layout); the export inlines it into the blocked body as it does the real one."""
+    from posbias_export.export import functions
+
+    real = functions.library
     proto = replacement.to_function_proto()
-    index = next(i for i, f in enumerate(model.functions) if f.name == proto.name)
-    model.functions[index].CopyFrom(proto)
-    onnx.save(model, out)
-    return out
+    monkeypatch.setattr(functions, "library", lambda: {**real(), proto.name: proto})
 
 
 @script(posbias, default_opset=op)
@@ -153,11 +153,12 @@ def test_features_match_the_bias_tensor_design_at_4096(tmp_path, monkeypatch, al
 @pytest.mark.parametrize("dtype, sabotage, length", [("float16", SlopeFeatures, 4096),
                                                       ("float32", PrependFeatures, 2048)],
                          ids=["one-feature", "features-after-q"])
-def test_a_broken_feature_split_fails(tmp_path, narrow_alibi_core, dtype, sabotage, length):
+def test_a_broken_feature_split_fails(tmp_path, monkeypatch, narrow_alibi_core, dtype, sabotage, length):
     core = narrow_alibi_core
     path, judge = _export(core, tmp_path / "f.onnx", dtype), _judge(core, length, dtype)
     assert judge(path).passed
-    broken = judge(_swap_function(path, sabotage, tmp_path / "broken.onnx"))
+    _sabotaged(monkeypatch, sabotage)
+    broken = judge(_export(core, tmp_path / "broken.onnx", dtype))
     assert not broken.passed, broken
 
 
@@ -168,7 +169,7 @@ def WholeSequence(q: FLOAT, k: FLOAT, keep: BOOL) -> BOOL:
 
 
 @pytest.mark.parametrize("bias", ["alibi", "none"])
-def test_padded_batches_stay_on_the_blocked_path(tmp_path, bias):
+def test_padded_batches_stay_on_the_blocked_path(tmp_path, monkeypatch, bias):
     """An LM file with attention_mask: an unpadded batch takes the whole path, a left-padded one
     the blocked path; both match float64, and a whole path that ignored padding fails."""
     from posbias_export.parity.reference import generated_inputs, reference_model, torch_args
@@ -193,7 +194,9 @@ def test_padded_batches_stay_on_the_blocked_path(tmp_path, bias):
         return compare(got[keep], ref[keep], same[keep], FLOAT32)
 
     assert verdict(path, unpadded).passed and verdict(path, padded).passed
-    broken = _swap_function(path, WholeSequence, tmp_path / "broken.onnx")
+    _sabotaged(monkeypatch, WholeSequence)
+    broken = tmp_path / "broken.onnx"
+    pbe.export_onnx(model, broken, check_growth=False, target="cuda-ort", attention_mask=True)
     assert verdict(broken, unpadded).passed  # the sabotage changes nothing where there is no padding
     assert not verdict(broken, padded).passed
 

@@ -78,7 +78,7 @@ def _ops(model):
 
 
 @pytest.mark.parametrize("target", ["cuda", "cuda-ort"])
-def test_gpu_target_graph_shape(tmp_path, target):
+def test_gpu_target_graph_shape(tmp_path, as_built, target):
     """Each block ends in the fused op with the bias as its mask; each block gathers its bias from
     the family's function on a vector (test_slim_table.py); the portable per-block MatMul/Softmax is gone;
     the metadata says which target it is (the reference reads it)."""

@@ -241,25 +241,27 @@ def test_validate_cuda_without_provider_is_a_failing_verdict(exports):
     assert "error: CUDA requested" in proc.stdout
 
 
-def test_cuda_sessions_launch_host_synchronously_for_control_flow_unless_the_caller_chose(monkeypatch, exports):
-    """ONNX Runtime CUDA raced on our control-flow files until launches were host-synchronous
-    (benchmarks/gpu_race.md): the runners set CUDA_LAUNCH_BLOCKING=1 for a file with If/Loop and
-    keep a caller's value; an in-place cache file (no control flow; exact asynchronously,
-    benchmarks/gpu_serving.md) leaves launches asynchronous."""
+def test_cuda_sessions_launch_host_synchronously_only_for_files_that_read_stale_on_the_host(monkeypatch, exports):
+    """ONNX Runtime CUDA reads index values computed in subgraphs before the GPU wrote them
+    (benchmarks/gpu_cure.md): the runners set CUDA_LAUNCH_BLOCKING=1 for a file whose If/Loop
+    subgraphs do that (the blocked files; the committed 0f33d6a file), keep a caller's own
+    value, and leave an in-place cache file (no control flow) asynchronous."""
     from posbias_export.runners import runtimes_common
 
     run = runtimes_common("loading").load_runner("ort/run.py")
     monkeypatch.setattr(run, "_cuda_async", [])
     inplace = exports.cli("alibi", extra=("--kv-cache", "--target", "ort"))
-    blocked = exports.cli("alibi")  # the default file: its blocked attention is a Loop
-    assert not run.has_control_flow(str(inplace)) and run.has_control_flow(str(blocked))
+    blocked = exports.cli("alibi")  # the default file: its blocked Loop reads per-block bounds on the host
+    old = Path(__file__).resolve().parents[1] / "tools" / "data" / "alibi_attention_0f33d6a.onnx"
+    assert not run.needs_host_sync(str(inplace))
+    assert run.needs_host_sync(str(blocked)) and run.needs_host_sync(str(old))
     monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
     run.host_synchronous_cuda(str(inplace))
     assert "CUDA_LAUNCH_BLOCKING" not in os.environ
     run.host_synchronous_cuda(str(blocked))
     assert os.environ["CUDA_LAUNCH_BLOCKING"] == "1"
     monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "0")
-    run.host_synchronous_cuda(str(blocked))
+    run.host_synchronous_cuda(str(old))
     assert os.environ["CUDA_LAUNCH_BLOCKING"] == "0"
 
 

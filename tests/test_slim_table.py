@@ -77,7 +77,7 @@ def _body(model):
     return next(f for f in model.functions if f.name.startswith("BlockedAttention") and f.name.endswith("ByDistance"))
 
 
-def test_no_table_and_no_int64_index_in_the_gpu_body(tmp_path):
+def test_no_table_and_no_int64_index_in_the_gpu_body(tmp_path, as_built):
     """The slim path's only Gather over the bias takes the int32 index SlimBlock builds (over the
     windows); nothing expands a [H, Bq, M] table; the one-block branch aligns its keys too."""
     _, path = _export(tmp_path, "kerple_log", True)
@@ -102,7 +102,7 @@ def _lengths_parity(core, session, lengths):
     return results
 
 
-def test_unmasked_alignment_keys_fail_a_bidirectional_family(tmp_path):
+def test_unmasked_alignment_keys_fail_a_bidirectional_family(tmp_path, as_built):
     """Sabotage: choose the Loop by the caller's keep instead of the aligned keep8, so a
     bidirectional family's zero alignment keys count as real keys: parity must fail at a length
     that is not a multiple of 8 (and still pass at one that is: only alignment keys differ)."""

@@ -46,7 +46,7 @@ def test_gpu_lease_script_parses_and_lists_no_families():
     text = (ROOT / "tools" / "gpu_lease.sh").read_text()
     assert subprocess.run(["bash", "-n", str(ROOT / "tools" / "gpu_lease.sh")]).returncode == 0
     assert not any(f" {b} " in f" {text} " for b in pbe.BIASES if b not in ("none",)), "a family named in the script"
-    for step in ("pack", "receive", "work", "big", "rehearse"):
+    for step in ("pack", "receive", "work", "big", "cure", "cured", "rehearse"):
         assert f"  {step})" in text
 
 
@@ -291,11 +291,33 @@ def test_gpu_big_writes_exports_and_decodes_a_tiny_mpt_on_the_cpu(tmp_path):
                            "--tiny"], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     stages = json.loads((tmp_path / "out" / "big.json").read_text())["stages"]
-    assert stages["export"]["file_gb"] > 0 and stages["bandwidth"]["floor_ms"] > 0
+    assert stages["export"]["file_gb"] > 0 and stages["bandwidth"]["read_gbs"] > 0
+    assert all(ms > 0 for ms in stages["bandwidth"]["floor_ms"].values())  # weights + that context's cache
     for context in (64, 2100):
         assert stages[f"ort {context}"]["ran_on"] == "CPUExecutionProvider"
         assert len(stages[f"ort {context}"]["decode_ms"]) == 3
-    assert len(stages["eager 64"]["tokens"]) == 3 and "max_seq_len" in stages["eager 2100"]["error"]
+    warm = load_tool("gpu_big").WARM_STEPS  # steps run before the timed ones, their tokens compared too
+    assert len(stages["eager 64"]["tokens"]) == 3 + warm and "max_seq_len" in stages["eager 2100"]["error"]
     load_tool("gpu_big").write(tmp_path / "out", tmp_path)
     table = (tmp_path / "gpu_big.md").read_text()
     assert "| 2100 | eager | failed: past MPT's max_seq_len" in table and table.count("| ort | CPUExecutionProvider |") == 2
+
+
+def test_gpu_cure_variants_drop_the_ifs_and_keep_the_outputs(tmp_path):
+    """gpu_cure.py's variants (what the first lease ran beside the shipped files): `loop` has no If
+    and the blocked Loop, `flat` no control flow at all; each agrees with its file on ORT CPU at
+    one block, several blocks and an odd length."""
+    import onnx
+
+    from posbias_export.export.functions import all_nodes
+
+    cure = load_tool("gpu_cure")
+    core = pbe.build_model(pbe.ModelConfig(bias="kerple_log", num_heads=8, dim=512, num_layers=1), arch="attention")
+    (tmp_path / "models").mkdir()
+    pbe.export_onnx(core, tmp_path / "models" / "kerple_log_float32_cuda-ort.onnx", target="cuda-ort", block=16,
+                    check_growth=False)
+    made = cure.variants(tmp_path, ("loop", "flat"))
+    ops = {p.stem.split("__")[1]: {n.op_type for n in all_nodes(onnx.load(p).graph.node)} for p in made}
+    assert "If" not in ops["loop"] and "Loop" in ops["loop"]
+    assert not {"If", "Loop"} & ops["flat"]
+    assert cure.check_variants(tmp_path, lengths=(1, 16, 45)) == []

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MODEL = "mpt-7b"
+WARM_STEPS = 3  # decode steps run before the timed ones (and their tokens compared too)
 TINY = ("MptForCausalLM", "MptConfig", dict(vocab_size=1000, d_model=128, n_layers=2, n_heads=4, max_seq_len=2048,
                                             expansion_ratio=4))  # the rehearsal's stand-in: the same code paths
 
@@ -34,7 +35,8 @@ def run(out: Path, work: Path, provider: str, contexts: list[int], steps: int, t
     from posbias_export.bench.shards import write_sharded
 
     out.mkdir(parents=True, exist_ok=True)
-    result = {"model": "tiny MPT (rehearsal)" if tiny else MODEL, "provider": provider, "stages": {}}
+    result = {"model": "tiny MPT (rehearsal)" if tiny else MODEL, "provider": provider, "gpu": gpu_name(provider),
+              "stages": {}}
 
     def stage(name: str, value) -> None:
         result["stages"][name] = value
@@ -54,11 +56,13 @@ def run(out: Path, work: Path, provider: str, contexts: list[int], steps: int, t
         return 1
     file_bytes = sum(p.stat().st_size for p in (path, Path(f"{path}.data")) if p.exists())
     stage("export", {"seconds": seconds, "peak_gb": peak, "file_gb": file_bytes / 1e9})
-    bandwidth = copy_bandwidth(provider)
-    stage("bandwidth", {"gbs": bandwidth, "floor_ms": file_bytes / 1e9 / bandwidth * 1e3})
+    bandwidth = read_bandwidth(provider)
+    config = (TINY if tiny else PUBLISHED[MODEL])[2]
+    stage("bandwidth", {"read_gbs": bandwidth, "file_gb": file_bytes / 1e9,
+                        "floor_ms": {c: (file_bytes + cache_bytes(config, c)) / 1e9 / bandwidth * 1e3 for c in contexts}})
     for context in contexts:
         for who, args in (("ort", [str(path), provider]), ("eager", [str(folder), provider])):
-            if who == "eager" and context + steps > (TINY if tiny else PUBLISHED[MODEL])[2]["max_seq_len"]:
+            if who == "eager" and context + steps + WARM_STEPS > (TINY if tiny else PUBLISHED[MODEL])[2]["max_seq_len"]:
                 stage(f"{who} {context}", {"error": "past MPT's max_seq_len (2048): transformers refuses it"})
                 continue
             try:
@@ -72,24 +76,37 @@ def run(out: Path, work: Path, provider: str, contexts: list[int], steps: int, t
     return 0
 
 
-def copy_bandwidth(provider: str) -> float:
-    """GB/s a device copy moves (bytes read plus written): the floor's denominator."""
+def gpu_name(provider: str) -> str:
     if provider != "cuda":
-        from posbias_export.bench.harness import copy_bandwidth_gbs
-
-        return copy_bandwidth_gbs()
+        return "none (CPU rehearsal)"
     import torch
 
-    a = torch.ones(1 << 28, device="cuda")  # 1 GiB of float32
-    b = torch.empty_like(a)
+    return f"{torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory >> 20} MiB)"
+
+
+def read_bandwidth(provider: str) -> float:
+    """GB/s the device READS (a sum over a buffer far larger than any cache): a decode step reads
+    its weights and cache and writes little, so the floor divides by this, not by copy bandwidth."""
+    if provider != "cuda":
+        from posbias_export.bench.harness import read_bandwidth_gbs
+
+        return read_bandwidth_gbs()
+    import torch
+
+    a = torch.ones(1 << 30, device="cuda")  # 4 GiB of float32
     best = float("inf")
     for _ in range(5):
         torch.cuda.synchronize()
         start = time.perf_counter()
-        b.copy_(a)
+        a.sum()
         torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
-    return 2 * a.numel() * 4 / best / 1e9
+    return a.numel() * 4 / best / 1e9
+
+
+def cache_bytes(config: dict, context: int) -> int:
+    """The float16 key and value rows a step reads at `context` tokens (MPT: every head has its own)."""
+    return 2 * config["n_layers"] * config["d_model"] * 2 * context
 
 
 def ort_decode(path: str, provider: str, context: int, steps: int) -> dict:
@@ -102,19 +119,20 @@ def ort_decode(path: str, provider: str, context: int, steps: int) -> dict:
     start = time.perf_counter()
     decoder = runner.CachedDecoder(path, provider)
     load_s = time.perf_counter() - start
-    step = runner.stepper(decoder, 1, context + steps)
+    step = runner.stepper(decoder, 1, context + steps + WARM_STEPS)
     ids = np.random.default_rng(0).integers(10, 900, (1, context)).astype(np.int64)
     mask = np.ones_like(ids)
     start = time.perf_counter()
     logits = step(ids, mask)
     prefill = time.perf_counter() - start
     token, tokens, times = logits[:, -1].argmax(-1)[:, None], [], []
-    for _ in range(steps):
+    for i in range(steps + WARM_STEPS):
         tokens.append(int(token[0, 0]))
         mask = np.concatenate([mask, np.ones((1, 1), np.int64)], 1)
         start = time.perf_counter()
         logits = step(token, mask)  # logits come back to the host: the step is complete when it returns
-        times.append(time.perf_counter() - start)
+        if i >= WARM_STEPS:  # steady state: a session's first steps allocate
+            times.append(time.perf_counter() - start)
         token = logits[:, -1].argmax(-1)[:, None]
     return {"ran_on": decoder.session.get_providers()[0], "load_s": load_s, "prefill_s": prefill,
             "decode_ms": [1e3 * t for t in times], "tokens": tokens}
@@ -142,12 +160,13 @@ def eager_decode(folder: str, provider: str, context: int, steps: int) -> dict:
         prefill = synced() - start
         past, token, tokens, times = out.past_key_values, out.logits[:, -1].argmax(-1)[:, None], [], []
         mask = torch.ones_like(ids)
-        for _ in range(steps):
+        for i in range(steps + WARM_STEPS):
             tokens.append(int(token[0, 0]))
             mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype, device=device)], 1)
             start = synced()
             out = model(input_ids=token, attention_mask=mask, past_key_values=past, use_cache=True)
-            times.append(synced() - start)
+            if i >= WARM_STEPS:
+                times.append(synced() - start)
             past, token = out.past_key_values, out.logits[:, -1].argmax(-1)[:, None]
     peak = torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else None
     return {"prefill_s": prefill, "decode_ms": [1e3 * t for t in times], "tokens": tokens, "device_peak_gb": peak}
@@ -158,11 +177,12 @@ def write(folder: Path, dest: Path = ROOT / "benchmarks") -> None:
     got = json.loads((folder / "big.json").read_text())
     s = got["stages"]
     lines = ["<!-- generated by: python tools/gpu_big.py write OUT (a lease's tools/gpu_lease.sh big) -->",
-             f"# {got['model']} in float16 on the GPU ({got['provider']})", "",
+             f"# {got['model']} in float16 on the GPU ({got['provider']}: {got.get('gpu', 'GPU not recorded')})", "",
              "Written on the GPU machine tensor by tensor (bench/shards.py, seeded bfloat16 shards), exported there with "
              "`--kv-cache --logits last --target ort --dtype float16` (the in-place cache), decoded on ONNX Runtime at "
-             "each context: prefill, then greedy steps (median), against the floor (the file's bytes over the GPU's "
-             "measured copy bandwidth) and transformers eager in float16.", ""]
+             "each context: prefill, then greedy steps (median of the steps after the first "
+             f"{WARM_STEPS}), against the floor (the file's bytes plus the cache a step reads at that context, over the "
+             "GPU's measured read bandwidth) and transformers eager in float16.", ""]
     if "folder" in s:
         lines.append(f"- folder: {s['folder']['gb']:.2f} GB written in {s['folder']['seconds']:.0f} s")
     if "export" in s:
@@ -170,19 +190,22 @@ def write(folder: Path, dest: Path = ROOT / "benchmarks") -> None:
         lines.append(f"- export: failed: {e['error']}" if "error" in e else
                      f"- export: {e['seconds']:.0f} s, peak RSS {e['peak_gb']:.2f} GB, file {e['file_gb']:.2f} GB")
     if "bandwidth" in s:
-        lines.append(f"- copy bandwidth {s['bandwidth']['gbs']:.0f} GB/s: floor {s['bandwidth']['floor_ms']:.2f} ms/token")
+        floors = ", ".join(f"{c} tokens {ms:.2f}" for c, ms in s["bandwidth"]["floor_ms"].items())
+        lines.append(f"- read bandwidth {s['bandwidth']['read_gbs']:.0f} GB/s: floor (ms/token) {floors}")
     lines += ["", "| context | runtime | ran on | prefill s | decode ms/token | decode / floor | tokens equal eager |",
               "|---|---|---|---|---|---|---|"]
-    floor = s.get("bandwidth", {}).get("floor_ms")
+    floors = s.get("bandwidth", {}).get("floor_ms", {})
     for key, v in s.items():
         if not key.startswith(("ort ", "eager ")):
             continue
         who, context = key.split()
         if "error" in v:
-            lines.append(f"| {context} | {who} | failed: {v['error'].replace('|', '/')} | | | | |")
+            last = (v["error"].strip().splitlines() or ["?"])[-1].replace("|", "/")
+            lines.append(f"| {context} | {who} | failed: {last} | | | | |")
             continue
         other = s.get(f"{'eager' if who == 'ort' else 'ort'} {context}", {})
         same = "-" if "tokens" not in other else f"{sum(a == b for a, b in zip(v['tokens'], other['tokens']))}/{len(v['tokens'])}"
+        floor = floors.get(context)
         ratio = f"{v['decode_median_ms'] / floor:.2f}" if floor else "-"
         lines.append(f"| {context} | {who} | {v.get('ran_on', 'torch')} | {v['prefill_s']:.2f} | "
                      f"{v['decode_median_ms']:.2f} | {ratio} | {same} |")

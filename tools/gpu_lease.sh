@@ -64,7 +64,9 @@ EOF
 }
 
 save() {  # everything so far into $OUT/results.tar.gz (one file: $OUT brings back 8 at most)
-  tar -czf "$out/results.tar.gz.part" -C "$work" r && mv "$out/results.tar.gz.part" "$out/results.tar.gz"
+  # not the CPU reference arrays (cpu_ref, ~100 MB): what comes back is 16 MiB a file
+  tar -czf "$out/results.tar.gz.part" --exclude=cpu_ref --exclude='*.npy' -C "$work" r 2>/dev/null
+  mv "$out/results.tar.gz.part" "$out/results.tar.gz"
   echo "[$(date +%T)] saved after $1 ($(du -h "$out/results.tar.gz" | cut -f1))"
 }
 
@@ -231,6 +233,49 @@ case $step in
       --contexts $contexts --steps 16 $tiny > "$work/r/big.log" 2>&1
     kill $saver; save big; rm -rf "$work/big"
     echo "[$(date +%T)] big done in $(( $(date +%s) - t0 )) s" ;;
+  cure)  # issue 59 (after receive): where ORT CUDA goes wrong with asynchronous launches (gpu_cure.py: every
+          # attention file and its If-free / control-flow-free variants, ORT's placement log) while the MPT-7B
+          # float16 run (big) writes and exports its folder beside it; big's timings start after the matrix ends
+    t0=$(date +%s); rm -rf "$work/r"; mkdir -p "$work/r" "$out"
+    receive >/dev/null
+    join > "$work/r/join.log" 2>&1 || { cat "$work/r/join.log"; exit 1; }
+    files=$work/files; save join
+    tiny=; contexts=512,4096; small=; [ -n "${REHEARSAL:-}" ] && { tiny=--tiny; contexts=64,2100; small=--small; }
+    (timeout ${BIG_LIMIT:-400} $py tools/gpu_big.py run "$work/r/big" --work "$work/big" --provider $provider \
+      --contexts $contexts --steps 16 $tiny > "$work/r/big.log" 2>&1; echo "big rc=$?" >> "$work/r/big.log") &
+    big=$!
+    (while sleep 20; do save "so far" > /dev/null; done) & saver=$!  # a cut call keeps the stages done
+    $py tools/gpu_cure.py variants "$files" > "$work/r/variants.log" 2>&1
+    timeout ${CURE_LIMIT:-170} $py tools/gpu_cure.py run "$files" "$work/r/cure" --provider $provider $small \
+      --workers ${CURE_WORKERS:-14} > "$work/r/cure.log" 2>&1
+    echo "[$(date +%T)] cure matrix done at $(( $(date +%s) - t0 )) s"; save cure
+    wait $big
+    kill $saver; save big; rm -rf "$work/big"
+    echo "[$(date +%T)] cure and big done in $(( $(date +%s) - t0 )) s" ;;
+  cured)  # issue 59's second lease (after receive): the files of the fixed export judged with asynchronous launches
+           # (gpu_cure.py, no variants) beside every validate job's GPU cells with CUDA_LAUNCH_BLOCKING=0
+    t0=$(date +%s); rm -rf "$work/r"; mkdir -p "$work/r/par" "$out"
+    receive >/dev/null
+    join > "$work/r/join.log" 2>&1 || { cat "$work/r/join.log"; exit 1; }
+    files=$work/files; save join
+    small=; [ -n "${REHEARSAL:-}" ] && small=--small
+    (while sleep 20; do save "so far" > /dev/null; done) & saver=$!
+    (CUDA_LAUNCH_BLOCKING=0 timeout ${PARITY_LIMIT:-230} $py tools/gpu_parity.py run "$files" "$work/r" --jobs 10 \
+      --deadline ${PARITY_DEADLINE:-150} ${cpu_only:---no-cpu} > "$work/r/parity.log" 2>&1) & parity=$!
+    $py tools/gpu_cure.py variants "$files" --kinds loop > "$work/r/variants.log" 2>&1  # the verified If-free form beside
+    timeout ${CURE_LIMIT:-150} $py tools/gpu_cure.py run "$files" "$work/r/cure" --provider $provider $small \
+      --workers ${CURE_WORKERS:-8} --extra tools/data/alibi_attention_0f33d6a.onnx > "$work/r/cure.log" 2>&1
+    echo "[$(date +%T)] cure matrix done at $(( $(date +%s) - t0 )) s"; save cure
+    wait $parity
+    echo "[$(date +%T)] parity done at $(( $(date +%s) - t0 )) s"; save parity
+    # the speed the cure gives back: the same files timed with asynchronous launches (the runners' old switch off)
+    for blocking in 0 1; do  # alone on the GPU, one after the other: what the old switch cost
+      CUDA_LAUNCH_BLOCKING=$blocking timeout ${TIMING_LIMIT:-80} $py tools/gpu_session.py ort "$work/r/timing_$blocking" \
+        --models "$files/models" --provider $provider $small > "$work/r/timing_ort_$blocking.log" 2>&1
+      save "timings (CUDA_LAUNCH_BLOCKING=$blocking)"
+    done
+    kill $saver
+    echo "[$(date +%T)] cured done in $(( $(date +%s) - t0 )) s" ;;
   rehearse)  # REHEARSAL=1: pack, then both calls here on ORT CPU, each timed into OUT/calls.txt
     [ -n "${REHEARSAL:-}" ] || { echo "rehearse needs REHEARSAL=1"; exit 2; }
     rm -rf "$work" "$out/pack"; mkdir -p "$out"; : > "$out/calls.txt"; export GPU_PACK=$out/pack GPU_WORK=$work

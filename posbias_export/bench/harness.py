@@ -115,6 +115,23 @@ def copy_bandwidth_gbs(megabytes: int = 512, repeats: int = 5) -> float:
     return 2 * a.nbytes / best / 1e9
 
 
+def read_bandwidth_gbs(megabytes: int = 1024, repeats: int = 5) -> float:
+    """Memory bandwidth as a read-only reduction moves it, every core summing its own slice of a
+    buffer far larger than the caches: what a decode step that reads its weights is bounded by."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    a = np.ones(megabytes * (1 << 20) // 4, np.float32)
+    parts = np.array_split(a, os.cpu_count() or 1)
+    best = float("inf")
+    with ThreadPoolExecutor(len(parts)) as pool:  # numpy's reduction releases the GIL
+        for _ in range(repeats):
+            start = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = min(best, time.perf_counter() - start)
+    return a.nbytes / best / 1e9
+
+
 WORK_MARK = ".posbias-bench-work"  # in every --work folder a bench made
 
 

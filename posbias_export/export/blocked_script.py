@@ -260,8 +260,13 @@ def HasPadding(keep: BOOL) -> BOOL:
     unpadded inputs skip the padding penalty in every block.
 
     PyTorch: not keep.all()
+
+    Counted from the SHAPE of NonZero's output, not from a reduction's value: a shape is known on
+    the host, so ONNX Runtime CUDA computes the If's condition there instead of copying a GPU
+    value back, which it can read before the GPU wrote it (export/hoist.py, benchmarks/gpu_cure.md).
     """
-    return op.Equal(op.ReduceMin(op.Cast(keep, to=7), keepdims=0), op.Constant(value_int=0))  # keep as int64
+    padded = op.Shape(op.NonZero(op.Not(keep)), start=1, end=2)  # [1]: how many keys are padding
+    return op.Squeeze(op.Greater(padded, op.Constant(value_ints=[0])))
 
 
 @script(posbias, default_opset=op)

@@ -27,10 +27,12 @@ import torch
 from ..biases import FAMILIES, AttentionBias
 from ..errors import cause_line
 from ..nn import AttentionSettings, block_plan, non_finite_tensor
+from ..runners import runtimes_common
 from . import checks, functions, streamed
 from .blocked_graph import function_proto as portable_function_proto
 from .files import SavedModel, ensure_writable, save_checked
 from .gpu_graph import gpu_function_proto
+from .hoist import hoist_functions
 from .inplace_graph import function_proto as inplace_function_proto
 from .metadata import FORMAT_VERSION, drop_machine_paths, write_metadata
 from .metadata import add_metadata as add_metadata_keys
@@ -207,7 +209,8 @@ def traced(state: ExportState, trace_len: int) -> tuple[onnx.ModelProto, Signatu
     sig = r.spec.signature(state.prepared, trace_len, r.torch_dtype, r.settings)
     proto, refs = run_exporter(sig, r.opset, state.fakes)
     functions.attach(proto, r.opset, state.generated)  # the bodies of the posbias.* nodes the trace emitted
-    return proto, sig, refs
+    # index arithmetic out of If branches: ONNX Runtime CUDA computes it on the host (hoist.py)
+    return hoist_functions(proto), sig, refs
 
 
 def trace(state: ExportState) -> None:
@@ -400,6 +403,11 @@ def report(state: ExportState) -> ExportReport:
                          "attention runs on the CPU there (the cache crosses to the host each step); for a GPU "
                          "export --dtype float16")
     elif proto.functions:
+        if target(r.target).fused_op is not None and runtimes_common("host_reads").risky_host_reads(proto):
+            # measured on ORT 1.31.1 CUDA (benchmarks/gpu_parity_async.md): the blocked Loop's bounds read stale
+            notes.append("on ONNX Runtime CUDA serve this file with CUDA_LAUNCH_BLOCKING=1 set before the process's "
+                         "first session (our runners do): its blocked Loop reads per-block bounds on the host, which "
+                         "ONNX Runtime CUDA can read stale with asynchronous launches (docs/gpu.md)")
         notes.append("OpenVINO cannot load model-local functions: give it a file exported with --inline-functions "
                      "(ONNX Runtime, onnxruntime-node and the reference evaluator load this one as it is)")
     return ExportReport(

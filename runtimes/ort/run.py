@@ -20,6 +20,7 @@ from common.cache import cache_layout  # noqa: E402
 from common.feeds import ONNX_TYPE_TO_NUMPY, InputSpec  # noqa: E402
 from common.runner_cli import parse, run_all  # noqa: E402
 from common.tensor_io import RunnerError  # noqa: E402
+from common.host_reads import needs_host_sync  # noqa: E402
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -28,7 +29,7 @@ def provider_list(provider: str, tf32: bool = False) -> list:
     """What InferenceSession gets. CUDA runs float32 matmuls in TF32 by default (10-bit mantissa:
     errors ~1e-3 where float32 gives ~1e-6); we run it exactly unless TF32 is asked for. One
     stream for the whole provider (use_ep_level_unified_stream); the order-dependent CUDA error
-    is cured by host_synchronous_cuda, not by this (benchmarks/gpu_race.md)."""
+    of older files is cured by host_synchronous_cuda, not by this (benchmarks/gpu_cure.md)."""
     if provider == "cpu":
         return [PROVIDERS["cpu"]]
     return [(PROVIDERS["cuda"], {"use_tf32": "1" if tf32 else "0", "use_ep_level_unified_stream": "1"}),
@@ -55,51 +56,30 @@ def session_options(ort, threads: int = 0, lean: bool = False):
     return opts
 
 
-CONTROL_FLOW = ("If", "Loop", "Scan")
-_cuda_async = []  # set once a CUDA session started this process without the cure
-
-
-def has_control_flow(model_path: str) -> bool:
-    """Whether the file's graph, its functions or their subgraphs hold If / Loop / Scan (the
-    graph only: external weights are not read). True when it cannot tell (no onnx package, a
-    file onnx cannot parse): the cure is then on, as it was for every file before."""
-    try:
-        import onnx
-
-        model = onnx.load(model_path, load_external_data=False)
-    except Exception:  # noqa: BLE001 - the session's own load reports a bad file
-        return True
-
-    def found(nodes) -> bool:
-        return any(n.op_type in CONTROL_FLOW or any(found(g.node) for a in n.attribute for g in (a.g, *a.graphs))
-                   for n in nodes)
-    return found(model.graph.node) or any(found(f.node) for f in model.functions)
+_cuda_async = []  # set once a CUDA session started this process without host-synchronous launches
 
 
 def host_synchronous_cuda(*model_paths: str) -> None:
-    """Every CUDA launch synchronous with the host (CUDA_LAUNCH_BLOCKING=1), unless the caller set
-    the variable, when one of the files has control flow: ONNX Runtime CUDA (1.31.1, H200) gave
-    wrong outputs (max error 3-5) for files whose If / Loop take shape values from the GPU to the
-    host (our blocked Loop, the slim tables' If), e.g. 4096 tokens after 1024 in one session, and
-    Range asking for 10^18 bytes. Only host-synchronous launches cured it; one hardware queue, no
-    memory reuse, no CPU arena, no memory patterns, one stream, no graph optimisations and
-    deterministic kernels did not (benchmarks/gpu_order.md, benchmarks/gpu_race.md): a host-side
-    race. Files without control flow (the in-place cache files) pass every cell and the order
-    protocol with asynchronous launches, and decode up to 2.6x faster so
-    (benchmarks/gpu_serving.md), so they run without it. CUDA reads the variable when the process
-    creates its context: a file with control flow after one without, in one process, is warned
-    about (set CUDA_LAUNCH_BLOCKING=1 before starting such a process)."""
+    """Host-synchronous CUDA launches (CUDA_LAUNCH_BLOCKING=1), unless the caller set the variable,
+    for a file ONNX Runtime CUDA can run wrong without them: one whose If branches or Loop bodies
+    read on the host an index value computed from an enclosing graph's values (host_reads.py: our
+    blocked Loop's per-block bounds). ONNX Runtime 1.31.1 on an H200 gave such files wrong blocks
+    (max error 1-5) and a Range of 10^18 bytes with asynchronous launches, order-dependently
+    (benchmarks/gpu_cure.md); the switch costs 1.1-2.6x their time there. Files without such a read
+    (the in-place cache files) run asynchronously. CUDA reads the variable when the process creates
+    its context: a risky file opened after an asynchronous session is warned about (set
+    CUDA_LAUNCH_BLOCKING=1 before starting such a process)."""
     import os
 
     if "CUDA_LAUNCH_BLOCKING" in os.environ:
         return
-    if not any(has_control_flow(p) for p in model_paths):
+    if not any(needs_host_sync(p) for p in model_paths):
         _cuda_async.append(True)
         return
     if _cuda_async:
-        print("warning: this process started CUDA with asynchronous launches (a file without control flow); "
-              f"{Path(model_paths[0]).name} has If/Loop, which ONNX Runtime CUDA can run wrong so: set "
-              "CUDA_LAUNCH_BLOCKING=1 before starting the process", file=sys.stderr)
+        print("warning: this process started CUDA with asynchronous launches; "
+              f"{Path(model_paths[0]).name} reads index values on the host inside If/Loop subgraphs, which ONNX "
+              "Runtime CUDA can read stale so: set CUDA_LAUNCH_BLOCKING=1 before starting the process", file=sys.stderr)
     os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
 
 

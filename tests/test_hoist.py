@@ -1,0 +1,159 @@
+"""export/hoist.py: If branches' host-read index arithmetic moved out, the math unchanged, and
+runtimes/common/host_reads.py: which subgraph reads ONNX Runtime CUDA can see stale
+(benchmarks/gpu_cure.md measured both on an H200)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from posbias_export.export.hoist import hoist_functions, hoist_nodes
+
+ROOT = Path(__file__).resolve().parents[1]
+OLD_FILE = ROOT / "tools" / "data" / "alibi_attention_0f33d6a.onnx"  # exported before the hoist
+
+
+def _host_reads():
+    spec = importlib.util.spec_from_file_location("host_reads", ROOT / "runtimes" / "common" / "host_reads.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(model: onnx.ModelProto, feeds: dict) -> np.ndarray:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def _branchy_model(shape_in_branch: bool) -> onnx.ModelProto:
+    """x [n] -> If(n > 2): x[start:] with start = n - 2 computed in the branch (from the outer n, or
+    from the branch's own Shape), else x."""
+    start = [helper.make_node("Shape", ["x"], ["n_b"]), helper.make_node("Sub", ["n_b", "two"], ["start"])] \
+        if shape_in_branch else [helper.make_node("Sub", ["n", "two"], ["start"])]
+    then = helper.make_graph([*start, helper.make_node("Slice", ["x", "start", "n"], ["y_then"])], "then", [],
+                             [helper.make_tensor_value_info("y_then", TensorProto.FLOAT, ["m"])])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["y_else"])], "else", [],
+                              [helper.make_tensor_value_info("y_else", TensorProto.FLOAT, ["m"])])
+    nodes = [helper.make_node("Constant", [], ["two"], value=helper.make_tensor("two", TensorProto.INT64, [1], [2])),
+             helper.make_node("Shape", ["x"], ["n"]),
+             helper.make_node("Greater", ["n", "two"], ["long1"]),
+             helper.make_node("Squeeze", ["long1"], ["long"]),
+             helper.make_node("If", ["long"], ["y"], then_branch=then, else_branch=other)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def test_a_branch_computing_a_host_read_from_an_outer_value_is_risky_and_from_its_own_shape_is_not():
+    reads = _host_reads()
+    risky = reads.risky_host_reads(_branchy_model(shape_in_branch=False))
+    assert len(risky) == 1 and "If:then" in risky[0] and "Slice input 1" in risky[0] and "from n" in risky[0]
+    assert reads.risky_host_reads(_branchy_model(shape_in_branch=True)) == []
+
+
+def test_hoisting_moves_the_branch_arithmetic_out_and_keeps_the_outputs():
+    model = _branchy_model(shape_in_branch=False)
+    hoisted = onnx.ModelProto()
+    hoisted.CopyFrom(model)
+    nodes = hoist_nodes(list(hoisted.graph.node), set())
+    del hoisted.graph.node[:]
+    hoisted.graph.node.extend(nodes)
+    onnx.checker.check_model(hoisted)
+    if_node = next(n for n in hoisted.graph.node if n.op_type == "If")
+    then = next(a.g for a in if_node.attribute if a.name == "then_branch")
+    assert [n.op_type for n in then.node] == ["Slice"]  # the Sub moved in front of the If
+    assert _host_reads().risky_host_reads(hoisted) == []
+    for n in (1, 2, 5):
+        x = np.arange(n, dtype=np.float32)
+        np.testing.assert_array_equal(_run(hoisted, {"x": x}), _run(model, {"x": x}))
+
+
+def _loop_model(from_outer: bool) -> onnx.ModelProto:
+    """x [n] -> Loop over n-1 steps, each taking x[i:i+2] summed (start from the iteration, or
+    from the iteration plus an outer zero computed from a shape)."""
+    offset = [helper.make_node("Add", ["it", "zero"], ["start0"])] if from_outer else \
+        [helper.make_node("Identity", ["it"], ["start0"])]
+    body = helper.make_graph(
+        [*offset,
+         helper.make_node("Unsqueeze", ["start0", "axis"], ["start"]),
+         helper.make_node("Add", ["start", "two"], ["stop"]),
+         helper.make_node("Slice", ["x", "start", "stop"], ["window"]),
+         helper.make_node("ReduceSum", ["window"], ["out"], keepdims=1),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [helper.make_tensor_value_info("it", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+    consts = [("two", [1], [2]), ("axis", [1], [0]), ("one", [], [1])]
+    nodes = [helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, dims, vals))
+             for name, dims, vals in consts]
+    nodes += [helper.make_node("Shape", ["x"], ["n1"]), helper.make_node("Squeeze", ["n1"], ["n"]),
+              helper.make_node("Sub", ["n", "one"], ["steps"]), helper.make_node("Sub", ["n", "n"], ["zero"]),
+              helper.make_node("Constant", [], ["go"], value=helper.make_tensor("go", TensorProto.BOOL, [], [True])),
+              helper.make_node("Loop", ["steps", "go"], ["y"], body=body)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def test_a_loop_body_reading_an_outer_value_on_the_host_is_risky_and_one_from_its_iteration_is_not():
+    """The blocked Loop's per-block bounds come from the enclosing graph: ONNX Runtime CUDA gave
+    wrong blocks there with asynchronous launches (3 of 32 validate jobs on the H200)."""
+    reads = _host_reads()
+    assert reads.risky_host_reads(_loop_model(from_outer=False)) == []
+    risky = reads.risky_host_reads(_loop_model(from_outer=True))
+    assert risky and all("Loop:body" in r for r in risky)
+    x = np.arange(5, dtype=np.float32)
+    np.testing.assert_array_equal(_run(_loop_model(True), {"x": x}).ravel(), x[:-1] + x[1:])
+
+
+def test_the_file_exported_before_the_cure_is_risky_and_hoisting_it_keeps_its_outputs():
+    """The committed 0f33d6a file (wrong on the H200 after 1024 tokens, benchmarks/gpu_cure.md)
+    is flagged (its Loop body reads its block's bounds on the host); hoisted, ONNX Runtime CPU
+    gives the same bits at lengths of one block, several and an odd one, and the same file twice
+    is hoisted to the same bytes (names are numbered per function)."""
+    reads = _host_reads()
+    assert any("Loop:" in r for r in reads.risky_host_reads(onnx.load(OLD_FILE)))
+    old = onnx.load(OLD_FILE)
+    hoisted = hoist_functions(onnx.load(OLD_FILE))
+    onnx.checker.check_model(hoisted, full_check=True)
+    assert hoisted.SerializeToString() == hoist_functions(onnx.load(OLD_FILE)).SerializeToString()
+    rng = np.random.default_rng(0)
+    for n in (1, 17, 300, 1000):
+        feeds = {name: rng.standard_normal((1, 8, n, 64)).astype(np.float32) for name in ("query", "key", "value")}
+        np.testing.assert_array_equal(_run(hoisted, feeds), _run(old, feeds))
+
+
+@pytest.mark.parametrize("keep", [[1, 1, 1, 1], [0, 1, 1, 1], [1, 1, 1, 0], [0, 0, 0, 0]])
+def test_has_padding_counts_padding_keys_from_a_shape(keep):
+    """HasPadding reads how many keys are padding from NonZero's output shape (a host value in
+    ONNX Runtime CUDA), and agrees with not keep.all()."""
+    from posbias_export.export.blocked_script import HasPadding
+
+    proto = HasPadding.to_model_proto()
+    mask = np.array(keep, dtype=bool).reshape(1, 1, 1, -1)
+    assert bool(_run(proto, {proto.graph.input[0].name: mask})) == (not mask.all())
+
+
+@pytest.mark.parametrize("bias, target", [("kerple_log", "cuda-ort"), ("alibi", "cuda-ort"), ("sandwich", "portable")])
+def test_exported_if_branches_read_nothing_stale_on_the_host(tmp_path, bias, target):
+    """Every export is hoisted: no If branch is left reading on the host what it computed from an
+    enclosing graph, except Sandwich's, whose Range length comes from the positions' values
+    (data, not shapes; the runners keep host-synchronous launches for it). Loop bodies still read
+    their block's bounds so (measured: rarely wrong, benchmarks/gpu_parity_async.md)."""
+    import posbias_export as pbe
+
+    model = pbe.build_model(pbe.ModelConfig(bias=bias, num_heads=4, dim=64, num_layers=1, vocab_size=64))
+    path = tmp_path / "lm.onnx"
+    pbe.export_onnx(model, path, check_growth=False, target=target, attention_mask=True)
+    risky = _host_reads().risky_host_reads(onnx.load(path))
+    branch_reads = [r for r in risky if "Loop:" not in r]
+    assert any("Loop:" in r for r in risky)
+    if bias == "sandwich":
+        assert branch_reads and all("Range input 1" in r for r in branch_reads), branch_reads
+    else:
+        assert branch_reads == [], branch_reads
