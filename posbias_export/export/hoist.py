@@ -136,9 +136,9 @@ def hoist_functions(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     keep = {(f.domain, f.name) for f in targets}
     helpers = [(f.domain, f.name) for f in model.functions if f.name in _blocked_helpers()]
-    holder = onnx.ModelProto()  # the functions alone: the inliner then touches no graph node
-    holder.CopyFrom(model)
-    del holder.graph.node[:]
+    holder = onnx.ModelProto(ir_version=model.ir_version)  # the functions alone: no graph, no weights copied
+    holder.opset_import.extend(model.opset_import)
+    holder.functions.extend(model.functions)
     inlined = onnx.inliner.inline_selected_functions(holder, helpers)  # the families' functions stay calls
     bodies = {(f.domain, f.name): f for f in inlined.functions}
     for f in model.functions:
