@@ -38,26 +38,24 @@ def choose_runtimes(runtimes) -> tuple[tuple[str, ...], dict[str, str]]:
     return chosen, missing
 
 
-def default_lengths(meta: dict) -> tuple[int, ...]:
-    return (1, 17, DEFAULT_LENGTH_FACTOR * int(meta.get("trace_len", 16)))
+def default_lengths(contract) -> tuple[int, ...]:
+    return (1, 17, DEFAULT_LENGTH_FACTOR * contract.trace_len)
 
 
-def is_imported(meta, model_dir) -> bool:
+def is_imported(contract, model_dir) -> bool:
     """A file to judge against a Hugging Face model: --model given, or our export of one."""
-    return bool(model_dir) or meta.get("source") == "huggingface"
+    return bool(model_dir) or contract.imported
 
 
-def own_file_bytes(meta: dict, length: int, batch: int) -> float:
+def own_file_bytes(contract, length: int, batch: int) -> float:
     """Memory of one case of our own file: the float64 reference in the file's attention form,
     or a runtime's float32 run, whichever is larger, and the logits of both."""
-    import json
-
     from .limits import attention_bytes
 
-    cfg = json.loads(meta.get("config", "{}"))
-    heads, dim, layers, vocab = (int(cfg.get(k, d)) for k, d in (("num_heads", 4), ("dim", 128), ("num_layers", 2),
-                                                                  ("vocab_size", 256)))
-    rows = min(length, int(meta.get("attention_block", length))) if meta.get("attention") == "blocked" else length
+    heads, dim, layers, vocab = (int(contract.config_value(k, d)) for k, d in (
+        ("num_heads", 4), ("dim", 128), ("num_layers", 2), ("vocab_size", 256)))
+    blocked = contract.attention == "blocked" and contract.attention_block
+    rows = min(length, contract.attention_block) if blocked else length
     reference = attention_bytes(batch, heads, rows, length, 8) + 12.0 * batch * length * dim * 8 * layers
     runtime = attention_bytes(batch, heads, rows, length, 4, 4)
     return max(reference, runtime) + 3.0 * batch * length * vocab * 8
@@ -68,10 +66,10 @@ def check_sizes(files, lengths, batch: int, ignore: bool) -> None:
     from .limits import check_fits
 
     for file in files:
-        if file.meta.imported:
+        if file.contract.imported:
             continue  # hf/validate.py estimates with the folder's model
-        for length in lengths or default_lengths(file.meta):
-            check_fits(own_file_bytes(file.meta, length, batch),
+        for length in lengths or default_lengths(file.contract):
+            check_fits(own_file_bytes(file.contract, length, batch),
                        f"validating {file.path} at length {length}, batch {batch}", ignore)
 
 
@@ -85,8 +83,8 @@ def check_input_sizes(files, feeds: dict, ignore: bool) -> None:
         return
     batch, length = max(s[0] for s in shaped), max(s[1] for s in shaped)
     for file in files:
-        if not file.meta.imported:
-            check_fits(own_file_bytes(file.meta, length, batch), f"validating {file.path} on --inputs (batch "
+        if not file.contract.imported:
+            check_fits(own_file_bytes(file.contract, length, batch), f"validating {file.path} on --inputs (batch "
                        f"{batch}, length {length})", ignore)
 
 
@@ -110,15 +108,15 @@ def judge_file(file, session: Session, result: Validation):
     """The one place that says which judge a file gets: our own export (parity/matrix.py), a
     T5 decoder or quantized encoder by the logits it leads to (hf/validate_seq2seq.py), any
     other file of a Hugging Face model against that model (hf/validate.py)."""
-    runtimes = runnable(session.runtimes, session.defaults, [file.meta], result)
-    lengths = session.lengths or default_lengths(file.meta)
+    runtimes = runnable(session.runtimes, session.defaults, [file], result)
+    lengths = session.lengths or default_lengths(file.contract)
     common = dict(batch=session.batch, progress=session.progress, order=session.order)
-    if not is_imported(file.meta, session.model_dir):
+    if not is_imported(file.contract, session.model_dir):
         from .parity.matrix import run_matrix
 
         return run_matrix(file, runtimes, lengths, checkpoint=session.checkpoint, inputs=session.feeds, **common)
     role = file.seq2seq_role
-    if role == "decoder" or (role == "encoder" and file.meta.scheme):
+    if role == "decoder" or (role == "encoder" and file.scheme):
         from .hf.validate_seq2seq import run_seq2seq_matrix
 
         pair = (file, None) if role == "encoder" else (None, file)
@@ -152,9 +150,9 @@ def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=Non
     for encoder, decoder, folder in seq2seq_pairs(files, model_dir):  # as a client runs them: one into the other
         from .hf.validate_seq2seq import run_seq2seq_matrix
 
-        pair_runtimes = runnable(chosen, runtimes is None, [encoder.meta, decoder.meta], result)
+        pair_runtimes = runnable(chosen, runtimes is None, [encoder, decoder], result)
         result.matrices.append(run_seq2seq_matrix(
-            encoder, decoder, folder, pair_runtimes, lengths or default_lengths(decoder.meta), batch,
+            encoder, decoder, folder, pair_runtimes, lengths or default_lengths(decoder.contract), batch,
             progress=progress, ignore_size_limits=ignore_size_limits, order=False))  # each file's ran in its own
     return result
 
@@ -166,21 +164,19 @@ NO_INPLACE = {"reference": "the reference evaluator's GroupQueryAttention takes 
               "openvino-bf16": "OpenVINO has no com.microsoft.GroupQueryAttention"}
 
 
-def runnable(chosen: tuple[str, ...], defaults: bool, metas: list, result: Validation) -> tuple[str, ...]:
-    """The runtimes to run files with these metadata on. The default runtimes leave out the
+def runnable(chosen: tuple[str, ...], defaults: bool, files: list, result: Validation) -> tuple[str, ...]:
+    """The runtimes to run these files (ModelFile) on. The default runtimes leave out the
     reference evaluator for a quantized file (it implements no quantized op), and those that
     cannot run an in-place cache for such a file, saying why; they add ort-cpu-shared for it
     (its cache bound to one buffer as past and present, as onnxruntime-genai runs it)."""
-    from .parity.reference import inplace_cache
-
     if not defaults:
         return chosen
     out = list(chosen)
-    if "reference" in out and any(m.scheme for m in metas):
+    if "reference" in out and any(f.scheme for f in files):
         result.skipped["reference"] = ("the ONNX reference evaluator implements no quantized op "
                                        "(GatherBlockQuantized, int8 DequantizeLinear at opset 18)")
         out.remove("reference")
-    if any(inplace_cache(m) for m in metas):
+    if any(f.contract.inplace_cache for f in files):
         for name in [r for r in out if r in NO_INPLACE]:
             result.skipped[name] = f"{NO_INPLACE[name]} (an in-place cache file)"
             out.remove(name)
@@ -194,8 +190,8 @@ def seq2seq_pairs(files, model_dir=None) -> list[tuple]:
     decoder file were given (the folder: --model, else each file's recorded model_dir)."""
     roles: dict = {}
     for file in files:
-        folder = model_dir or file.meta.get("model_dir")
-        if not is_imported(file.meta, model_dir) or not folder:
+        folder = model_dir or file.contract.model_dir
+        if not is_imported(file.contract, model_dir) or not folder:
             continue
         if file.seq2seq_role:
             roles.setdefault(str(Path(folder).resolve()), {}).setdefault(file.seq2seq_role, []).append(file)

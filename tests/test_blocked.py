@@ -18,7 +18,7 @@ from posbias_export.biases import bias_class
 from posbias_export.nn import DEFAULT_BLOCK, block_plan
 from posbias_export.nn.plans import TABLE_ROW_BUDGET
 from posbias_export.nn.blocked import keep_mask
-from posbias_export.export import read_metadata
+from posbias_export.export import FileContract
 from posbias_export.nn.attention import AttentionSettings, attention_heads, layer_bias
 from posbias_export.parity import FLOAT32, compare, torch_outputs
 from conftest import SMALL, lm_inputs, ort_session
@@ -188,8 +188,8 @@ def test_reference_evaluator_runs_the_loop_as_functions_and_inlined(tmp_path, bi
 
 def test_causal_lm_export_defaults_to_blocked(exports):
     model = onnx.load(exports.cli("alibi", "lm", True))
-    meta = read_metadata(model)
-    assert meta["attention"] == "blocked" and meta["attention_block"] == str(DEFAULT_BLOCK)
+    contract = FileContract.of(model)
+    assert contract.attention == "blocked" and contract.attention_block == DEFAULT_BLOCK
     names = {f.name for f in model.functions}
     # positions are the indices: the table path, with ALiBi's key row folded into the MatMul; the
     # body's helpers are inlined into it (export/hoist.py), the family's own function stays named
@@ -204,11 +204,11 @@ def test_causal_lm_export_defaults_to_blocked(exports):
 
 
 def test_bidirectional_defaults_to_blocked_and_plain_on_request(exports):
-    assert read_metadata(onnx.load(exports.cli("alibi", "lm", False)))["attention"] == "blocked"
+    assert FileContract.of_path(exports.cli("alibi", "lm", False)).attention == "blocked"
     for path in (exports.cli("alibi", "lm", False, ("--attention", "plain")),
                  exports.cli("alibi", "lm", True, ("--attention", "plain"))):
         model = onnx.load(path)
-        assert read_metadata(model)["attention"] == "plain"
+        assert FileContract.of(model).attention == "plain"
         assert not any(f.name.startswith("BlockedAttention") for f in model.functions)
 
 
@@ -231,7 +231,7 @@ def test_bidirectional_blocked_export_matches_plain_float64(tmp_path, bias):
     independent computation), on ORT and the reference evaluator, across block boundaries."""
     core, path = _export_core(tmp_path, bias, 16, causal=False, attention="blocked")
     model = onnx.load(path)
-    assert read_metadata(model)["attention"] == "blocked"
+    assert FileContract.of(model).attention == "blocked"
     assert any(f.name.startswith("BlockedAttention") for f in model.functions)
     session = ort_session(path)
     plain = AttentionSettings(form="plain")

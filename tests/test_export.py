@@ -12,7 +12,7 @@ import torch
 import posbias_export as pbe
 import tiers
 from posbias_export.export import checks
-from posbias_export.export import read_metadata
+from posbias_export.export import FileContract
 from posbias_export.export.checks import initializer_signature
 from conftest import SMALL, TRACE_LEN
 
@@ -36,9 +36,9 @@ def test_cli_export_passes_checks(exports, bias, arch, causal):
     posbias_nodes = [n for n in model.graph.node if n.domain == "posbias"]
     assert posbias_nodes and all(n.domain in ("", "ai.onnx", "posbias") for n in model.graph.node)
     assert {n.op_type for n in posbias_nodes} <= {f.name for f in model.functions}
-    meta = read_metadata(model)
-    cfg = pbe.ModelConfig.from_dict(json.loads(meta["config"]))
-    assert (cfg.bias, cfg.causal, meta["arch"], meta["trace_len"]) == (bias, causal, arch, str(TRACE_LEN))
+    contract = FileContract.of(model)
+    cfg = pbe.ModelConfig.from_dict(dict(contract.config))
+    assert (cfg.bias, cfg.causal, contract.arch, contract.trace_len) == (bias, causal, arch, TRACE_LEN)
 
 
 @pytest.mark.parametrize("bias", tiers.families())
@@ -132,8 +132,8 @@ def test_export_report_and_metadata(tmp_path):
     report = pbe.export_onnx(model, tmp_path / "k.onnx", opset=23)
     assert report.inputs == {"input_ids": ["batch", "seq"]}
     assert "Attention" in report.op_types  # opset 23: SDPA becomes the ONNX Attention op
-    meta = read_metadata(onnx.load(str(tmp_path / "k.onnx")))
-    assert meta["opset"] == "23" and meta["dtype"] == "float32"
+    contract = FileContract.of_path(tmp_path / "k.onnx")
+    assert contract.opset == 23 and contract.dtype == "float32"
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -173,21 +173,21 @@ def test_padded_batches_stay_on_the_blocked_path(tmp_path, monkeypatch, bias):
     """An LM file with attention_mask: an unpadded batch takes the whole path, a left-padded one
     the blocked path; both match float64, and a whole path that ignored padding fails."""
     from posbias_export.parity.reference import generated_inputs, reference_model, torch_args
-    from posbias_export.export import read_metadata, settings_from_metadata
+    from posbias_export.export import attention_settings_of, read_contract
 
     path = tmp_path / "lm.onnx"
     model = pbe.build_model(pbe.ModelConfig(bias=bias, num_heads=4, dim=64, num_layers=1, vocab_size=64))
     pbe.export_onnx(model, path, check_growth=False, target="cuda-ort", attention_mask=True)
-    meta = read_metadata(onnx.load(path))
-    reference, settings = reference_model(meta), settings_from_metadata(meta)
-    unpadded = generated_inputs(meta, 40, 3, seed=1)
+    contract = read_contract(onnx.load(path))
+    reference, settings = reference_model(contract), attention_settings_of(contract)
+    unpadded = generated_inputs(contract, 40, 3, seed=1)
     mask = np.ones_like(unpadded["attention_mask"])
     mask[1, :5], mask[2, :11] = 0, 0  # left padding
     padded = {**unpadded, "attention_mask": mask}
 
     def verdict(file, feeds):
         got = ort_session(file).run(None, feeds)[0]
-        args = torch_args(meta, feeds)
+        args = torch_args(contract, feeds)
         keep = feeds["attention_mask"].astype(bool)  # padded positions' logits are not compared
         ref = torch_outputs(reference, args, torch.float64, settings)
         same = torch_outputs(reference, args, torch.float32, settings)

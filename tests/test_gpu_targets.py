@@ -12,7 +12,7 @@ from onnx.reference import ReferenceEvaluator
 
 import posbias_export as pbe
 import tiers
-from posbias_export.export import functions, read_metadata
+from posbias_export.export import FileContract, functions
 from posbias_export.nn.attention import AttentionSettings
 from posbias_export.biases import bias_class
 from posbias_export.nn import block_plan
@@ -89,7 +89,7 @@ def test_gpu_target_graph_shape(tmp_path, as_built, target):
     assert FUSED_OP[target] in ops
     assert ("posbias", "GatherBlockBias") in ops and ("posbias", "SlimVectorPositions") in ops
     assert ("posbias", "BlockAttend") not in ops and ("posbias", "BlockAttendMasked") not in ops
-    assert read_metadata(model)["target"] == target
+    assert FileContract.of(model).target == target
     if target == "cuda-ort":
         assert any(i.domain == "com.microsoft" for i in model.opset_import)
 

@@ -16,7 +16,7 @@ from test_inplace_cache import _ort_run
 
 from posbias_export.cli import main as cli_main
 from posbias_export.export.kv_int8 import has_int8_cache
-from posbias_export.export.metadata import read_metadata
+from posbias_export.export import FileContract
 from posbias_export.parity.quantized import judge
 
 ort = pytest.importorskip("onnxruntime")
@@ -42,7 +42,7 @@ def test_the_file_keeps_an_int8_cache_a_quarter_of_float32s(files):
     cache = [v for v in [*model.graph.input, *model.graph.output] if "past" in v.name or "present" in v.name]
     assert cache and all(v.type.tensor_type.elem_type == onnx.TensorProto.INT8 for v in cache)
     assert has_int8_cache(model) and not has_int8_cache(onnx.load(str(files["float"])))
-    assert read_metadata(model)["kv_dtype"] == "int8"
+    assert FileContract.of(model).kv_dtype == "int8"
     scales = [i for i in model.graph.initializer if i.name.startswith("kv_scale.")]
     assert len(scales) == len(cache) // 2  # one per present output: each layer's keys and values
     assert all(0 < onnx.numpy_helper.to_array(s)[0] < 1 for s in scales)

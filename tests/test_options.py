@@ -38,8 +38,13 @@ def test_scheme_options_flags_and_metadata():
                    Int4(head="int8")):
         args = build_export_parser().parse_args(["--bias", "alibi", "--out", "x.onnx", *chosen.flags()])
         assert export_options(args).quantize == chosen
-    assert Int4(block=64).metadata(7) == {"quantized": "int4", "quantized_nodes": "7", "quant_block": "64",
-                                          "quant_head": "int4", "quant_symmetric": "0", "quant_accuracy_level": "4"}
+    from posbias_export.export import FileContract
+
+    written = FileContract(**Int4(block=64).contract_fields(7)).to_props()  # what a quantized file records
+    assert {k: written[f"posbias.{k}"] for k in ("quantized", "quantized_nodes", "quant_block", "quant_head",
+                                                 "quant_symmetric", "quant_accuracy_level")} == {
+        "quantized": "int4", "quantized_nodes": "7", "quant_block": "64", "quant_head": "int4", "quant_symmetric": "0",
+        "quant_accuracy_level": "4"}
     assert Int4().resolved(16, "int8") == Int4(block=16, head="int8")  # an architecture's defaults
     assert Int4(block=64, head="float").resolved(16, "int8") == Int4(block=64, head="float")  # what was asked wins
     with pytest.raises(ValueError, match="quantized head must be one of int4, int8, float"):

@@ -82,8 +82,8 @@ def test_position_schemes_export_and_match(tmp_path, kwargs):
 def test_learned_export_records_table_size(tmp_path):
     import onnx
 
-    from posbias_export.export import read_metadata
+    from posbias_export.export import FileContract
 
     model = pbe.build_model(pbe.ModelConfig(bias="none", position="learned", max_positions=48, **SMALL), seed=0)
     pbe.export_onnx(model, tmp_path / "m.onnx", check_growth=False)
-    assert read_metadata(onnx.load(str(tmp_path / "m.onnx")))["max_positions"] == "48"
+    assert FileContract.of_path(tmp_path / "m.onnx").max_positions == 48

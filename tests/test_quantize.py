@@ -13,7 +13,7 @@ import posbias_export as pbe
 import tiers
 from posbias_export.export import checkpoint_metadata, export_onnx
 from posbias_export.export.schemes import scheme as quant_scheme
-from posbias_export.export.metadata import read_metadata
+from posbias_export.export import FileContract
 from posbias_export.nn import load_checkpoint
 from posbias_export.parity import run_matrix
 from posbias_export.parity.quantized import POLICIES, judge
@@ -48,8 +48,8 @@ def test_quantized_checkpoint_passes_policy(tmp_path, bias, scheme):
     if bias not in FAMILY_CHECKPOINTS:
         pytest.skip(f"no trained checkpoint for {bias} in models/")
     path = _export(bias, scheme, tmp_path / "q.onnx")
-    meta = read_metadata(onnx.load(str(path), load_external_data=False))
-    assert meta["quantized"] == scheme and int(meta["quantized_nodes"]) >= 5
+    contract = FileContract.of_path(path)
+    assert contract.quantized == scheme and contract.quantized_nodes >= 5
     matrix = run_matrix(path, ("ort-cpu",), LENGTHS, batch=2)
     assert matrix.ok, [(c.case, c.verdict, c.parity) for c in matrix.cells]
     decided = sum(c.parity["decided_positions"] for c in _cells(matrix))
@@ -68,7 +68,7 @@ def test_int8_weights_are_seven_bit(tmp_path):
     int8 = [weights[name] for name in fed if name in weights and weights[name].dtype == np.int8]
     assert len(int8) >= 5 and all(w.min() >= -64 and w.max() <= 64 for w in int8)
     assert max(int(np.abs(w).max()) for w in int8) >= 60  # the range is used, not collapsed
-    assert read_metadata(proto)["quant_reduce_range"] == "1"
+    assert FileContract.of(proto).option("quant_reduce_range") == "1"
 
 
 def test_quantized_nodes_are_the_weights_and_the_tied_head(tmp_path):
@@ -104,7 +104,7 @@ def test_the_head_keeps_the_precision_asked_for(tmp_path, head):
         assert sorted(bits.values()) == [4] * (6 * layers) + [8] and not float_matmuls
     else:
         assert list(bits.values()) == [4] * (6 * layers) and len(float_matmuls) == 1
-    assert read_metadata(proto)["quant_head"] == head
+    assert FileContract.of(proto).option("quant_head") == head
     cell = lambda p: _cells(run_matrix(p, ("ort-cpu",), (1024,), batch=2, order=False))[0]
     mine, all_int4 = cell(path), cell(_export("alibi", "int4", tmp_path / "q4.onnx"))
     assert mine.verdict == "pass" and mine.parity["kl_mean"] < all_int4.parity["kl_mean"]
@@ -261,7 +261,7 @@ def test_quantized_t5_folder_passes_validate(tmp_path, t5_folder, scheme):
     files = [out / "encoder_model.onnx", out / "decoder_model_merged.onnx"]
     for path in files:
         proto = onnx.load(str(path))
-        assert read_metadata(proto)["quantized"] == scheme
+        assert FileContract.of(proto).quantized == scheme
         inits = {t.name for t in proto.graph.initializer}
         assert not [n for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
         bias_tables = [t for t in proto.graph.initializer if "relative_attention_bias" in t.name]
@@ -365,7 +365,8 @@ def test_t5_int4_takes_its_architecture_defaults_unless_asked(tmp_path):
             proto = onnx.load(str(folder / f"{name}.onnx"), load_external_data=False)
             bits = sorted(next((a.i for a in n.attribute if a.name == "bits"), 0) for n in proto.graph.node
                           if n.op_type == "MatMulNBits")
-            out[name] = (read_metadata(proto)["quant_block"], read_metadata(proto)["quant_head"], bits[-1])
+            contract = FileContract.of(proto)
+            out[name] = (contract.option("quant_block"), contract.option("quant_head"), bits[-1])
         return out
 
     default = shipped(tmp_path / "default")

@@ -133,12 +133,10 @@ def job_bytes(job: dict, root: Path) -> float:
         config = json.loads((root / job["model"] / "config.json").read_text())
         heads = next(config[k] for k in ("n_head", "num_attention_heads", "n_heads", "num_heads") if k in config)
         return 2e9 + attention_bytes(job["batch"], heads, longest, longest, itemsize=8)
-    from posbias_export.export.metadata import read_metadata
-    from posbias_export.parity.reference import read_onnx
+    from posbias_export.export import FileContract
     from posbias_export.validation import own_file_bytes
 
-    meta = read_metadata(read_onnx(root / job["files"][0]))
-    return own_file_bytes(meta, longest, job["batch"])
+    return own_file_bytes(FileContract.of_path(root / job["files"][0]), longest, job["batch"])
 
 
 CPU_RUNTIMES = ("ort-cpu", "ort-cpu-shared")

@@ -54,19 +54,18 @@ def measure(path: Path, provider: str, contexts: list[int], steps: int) -> list[
 
     from posbias_export.bench.decode import _time_alternating
     from posbias_export.bench.harness import median
-    from posbias_export.export.metadata import config_from_metadata
+    from posbias_export.export import model_config
     from posbias_export.nn import build_model
     from posbias_export.parity import load_runner
 
     gen = load_runner("ort/generate.py")
     decoder = gen.CachedDecoder(str(path), provider=provider)
-    meta = decoder.session.get_modelmeta().custom_metadata_map
-    meta = {k[len("posbias."):]: v for k, v in meta.items() if k.startswith("posbias.")}
+    contract = decoder.contract
     device = "cuda" if provider == "cuda" else "cpu"
-    torch_dtype = torch.float16 if meta.get("dtype") == "float16" else torch.float32
-    model = build_model(config_from_metadata(meta), seed=int(meta.get("seed", 0))).to(device, torch_dtype).eval()
+    torch_dtype = torch.float16 if contract.dtype == "float16" else torch.float32
+    model = build_model(model_config(contract), seed=contract.seed or 0).to(device, torch_dtype).eval()
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    row0 = {"file": path.name, "dtype": meta.get("dtype"), "kv_dtype": meta.get("kv_dtype", "float"),
+    row0 = {"file": path.name, "dtype": contract.dtype, "kv_dtype": contract.kv_dtype,
             "provider": provider, "launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING", "unset"),
             "placement": placement(path, decoder)}
     rows = []

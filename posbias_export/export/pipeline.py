@@ -34,8 +34,8 @@ from .files import SavedModel, ensure_writable, save_checked
 from .gpu_graph import gpu_function_proto
 from .hoist import hoist_functions
 from .inplace_graph import function_proto as inplace_function_proto
-from .metadata import FORMAT_VERSION, drop_machine_paths, write_metadata
-from .metadata import add_metadata as add_metadata_keys
+from .contract import FileContract, with_fields, write_contract
+from .metadata import drop_machine_paths
 from .naming import POSBIAS, rename
 from .options import ExportOptions, options_from
 from .signature import ExportSpec, ModelSpec, Signature
@@ -126,6 +126,7 @@ class ExportState:
     done: list[str] = field(default_factory=list)
     initializer_bytes: int = 0
     saved: SavedModel | None = None
+    contract: FileContract | None = None  # what the file says it is (written by `metadata`, kept true after)
     resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # what lives until the last pass
 
 
@@ -254,32 +255,20 @@ def apply_names(state: ExportState) -> None:
         state.done.append(f"{naming.name} input/output names")
 
 
-def export_metadata(request: ExportRequest) -> dict[str, str]:
-    """What the file records: the spec's model, then how it was exported, then the spec's tail."""
+def export_contract(request: ExportRequest) -> FileContract:
+    """What the file records (FileContract): the spec's model, then how it was exported."""
     spec, settings = request.spec, request.settings
-    meta = {
-        **spec.metadata(),
-        "dtype": request.dtype,
-        "opset": str(request.opset),
-        "trace_len": str(request.trace_len),
-        "attention_mask": str(int(spec.attention_mask)),
-        "kv_cache": str(int(spec.kv_cache)),
-        "functions": "inlined" if request.options.inline_functions else "local",
-        "attention": settings.form,
-        "format_version": FORMAT_VERSION,
-    }
-    if settings.form == "blocked":
-        meta["attention_block"] = str(settings.block)
-        meta["target"] = request.target
-    if spec.naming.name != POSBIAS.name:
-        meta["names"] = spec.naming.name
-    if spec.last_logits:
-        meta["logits"] = "last"
-    return {**meta, **spec.trailing_metadata()}
+    return FileContract(
+        **spec.contract_fields(), dtype=request.dtype, opset=request.opset, trace_len=request.trace_len,
+        attention_mask=spec.attention_mask, kv_cache=spec.kv_cache,
+        functions="inlined" if request.options.inline_functions else "local", attention=settings.form,
+        attention_block=settings.block if settings.form == "blocked" else None, target=request.target,
+        names=spec.naming.name, logits="last" if spec.last_logits else "all")
 
 
 def add_metadata(state: ExportState) -> None:
-    write_metadata(state.proto, export_metadata(state.request))
+    state.contract = export_contract(state.request)
+    write_contract(state.proto, state.contract)
     drop_machine_paths(state.proto)  # torch's stack traces: absolute paths of this machine
     state.proto.producer_name = "posbias_export"
 
@@ -306,7 +295,8 @@ def recorded(state: ExportState, spec) -> None:
 
     count = quantize.quantized_node_count(state.proto)
     opset = next(op.version for op in state.proto.opset_import if op.domain in ("", "ai.onnx"))  # int4: 21
-    write_metadata(state.proto, {**export_metadata(state.request), "opset": str(opset), **spec.metadata(count)})
+    state.contract = with_fields(state.contract, opset=opset, **spec.contract_fields(count))
+    write_contract(state.proto, state.contract)
     state.proto.producer_name = "posbias_export"
     contrib = sorted({n.op_type for n in state.proto.graph.node if n.domain == "com.microsoft"})
     if contrib:  # the summary's list of what the file needs: these run on ONNX Runtime only
@@ -332,7 +322,8 @@ def int8_cache(state: ExportState) -> None:
         absmax = kv_int8.calibrate(str(float_path), state.request.spec.calibration_tokenizer())
     del probe
     layers = kv_int8.to_int8_cache(state.proto, absmax)
-    add_metadata_keys(state.proto, {"kv_dtype": "int8", "kv_calibration": kv_int8.CALIBRATION_NOTE})
+    state.contract = with_fields(state.contract, kv_dtype="int8", kv_calibration=kv_int8.CALIBRATION_NOTE)
+    write_contract(state.proto, state.contract)
     state.done.append(f"int8 KV cache ({layers} layers, scales calibrated on {kv_int8.CALIBRATION_TOKENS} tokens)")
 
 

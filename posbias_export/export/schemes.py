@@ -61,8 +61,9 @@ class Scheme:
                 out += [flag] if isinstance(value, bool) else [flag, str(value)]
         return out
 
-    def metadata(self, quantized_nodes: int) -> dict[str, str]:
-        return {"quantized": self.name, "quantized_nodes": str(quantized_nodes), **self.option_metadata()}
+    def contract_fields(self, quantized_nodes: int) -> dict:
+        """What a quantized file records (FileContract): the scheme, how many nodes, its options."""
+        return {"quantized": self.name, "quantized_nodes": quantized_nodes, "quant": tuple(self.option_metadata().items())}
 
     def option_metadata(self) -> dict[str, str]:
         raise NotImplementedError

@@ -105,8 +105,8 @@ def lm_signature(model: nn.Module, settings: AttentionSettings, vocab_size: int,
 @dataclass
 class ExportSpec:
     """Base of the per-model export specs. arch and bias label the report; `check` refuses what
-    this model cannot be exported as; `signature` makes one trace; `metadata` says what the file
-    records about the model (the pipeline adds how it was exported)."""
+    this model cannot be exported as; `signature` makes one trace; `contract_fields` says what the
+    file records about the model (FileContract fields; the pipeline adds how it was exported)."""
 
     arch: str
     bias: str
@@ -158,7 +158,7 @@ class ExportSpec:
                   batch: int = 2) -> Signature:
         raise NotImplementedError
 
-    def metadata(self) -> dict[str, str]:
+    def contract_fields(self) -> dict:
         raise NotImplementedError
 
     @property
@@ -223,13 +223,11 @@ class ModelSpec(ExportSpec):
         return Signature(module, args, tuple(None if a is None else {0: b, 1: seq} for a in args), names,
                          OUTPUT_NAMES[self.arch], {n: (0, 1) for n in names + OUTPUT_NAMES[self.arch]})
 
-    def metadata(self) -> dict[str, str]:
-        import json
+    def contract_fields(self) -> dict:
+        """The model (its config whole), a learned table's size, and the caller's own keys
+        (where the weights came from: FileContract's fields; anything else kept as given)."""
+        from .contract import split_fields
 
-        return {"config": json.dumps(self.cfg.to_dict(), sort_keys=True), "bias": self.cfg.bias,
-                "bias_params": json.dumps(self.cfg.bias_params, sort_keys=True), "arch": self.arch}
-
-    def trailing_metadata(self) -> dict[str, str]:
-        """After how the file was exported: the learned table's size, then the caller's own keys."""
-        meta = {"max_positions": str(self.cfg.max_positions)} if self.cfg.position == "learned" else {}
-        return {**meta, **self.extra}
+        return {"config": self.cfg.to_dict(), "bias": self.cfg.bias, "bias_params": dict(self.cfg.bias_params),
+                "arch": self.arch, "max_positions": self.cfg.max_positions if self.cfg.position == "learned" else None,
+                **split_fields(self.extra)}

@@ -51,12 +51,12 @@ def file_inputs(proto: onnx.ModelProto, ids: np.ndarray, mask: np.ndarray,
     return feeds
 
 
-def check_weights(meta: dict, folder: Path, model_path: Path) -> None:
+def check_weights(contract, folder: Path, model_path: Path) -> None:
     """A file we exported names the weights it holds: a folder with other weights is refused
     (judging it against them would report a failure that says nothing about the file)."""
     from ..nn import file_sha256
 
-    recorded = meta.get("weights_sha256")
+    recorded = contract.weights_sha256
     if not recorded:
         return
     for entry in recorded.split(","):

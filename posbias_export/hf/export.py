@@ -60,22 +60,15 @@ class ImportedSpec(ExportSpec):
         return lm_signature(model, settings, m.vocab_size, (m.num_kv_heads, m.head_dim, m.num_layers), trace_len, dtype,
                             True, self.kv_cache, output=m.output_name, batch=batch, last_logits=self.last_logits)
 
-    def metadata(self) -> dict[str, str]:
+    def contract_fields(self) -> dict:
+        from ..export.contract import IMPORTED
+
         m = self.model
         weights = sorted(p for p in m.source_dir.iterdir() if p.suffix in (".safetensors", ".bin"))
         where = {"model_name": m.source_dir.name} if self.shipped else {"model_dir": str(m.source_dir)}
-        return {
-            "source": "huggingface",
-            "model_type": m.model_type,
-            **where,
-            "weights_sha256": ",".join(f"{p.name}:{file_sha256(p)}" for p in weights),
-            "arch": m.arch,
-            "bias": m.bias_name,
-            "vocab_size": str(m.vocab_size),
-        }
-
-    def trailing_metadata(self) -> dict[str, str]:
-        return {}
+        return {"source": IMPORTED, "model_type": m.model_type, **where,
+                "weights_sha256": ",".join(f"{p.name}:{file_sha256(p)}" for p in weights),
+                "arch": m.arch, "bias": m.bias_name, "vocab_size": m.vocab_size}
 
     def check_inplace(self, request) -> None:
         if self.model.arch != "lm":

@@ -61,7 +61,7 @@ def imported_case(ours, file: ModelFile, n: int, batch: int, scheme: str | None)
     if scheme:  # the quantized policy judges text the float model writes (parity/quantized.py)
         ids = self_written(ours, ids, mask)
     keep = mask.astype(bool)
-    last = file.meta.get("logits") == "last"
+    last = file.contract.logits == "last"
     if last:  # left-padded rows: the last position is a real token in every row
         keep = np.zeros_like(keep)
         keep[:, -1] = True
@@ -109,15 +109,15 @@ def run_hf_matrix(model_path: "str | Path | ModelFile", model_dir: str | Path | 
     hf/validate_seq2seq.py)."""
     check_runtimes(runtimes)
     file = model_file(model_path)
-    model_dir = model_dir or file.meta.get("model_dir")
+    model_dir = model_dir or file.contract.model_dir
     if not model_dir:
         raise ParityInputError(f"{file.path} does not say which model it holds: pass --model DIR")
     ours = load_model(model_dir)
-    check_weights(file.meta, ours.source_dir, file.path)
+    check_weights(file.contract, ours.source_dir, file.path)
     check_fits_imported(ours, file.path, lengths, batch, ignore_size_limits)
     theirs = transformers_model(Path(model_dir), ours.model_type)
     # a float16 file is judged against PyTorch float16's own error (parity/tolerance.py), as ours are
-    dtype, scheme = file_dtype(file.proto), file.meta.scheme
+    dtype, scheme = file_dtype(file.proto), file.scheme
     output = file.proto.graph.output[0].name
     matrix = Matrix(str(file.path), ours.bias_name, f"{ours.model_type} {ours.arch} ({output})")
     cases = [imported_case(ours, file, n, batch, scheme) for n in lengths]

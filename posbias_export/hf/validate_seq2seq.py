@@ -100,12 +100,12 @@ def seq2seq_files(encoder, decoder) -> dict[str, ModelFile]:
 def seq2seq_models(files: dict[str, ModelFile], model_dir):
     """The folder's float64-capable encoder and decoder, the folder checked to hold a decoder
     and the files' weights (the decoder loads once: a folder without one says so)."""
-    model_dir = model_dir or next((f.meta["model_dir"] for f in files.values() if f.meta.get("model_dir")), None)
+    model_dir = model_dir or next((f.contract.model_dir for f in files.values() if f.contract.model_dir), None)
     if not model_dir:
         raise ParityInputError(f"{' and '.join(str(f.path) for f in files.values())} do not say which model they "
                                "hold: pass --model DIR")
     for file in files.values():
-        check_weights(file.meta, Path(model_dir).resolve(), file.path)
+        check_weights(file.contract, Path(model_dir).resolve(), file.path)
     return Path(model_dir), load_model(model_dir, "encoder"), load_model(model_dir, "decoder")
 
 
@@ -179,7 +179,7 @@ def run_seq2seq_matrix(encoder_path=None, decoder_path=None, model_dir=None, run
     files = seq2seq_files(encoder_path, decoder_path)
     model_dir, encoder, decoder = seq2seq_models(files, model_dir)
     check_fits_seq2seq(decoder, lengths, batch, ignore_size_limits)
-    scheme = coarser(f.meta.scheme for f in files.values())
+    scheme = coarser(f.scheme for f in files.values())
     dtype = file_dtype(files["decoder" if "decoder" in files else "encoder"].proto)
     judged = " + ".join(f"{role} file" for role in files)
     matrix = Matrix(" + ".join(str(f.path) for f in files.values()), "t5", f"encoder-decoder: {judged} (logits)")

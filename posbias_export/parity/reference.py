@@ -3,7 +3,6 @@ file's metadata, the inputs to compare on, and its outputs in any dtype."""
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,8 +12,8 @@ import torch
 
 from ..errors import first_line
 from ..export import INPUT_NAMES
-from ..export.metadata import FileMetadata
-from ..nn import EAGER, AttentionSettings, ModelConfig, build_model, file_sha256, load_checkpoint
+from ..export.contract import FileContract, model_config, read_contract
+from ..nn import EAGER, AttentionSettings, build_model, file_sha256, load_checkpoint
 
 
 class ParityInputError(ValueError):
@@ -22,12 +21,14 @@ class ParityInputError(ValueError):
 
 
 def read_onnx(path: str | Path) -> onnx.ModelProto:
-    """Any ONNX file, checked; a missing or corrupt file is one ParityInputError line."""
+    """Any ONNX file's graph, checked (external weights are not read: what validate asks of the
+    proto is its graph and contract; the runners load the file themselves); a missing or corrupt
+    file is one ParityInputError line."""
     path = Path(path)
     if not path.is_file():
         raise ParityInputError(f"model {path} does not exist")
     try:
-        proto = onnx.load(str(path))
+        proto = onnx.load(str(path), load_external_data=False)
         onnx.checker.check_model(proto)
     except Exception as err:
         raise ParityInputError(f"model {path} is not a valid ONNX file: {first_line(err, 200)}") from None
@@ -63,21 +64,26 @@ def read_npz(path: str | Path, ignore_size_limits: bool = False) -> dict[str, np
 
 @dataclass(frozen=True)
 class ModelFile:
-    """An ONNX file read and checked once per validate run: the parsed model and its metadata
-    (FileMetadata: keys checked, quantization scheme derived from the graph)."""
+    """An ONNX file read and checked once per validate run: the parsed model, what it says it is
+    (its FileContract, checked), and the quantization scheme its graph shows (the policy that
+    judges it: a label alone never chooses one, export/schemes.py)."""
 
     path: Path
     proto: onnx.ModelProto
-    meta: FileMetadata
+    contract: FileContract
+    scheme: str | None = None
 
     @classmethod
     def read(cls, path: str | Path) -> "ModelFile":
+        from ..export.schemes import checked_scheme
+
         proto = read_onnx(path)
         try:
-            meta = FileMetadata.of(proto)
+            contract = read_contract(proto)
+            scheme = checked_scheme(proto, contract.quantized)
         except ValueError as err:
             raise ParityInputError(f"{path}: {err}") from None
-        return cls(Path(path), proto, meta)
+        return cls(Path(path), proto, contract, scheme)
 
     @property
     def seq2seq_role(self) -> str | None:
@@ -93,33 +99,32 @@ def model_file(model: "str | Path | ModelFile") -> ModelFile:
     return model if isinstance(model, ModelFile) else ModelFile.read(model)
 
 
-def load_model_file(path: "str | Path | ModelFile") -> tuple[onnx.ModelProto, FileMetadata]:
-    """A file we wrote from one of our own models, and its metadata."""
+def load_model_file(path: "str | Path | ModelFile") -> ModelFile:
+    """A file we wrote from one of our own models."""
     file = model_file(path)
-    if file.meta.imported:
+    if file.contract.imported:
         raise ParityInputError(f"model {file.path} was exported from a Hugging Face folder: validate it with --model DIR")
-    if "config" not in file.meta:
+    if not file.contract.ours:
         raise ParityInputError(f"model {file.path} has no posbias metadata: export it with posbias_export")
-    return file.proto, file.meta
+    return file
 
 
-def reference_model(meta: dict, checkpoint: str | None = None) -> torch.nn.Module:
-    """The PyTorch model a file was exported from, rebuilt from its metadata."""
-    cfg = ModelConfig.from_dict(json.loads(meta["config"]))
-    arch = meta.get("arch", "lm")
-    checkpoint = checkpoint or meta.get("checkpoint")
+def reference_model(contract: FileContract, checkpoint: str | None = None) -> torch.nn.Module:
+    """The PyTorch model a file was exported from, rebuilt from its contract."""
+    cfg, arch = model_config(contract), contract.arch
+    checkpoint = checkpoint or contract.checkpoint
     if checkpoint:
         if not Path(checkpoint).is_file():
             raise ParityInputError(f"checkpoint {checkpoint} (needed for this model's weights) does not exist; "
                                    "pass --checkpoint with its new path")
-        recorded = meta.get("checkpoint_sha256")
+        recorded = contract.checkpoint_sha256
         if recorded and file_sha256(checkpoint) != recorded:
             raise ParityInputError(f"checkpoint {checkpoint} is not the file this model was exported from "
                                    f"(sha256 differs from the recorded {recorded[:12]}...)")
         model = load_checkpoint(checkpoint, cfg, arch)
     else:
-        model = build_model(cfg, seed=int(meta.get("seed", 0)), arch=arch)
-    return CachedLogits(model, meta.get("logits") == "last") if meta.get("kv_cache") == "1" else model
+        model = build_model(cfg, seed=contract.seed or 0, arch=arch)
+    return CachedLogits(model, contract.logits == "last") if contract.kv_cache else model
 
 
 class CachedLogits(torch.nn.Module):
@@ -140,16 +145,10 @@ class CachedLogits(torch.nn.Module):
 CACHE_LEN = 5  # a --kv-cache file is validated on a step with this many cached positions before it
 
 
-def inplace_cache(meta) -> bool:
-    """A --kv-cache --target ort file: its cache is written in place (export/inplace_graph.py)."""
-    return meta.get("kv_cache") == "1" and meta.get("target") == "ort"
-
-
-def generated_inputs(meta: dict, length: int, batch: int, seed: int) -> dict[str, np.ndarray]:
-    cfg = ModelConfig.from_dict(json.loads(meta["config"]))
-    arch = meta.get("arch", "lm")
+def generated_inputs(contract: FileContract, length: int, batch: int, seed: int) -> dict[str, np.ndarray]:
+    cfg, arch = model_config(contract), contract.arch
     gen = torch.Generator().manual_seed(seed)
-    dtype = np.float16 if meta.get("dtype") == "float16" else np.float32
+    dtype = np.float16 if contract.dtype == "float16" else np.float32
     if arch == "lm":
         feeds = {"input_ids": torch.randint(0, cfg.vocab_size, (batch, length), generator=gen).numpy()}
     elif arch == "attention":
@@ -157,31 +156,31 @@ def generated_inputs(meta: dict, length: int, batch: int, seed: int) -> dict[str
         return {name: torch.randn(shape, generator=gen).numpy().astype(dtype) for name in INPUT_NAMES[arch]}
     else:
         feeds = {"hidden_states": torch.randn(batch, length, cfg.dim, generator=gen).numpy().astype(dtype)}
-    if meta.get("kv_cache") == "1":  # a decode step after CACHE_LEN cached positions (random keys and values)
+    if contract.kv_cache:  # a decode step after CACHE_LEN cached positions (random keys and values)
         # an in-place file as its clients run it: a prompt into an empty cache, or one token after
         # cached ones (GroupQueryAttention's CPU kernel takes several new tokens after a cache at batch 1 only)
-        cached = CACHE_LEN if length == 1 or not inplace_cache(meta) else 0
+        cached = CACHE_LEN if length == 1 or not contract.inplace_cache else 0
         feeds["attention_mask"] = np.ones((batch, cached + length), dtype=np.int64)
         shape = (batch, cfg.num_heads, cached, cfg.head_dim)
         for layer in range(cfg.num_layers):
             for kind in ("key", "value"):
                 feeds[f"past_{kind}.{layer}"] = torch.randn(shape, generator=gen).numpy().astype(dtype)
         return feeds
-    if meta.get("attention_mask") == "1":
+    if contract.attention_mask:
         feeds["attention_mask"] = np.ones((batch, length), dtype=np.int64)
     return feeds
 
 
-def torch_args(meta: dict, feeds: dict[str, np.ndarray]) -> tuple:
+def torch_args(contract: FileContract, feeds: dict[str, np.ndarray]) -> tuple:
     """The model's positional arguments for a runner's named inputs."""
-    arch = meta.get("arch", "lm")
+    arch = contract.arch
     if arch == "attention":
         return tuple(torch.from_numpy(feeds[name]) for name in INPUT_NAMES[arch])
     first = torch.from_numpy(feeds[INPUT_NAMES[arch][0]])
     if "attention_mask" not in feeds:
         return (first,)
     mask = torch.from_numpy(feeds["attention_mask"])
-    if meta.get("kv_cache") == "1":  # CachedLogits' order: past_key.0, past_value.0, past_key.1, ...
+    if contract.kv_cache:  # CachedLogits' order: past_key.0, past_value.0, past_key.1, ...
         layers = sum(1 for name in feeds if name.startswith("past_key."))
         # an int8 cache (--kv-dtype int8) is judged on prompts into an empty one: its values never reach the reference
         past = [torch.from_numpy(feeds[f"past_{kind}.{i}"]).float() if feeds[f"past_{kind}.{i}"].dtype == np.int8

@@ -48,11 +48,11 @@ def evaluate(model_path: str | Path, corpus: str | Path, lengths=(64, 128, 256, 
              checkpoint: str | None = None, torch_check: bool = True, progress=None,
              reference: torch.nn.Module | None = None) -> list[LengthResult]:
     """`reference`: the PyTorch model to cross-check with (default: rebuilt from the metadata)."""
-    proto, meta = load_model_file(model_path)
-    if meta.get("arch", "lm") != "lm" or meta.get("kv_cache") == "1":
+    contract = load_model_file(model_path).contract
+    if contract.arch != "lm" or contract.kv_cache:
         raise ValueError("evaluate needs a plain lm export (no --kv-cache, not a block)")
-    cfg = json.loads(meta["config"])
-    limit = int(meta["max_positions"]) if "max_positions" in meta else None
+    cfg = contract.config
+    limit = contract.max_positions
     heldout = split(read_corpus(corpus)[0])[1]
     too_long = [n for n in lengths if n > len(heldout)]
     if too_long:  # checked before any work: not even one window of that length exists
@@ -60,7 +60,7 @@ def evaluate(model_path: str | Path, corpus: str | Path, lengths=(64, 128, 256, 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     session = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
-    model = reference if reference is not None else (reference_model(meta, checkpoint) if torch_check else None)
+    model = reference if reference is not None else (reference_model(contract, checkpoint) if torch_check else None)
     results = []
     for length in lengths:
         if limit is not None and length > limit:

@@ -2,7 +2,6 @@
 own messages for a wrong name, rank or dtype are often cryptic or, worse, a silent cast."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -21,26 +20,11 @@ class InputSpec:
 TOKEN_INPUT = "input_ids"
 
 
-def token_limit(metadata: dict[str, str]) -> int | None:
-    """The vocabulary size of a posbias language model, from its file's metadata_props (None
-    for other models): an Embedding lookup with an id outside it is an error in PyTorch, but
-    runtimes silently wrap -1 to the last row or return garbage. Imported models (BLOOM, T5, ...)
-    record it as posbias.vocab_size."""
-    if "posbias.vocab_size" in metadata:
-        try:
-            return int(metadata["posbias.vocab_size"])
-        except ValueError:
-            return None
-    if metadata.get("posbias.arch", "lm") != "lm" or "posbias.config" not in metadata:
-        return None
-    try:
-        return int(json.loads(metadata["posbias.config"])["vocab_size"])
-    except (ValueError, KeyError, TypeError, RecursionError):  # a damaged or forged config checks nothing
-        return None
-
-
-def with_token_limit(specs: list[InputSpec], metadata: dict[str, str]) -> list[InputSpec]:
-    limit = token_limit(metadata)
+def with_token_limit(specs: list[InputSpec], contract) -> list[InputSpec]:
+    """The token input bounded by the vocabulary a language model's FileContract records (an
+    Embedding lookup with an id outside it is an error in PyTorch, but runtimes silently wrap -1
+    to the last row or return garbage)."""
+    limit = contract.token_limit
     return [replace(s, id_limit=limit) if s.name == TOKEN_INPUT and limit else s for s in specs]
 
 

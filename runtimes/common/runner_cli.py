@@ -38,6 +38,16 @@ def check_model_file(path: str) -> Path:
     return path
 
 
+def contract_of(metadata: dict[str, str], model_path) -> "FileContract":
+    """What the file says it is (common/contract.py); a damaged or forged label is one line."""
+    from .contract import FileContract
+
+    try:
+        return FileContract.from_props(metadata)
+    except ValueError as err:
+        raise RunnerError(f"{model_path}: {err}") from None
+
+
 def onnx_metadata(model_path: str) -> dict[str, str]:
     """The file's metadata_props, read with the onnx package when it is installed (else none)."""
     try:
@@ -78,7 +88,7 @@ def run_all(args, load, specs_of, run, name: str, metadata_of=None) -> int:
         handle = load(str(model))
         fresh = getattr(args, "fresh_sessions", False)
         metadata = metadata_of(handle) if metadata_of else onnx_metadata(args.model)
-        specs = with_token_limit(specs_of(handle), metadata)
+        specs = with_token_limit(specs_of(handle), contract_of(metadata, args.model))
         feeds = [read_tensors(location, "input", [s.name for s in specs]) for _, location in sets]
         for fed in feeds:
             check_feeds(fed, specs)

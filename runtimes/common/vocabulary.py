@@ -83,7 +83,7 @@ class TokenizerVocabulary(Vocabulary):
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
-def vocabulary_for(model_path: str, metadata: dict[str, str], tokenizer: str | None = None) -> Vocabulary:
+def vocabulary_for(model_path: str, contract, tokenizer: str | None = None) -> Vocabulary:
     """The vocabulary a file generates with: --tokenizer if given, else the tokenizer.json beside
     the file (a folder written with --out-dir) or in the folder it was exported from; bytes for
     our own byte-level models. A model of another vocabulary without a tokenizer is refused."""
@@ -92,11 +92,11 @@ def vocabulary_for(model_path: str, metadata: dict[str, str], tokenizer: str | N
         if not path.is_file():
             raise RunnerError(f"tokenizer {tokenizer} does not exist")
         return TokenizerVocabulary(path)
-    vocab = metadata.get("posbias.vocab_size")
-    imported = metadata.get("posbias.source") == "huggingface" or (vocab is not None and vocab != str(BYTE_VOCABULARY))
+    vocab = contract.vocab_size
+    imported = contract.imported or (vocab is not None and vocab != BYTE_VOCABULARY)
     candidates = [Path(model_path).resolve().parent / "tokenizer.json"]
-    if metadata.get("posbias.model_dir"):
-        candidates.append(Path(metadata["posbias.model_dir"]) / "tokenizer.json")
+    if contract.model_dir:
+        candidates.append(Path(contract.model_dir) / "tokenizer.json")
     found = next((p for p in candidates if p.is_file()), None)
     if found is not None and imported:
         return TokenizerVocabulary(found)

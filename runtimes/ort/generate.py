@@ -23,7 +23,8 @@ import numpy as np  # noqa: E402
 
 from common.atomic import Terminated, clashing_input, on_sigterm_raise, write_bytes  # noqa: E402
 from common.cache import cache_layout  # noqa: E402
-from common.feeds import ONNX_TYPE_TO_NUMPY, token_limit  # noqa: E402
+from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
+from common.runner_cli import contract_of  # noqa: E402
 from common.loading import load_runner  # noqa: E402
 from common.runner_cli import OneLineParser  # noqa: E402
 from common.tensor_io import RunnerError  # noqa: E402
@@ -55,19 +56,17 @@ class CachedDecoder:
         if first.type not in ONNX_TYPE_TO_NUMPY:
             raise RunnerError(f"{model_path}: the cache input {first.name} is {first.type}, not a float tensor")
         self.dtype = np.dtype(ONNX_TYPE_TO_NUMPY[first.type])
-        meta = self.session.get_modelmeta().custom_metadata_map
+        contract = contract_of(self.session.get_modelmeta().custom_metadata_map, model_path)
+        self.contract = contract
         # A learned absolute position table (if any) bounds the context; biases do not.
-        limit = meta.get("posbias.max_positions")
-        if limit is not None and not (limit.isdigit() and int(limit) > 0):
-            raise RunnerError(f"{model_path}: its metadata posbias.max_positions is {limit[:40]!r}, not a positive integer")
-        self.max_positions = int(limit) if limit is not None else None
+        self.max_positions = contract.max_positions
         self.output_names = [self.session.get_outputs()[0].name, *layout.present]  # logits, then the cache in order
         # the rows of the embedding: an id past them is refused (an int4 file's GatherBlockQuantized
         # reads past the table unchecked; a tokenizer may know more tokens than the model has rows)
         logits_dim = self.session.get_outputs()[0].shape[-1]
-        self.vocab = token_limit(meta) or (logits_dim if isinstance(logits_dim, int) else None)
+        self.vocab = contract.token_limit or (logits_dim if isinstance(logits_dim, int) else None)
         # --target ort: the cache is written in place, so one buffer per tensor serves every step
-        self.inplace = meta.get("posbias.target") == "ort" and meta.get("posbias.kv_cache") == "1"
+        self.inplace = contract.inplace_cache
 
     def check_ids(self, input_ids: np.ndarray) -> None:
         """Token ids in [0, vocab): what an embedding row exists for."""
@@ -334,7 +333,7 @@ def main(argv=None) -> int:
             _check_output(args.output, [args.model, args.model + ".data", *(args.prompt_file or []),
                                         *([args.tokenizer] if args.tokenizer else [])])
         decoder = CachedDecoder(args.model, args.provider, tf32=args.tf32, lean=args.lean_memory)
-        vocab = vocabulary_for(args.model, decoder.session.get_modelmeta().custom_metadata_map, args.tokenizer)
+        vocab = vocabulary_for(args.model, decoder.contract, args.tokenizer)
         if args.output:  # and none of what the vocabulary read (tokenizer.json, config.json, generation_config.json)
             _check_output(args.output, [args.model, *(args.prompt_file or []), *vocab.files])
         prompts = [vocab.encode(t) if not vocab.is_bytes else utf8(t) for t in args.prompt or []]

@@ -29,6 +29,7 @@ from common.cache import cache_layout, cross_cache_layout  # noqa: E402
 from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
 from common.json_files import read_json_object, token_id  # noqa: E402
 from common.loading import load_runner  # noqa: E402
+from common.runner_cli import contract_of  # noqa: E402
 from common.runner_cli import OneLineParser  # noqa: E402
 from common.tensor_io import RunnerError  # noqa: E402
 from common.vocabulary import TokenizerVocabulary  # noqa: E402
@@ -54,12 +55,12 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
     if provider == "cuda":  # before either session: the decoder's If decides for the process
         host_synchronous_cuda(encoder_path, decoder_path)
     encoder, decoder = create_session(encoder_path, provider), create_session(decoder_path, provider)
-    vocab = encoder.get_modelmeta().custom_metadata_map.get("posbias.vocab_size")
+    vocab = contract_of(encoder.get_modelmeta().custom_metadata_map, encoder_path).vocab_size
     ids = np.asarray(input_ids)
     if ids.dtype != np.int64 or ids.ndim != 2 or np.asarray(attention_mask).shape != ids.shape:
         raise RunnerError(f"input_ids and attention_mask must be int64 [B, L] of one shape, got {ids.dtype} "
                           f"{list(ids.shape)} and {list(np.asarray(attention_mask).shape)}")
-    if vocab and ids.size and (ids.min() < 0 or ids.max() >= int(vocab)):
+    if vocab and ids.size and (ids.min() < 0 or ids.max() >= vocab):
         bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
         raise RunnerError(f"token id {bad} is outside the vocabulary [0, {vocab})")
     names = {i.name: i for i in decoder.get_inputs()}
@@ -126,7 +127,8 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
 def _check_same_weights(encoder, decoder, encoder_path: str, decoder_path: str) -> None:
     """Files we export record their folder's weights (posbias.weights_sha256): an encoder and a
     decoder of two different folders of the same width would run, and generate nonsense."""
-    recorded = [s.get_modelmeta().custom_metadata_map.get("posbias.weights_sha256") for s in (encoder, decoder)]
+    recorded = [contract_of(s.get_modelmeta().custom_metadata_map, path).weights_sha256
+                for s, path in ((encoder, encoder_path), (decoder, decoder_path))]
     if all(recorded) and recorded[0] != recorded[1]:
         raise RunnerError(f"{encoder_path} and {decoder_path} were exported from different weights (their "
                           "posbias.weights_sha256 differ): give the encoder and decoder of one folder")
