@@ -12,9 +12,16 @@ import json
 import sys
 import time
 
+from pathlib import Path
+
 import numpy as np
 
 from worker import peak_rss, rss_now  # same folder: run by path
+
+# the runners' cache naming (runtimes/: beside the package in a checkout, inside it installed)
+_PACKAGE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(_PACKAGE / "runtimes" if (_PACKAGE / "runtimes").is_dir() else _PACKAGE.parent / "runtimes"))
+from common.cache import is_cache_input  # noqa: E402
 
 
 def feeds_for(session, length: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -27,7 +34,7 @@ def feeds_for(session, length: int, vocab: int, seed: int = 0) -> dict[str, np.n
             feeds[value.name] = np.ones((1, length), np.int64)
         elif value.name == "position_ids":
             feeds[value.name] = np.arange(length, dtype=np.int64)[None]
-        elif "past" in value.name:  # a cached decoder: an empty cache (prefill)
+        elif is_cache_input(value.name):  # a cached decoder: an empty cache (prefill)
             shape = [1 if i == 0 else (d if isinstance(d, int) else 0) for i, d in enumerate(value.shape)]
             feeds[value.name] = np.zeros(shape, np.float32)
         else:

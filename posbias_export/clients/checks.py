@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..environment import describe, environment, without_local_paths
+from ..runners import runtimes_common
 from ..export.schemes import SCHEMES as ALL_SCHEMES
 from ..export.files import output_folder, write_text_atomic
 from ..hf.models import SUPPORTED, architecture
@@ -89,7 +90,7 @@ def ours(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndar
         dec = ort.InferenceSession(str(folder / "decoder_model_merged.onnx"), providers=["CPUExecutionProvider"])
         states = enc.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
         past = {i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32) for i in dec.get_inputs()
-                if i.name.startswith("past_")}  # empty caches, the file's heads and head size
+                if runtimes_common("cache").is_cache_input(i.name)}  # empty caches, the file's heads and head size
         merged = any(i.name == "use_cache_branch" for i in dec.get_inputs())
         first = {"use_cache_branch": np.array([False])} if merged else {}  # the merged decoder's first step
         logits = dec.run(None, {"input_ids": np.array([[PAD]]), "encoder_hidden_states": states,

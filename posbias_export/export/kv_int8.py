@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..runners import runtimes_common
 from .inplace_graph import MS_DOMAIN
 
 INT8_MAX = 127
@@ -70,7 +71,7 @@ def calibrate(path: str, tokenizer: str | None = None) -> dict[str, float]:
         else:  # a past: [B, Hkv, 0, d] in the file's float dtype
             dtype = np.float16 if "float16" in value.type else np.float32
             feeds[value.name] = np.zeros((ids.shape[0], value.shape[1], 0, value.shape[3]), dtype)
-    names = [o.name for o in session.get_outputs() if o.name.startswith("present")]
+    names = [o.name for o in session.get_outputs() if runtimes_common("cache").is_cache_output(o.name)]
     outputs = session.run(names, feeds)
     return {name: float(np.abs(out.astype(np.float32)).max()) for name, out in zip(names, outputs)}
 

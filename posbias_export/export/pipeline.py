@@ -362,12 +362,14 @@ def report_dims(values) -> dict[str, list]:
 def cache_bytes_per_token(proto: onnx.ModelProto) -> int:
     """What one more token adds to a cached decoder's KV cache, over every past input
     [B, heads, P, d] (heads as the file holds them: fewer for multi-query / grouped models)."""
+    cache = runtimes_common("cache")
     total = 0
     for value in proto.graph.input:
         t = value.type.tensor_type
         dims = t.shape.dim
-        cross = "cross" in value.name or ".encoder." in value.name  # a seq2seq cross cache: per encoder token
-        if "past" in value.name and not cross and len(dims) == 4 and dims[1].HasField("dim_value") and dims[3].HasField("dim_value"):
+        # a seq2seq cross cache grows per encoder token, not per step
+        self_cache = cache.is_cache_input(value.name) and not cache.is_cross_cache(value.name)
+        if self_cache and len(dims) == 4 and dims[1].HasField("dim_value") and dims[3].HasField("dim_value"):
             total += dims[1].dim_value * dims[3].dim_value * onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
     return total
 

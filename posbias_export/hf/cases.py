@@ -12,6 +12,7 @@ import onnx
 from ..nn import AttentionSettings
 from ..parity.quantized import sampled_ids_cached
 from ..parity.reference import ParityInputError
+from ..runners import runtimes_common
 
 TRANSFORMERS_ROW = "transformers"
 # blocked: the same math as plain (tested), in memory linear in L, so float64 fits at 16k too
@@ -38,7 +39,7 @@ def file_inputs(proto: onnx.ModelProto, ids: np.ndarray, mask: np.ndarray,
             feeds[name] = np.clip(mask.cumsum(-1) - 1, 0, None).astype(np.int64)
         elif name == "use_cache_branch":  # a merged seq2seq decoder's prefill: it computes its caches
             feeds[name] = np.array([False])
-        elif "past" in name:
+        elif runtimes_common("cache").is_cache_input(name):
             dims = value.type.tensor_type.shape.dim
             shape = [batch if i == 0 else (d.dim_value if d.HasField("dim_value") else 0) for i, d in enumerate(dims)]
             dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)

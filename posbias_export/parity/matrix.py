@@ -49,7 +49,7 @@ def quantized_inputs(contract: FileContract, model: torch.nn.Module, feeds: dict
         out["attention_mask"] = np.ones((batch, length), np.int64)
     cache = np.int8 if contract.kv_dtype == "int8" else None  # an int8 cache's empty past is int8
     for name, value in feeds.items():
-        if name.startswith("past_"):
+        if runtimes_common("cache").is_cache_input(name):
             out[name] = value[:, :, :0].astype(cache or value.dtype)
     return out
 

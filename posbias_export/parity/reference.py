@@ -11,6 +11,7 @@ import onnx
 import torch
 
 from ..errors import first_line
+from ..runners import runtimes_common
 from ..export import INPUT_NAMES
 from ..export.contract import FileContract, model_config, read_contract
 from ..nn import EAGER, AttentionSettings, build_model, file_sha256, load_checkpoint
@@ -181,7 +182,8 @@ def torch_args(contract: FileContract, feeds: dict[str, np.ndarray]) -> tuple:
         return (first,)
     mask = torch.from_numpy(feeds["attention_mask"])
     if contract.kv_cache:  # CachedLogits' order: past_key.0, past_value.0, past_key.1, ...
-        layers = sum(1 for name in feeds if name.startswith("past_key."))
+        past_entry = runtimes_common("cache").past_entry
+        layers = sum(1 for name in feeds if (past_entry(name) or (0, ""))[1] == "key")
         # an int8 cache (--kv-dtype int8) is judged on prompts into an empty one: its values never reach the reference
         past = [torch.from_numpy(feeds[f"past_{kind}.{i}"]).float() if feeds[f"past_{kind}.{i}"].dtype == np.int8
                 else torch.from_numpy(feeds[f"past_{kind}.{i}"]) for i in range(layers) for kind in ("key", "value")]

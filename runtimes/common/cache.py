@@ -39,6 +39,35 @@ _CROSS_PRESENT = re.compile(
     r"^(?:present_cross_(?P<k1>key|value)\.(?P<l1>\d+)|present\.(?P<l2>\d+)\.encoder\.(?P<k2>key|value))$")
 
 
+def is_cache_input(name: str) -> bool:
+    """A past key or value input (self or cross attention), in either naming."""
+    return bool(_PAST.match(name) or _CROSS_PAST.match(name))
+
+
+def is_cache_output(name: str) -> bool:
+    """A present key or value output (self or cross attention), in either naming."""
+    return bool(_PRESENT.match(name) or _CROSS_PRESENT.match(name))
+
+
+def is_cross_cache(name: str) -> bool:
+    """A seq2seq decoder's cross-attention cache (it grows per encoder token, not per step)."""
+    return bool(_CROSS_PAST.match(name) or _CROSS_PRESENT.match(name))
+
+
+def past_entry(name: str) -> tuple[int, str] | None:
+    """(layer, "key" | "value") of a self-attention past input, else None."""
+    match = _PAST.match(name)
+    if not match:
+        return None
+    return int(match["l1"] if match["l1"] is not None else match["l2"]), match["k1"] or match["k2"]
+
+
+def is_past_axis(dim_name) -> bool:
+    """The axis a cache input grows along, as files name it (past, past_sequence_length, ...; a
+    merged seq2seq decoder's cross cache: Optimum's encoder_sequence_length_out): empty at a prefill."""
+    return isinstance(dim_name, str) and ("past" in dim_name or dim_name == "encoder_sequence_length_out")
+
+
 def cross_cache_layout(input_names, output_names) -> CacheLayout | None:
     """A seq2seq decoder's cross-attention cache (Optimum's merged layout: past_key_values.N.
     encoder.key in, present.N.encoder.key out, chosen by use_cache_branch), or None."""

@@ -66,9 +66,10 @@ def _empty_cache(spec: InputSpec, array: np.ndarray) -> bool:
     """A cache input of a cached decoder may hold no step yet (a prefill): its past axis (named
     past, past_sequence_length, ...; a merged seq2seq decoder's cross cache:
     encoder_sequence_length_out, Optimum's name) is the one of length 0."""
+    from .cache import is_past_axis
+
     empty_axes = [axis for axis, size in enumerate(array.shape) if size == 0]
-    return bool(empty_axes) and all(isinstance(spec.dims[a], str) and (
-        "past" in spec.dims[a] or spec.dims[a] == "encoder_sequence_length_out") for a in empty_axes)
+    return bool(empty_axes) and all(is_past_axis(spec.dims[a]) for a in empty_axes)
 
 
 ONNX_TYPE_TO_NUMPY = {
