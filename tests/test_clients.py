@@ -450,7 +450,7 @@ def test_quantized_folder_runs_in_the_clients(shipped, tmp_path, scheme):
     (int8: of our runner's cached steps, see _stepwise_greedy).
     (Against the float folder's tokens a quantized file may flip a choice: this tiny model's
     int8 file follows the float one for 8 of 12 tokens; the policy in validate judges how far.)"""
-    from posbias_export.export.schemes import scheme as quant_scheme
+    from posbias_export.export.quantize.schemes import scheme as quant_scheme
 
     source, _ = shipped["bloom"]
     folder = tmp_path / scheme

@@ -32,7 +32,7 @@ def test_quantizer_reading_back_a_cut_copy_is_a_full_disk(tmp_path, monkeypatch,
     """The protobuf DecodeError the quantizer raises on its truncated copy is one line too."""
     from google.protobuf.message import DecodeError
 
-    from posbias_export.export import schemes
+    from posbias_export.export.quantize import schemes
 
     def cut(self, path, names, head=()):
         raise DecodeError("Error parsing message with type 'onnx.ModelProto': Wire format was corrupt")

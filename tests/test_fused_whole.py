@@ -19,7 +19,7 @@ from onnxscript import opset18 as op
 import posbias_export as pbe
 from posbias_export.biases.alibi import alibi_slopes
 from posbias_export.biases.onnx_domain import posbias
-from posbias_export.export.gpu_script import HalfParts, SlopeParts
+from posbias_export.export.targets.gpu_script import HalfParts, SlopeParts
 from posbias_export.nn import block_plan, plans
 from posbias_export.nn.attention import AttentionSettings
 from posbias_export.parity import FLOAT16, FLOAT32, compare, torch_outputs

@@ -132,7 +132,7 @@ def test_the_file_exported_before_the_cure_is_risky_and_hoisting_it_keeps_its_ou
 def test_has_padding_counts_padding_keys_from_a_shape(keep):
     """HasPadding reads how many keys are padding from NonZero's output shape (a host value in
     ONNX Runtime CUDA), and agrees with not keep.all()."""
-    from posbias_export.export.blocked_script import HasPadding
+    from posbias_export.export.targets.blocked_script import HasPadding
 
     proto = HasPadding.to_model_proto()
     mask = np.array(keep, dtype=bool).reshape(1, 1, 1, -1)

@@ -1,4 +1,4 @@
-"""The in-place KV cache (--kv-cache --target ort, export/inplace_graph.py): for every family, a
+"""The in-place KV cache (--kv-cache --target ort, export/targets/inplace_body.py): for every family, a
 prompt then decode steps, left padding and a hole in the mask, run unbound (present fed back as
 past, as the Concat file) and with each past and present bound to ONE buffer longer than needed
 (as onnxruntime-genai's past_present_share_buffer does); each judged against the float64

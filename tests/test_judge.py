@@ -109,7 +109,7 @@ def test_imported_quantized_file_is_judged_on_cached_samples(tmp_path, monkeypat
     from hf_folders import save_tiny_model
 
     import posbias_export.parity.quantized as quantized
-    from posbias_export.export.schemes import scheme
+    from posbias_export.export.quantize.schemes import scheme
     from posbias_export.hf.export import export_model
     from posbias_export.validation import validate
 

@@ -1,4 +1,4 @@
-"""--kv-dtype int8 (export/kv_int8.py): an in-place file whose KV cache is int8 with one
+"""--kv-dtype int8 (export/quantize/kv_int8.py): an in-place file whose KV cache is int8 with one
 calibrated scale per layer's keys and values. Judged by validate's int8 policy (perplexity within
 1%, parity/quantized.py) on the trained ALiBi checkpoint, bound to one buffer and unbound; the
 policy is load-bearing (scales made 50x too small saturate the cache and fail it); decode steps
@@ -15,7 +15,7 @@ import tiers
 from test_inplace_cache import _ort_run
 
 from posbias_export.cli import main as cli_main
-from posbias_export.export.kv_int8 import has_int8_cache
+from posbias_export.export.quantize.kv_int8 import has_int8_cache
 from posbias_export.export import FileContract
 from posbias_export.parity.quantized import judge
 
@@ -136,7 +136,7 @@ def test_imported_bloom_with_int4_weights_and_an_int8_cache(tmp_path):
     pytest.importorskip("transformers")
     from hf_folders import save_tiny_model
 
-    from posbias_export.export.schemes import checked_scheme, scheme
+    from posbias_export.export.quantize.schemes import checked_scheme, scheme
     from posbias_export.hf.export import export_model
     from posbias_export.validation import validate
 

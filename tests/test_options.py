@@ -1,5 +1,5 @@
 """Export options as one value (export/options.py) and quantization schemes as classes
-(export/schemes.py): bad values are one line, options that do nothing are refused, and the
+(export/quantize/schemes.py): bad values are one line, options that do nothing are refused, and the
 command line, the API and a scheme's own flags describe the same export."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from posbias_export.cli import main as cli_main
 from posbias_export.export.options import ExportOptions, options_from
-from posbias_export.export.schemes import SCHEMES, Int4, Int8, checked_scheme, scheme
+from posbias_export.export.quantize.schemes import SCHEMES, Int4, Int8, checked_scheme, scheme
 
 
 @pytest.mark.parametrize("fields, words", [

@@ -12,7 +12,7 @@ from onnx import numpy_helper
 import posbias_export as pbe
 import tiers
 from posbias_export.export import checkpoint_metadata, export_onnx
-from posbias_export.export.schemes import scheme as quant_scheme
+from posbias_export.export.quantize.schemes import scheme as quant_scheme
 from posbias_export.export import FileContract
 from posbias_export.nn import load_checkpoint
 from posbias_export.parity import run_matrix
@@ -58,7 +58,7 @@ def test_quantized_checkpoint_passes_policy(tmp_path, bias, scheme):
 
 def test_int8_weights_are_seven_bit(tmp_path):
     """int8 weights stay in [-64, 64] (reduce_range): on CPUs without VNNI, ONNX Runtime's
-    uint8 x int8 kernel saturates with full 8-bit weights (export/quantize.py Int8.REDUCE_RANGE)."""
+    uint8 x int8 kernel saturates with full 8-bit weights (export/quantize/whole.py Int8.REDUCE_RANGE)."""
     import numpy as np
 
     path = _export("alibi", "int8", tmp_path / "q.onnx")
@@ -333,7 +333,7 @@ def test_the_quantizers_temporaries_live_beside_the_output(tmp_path, monkeypatch
     swept), beside the output; after it, the system's again."""
     import tempfile
 
-    from posbias_export.export import schemes
+    from posbias_export.export.quantize import schemes
 
     seen = []
     real = schemes.Int8.quantize

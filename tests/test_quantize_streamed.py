@@ -1,4 +1,4 @@
-"""--quantize int4 / int8 on the streamed path (export/quantize_streamed.py, quantize_streamed_int8.py):
+"""--quantize int4 / int8 on the streamed path (export/quantize/streamed.py, streamed_int8.py):
 the file holds the nodes and tensors ONNX Runtime's whole-model quantizers (MatMulNBitsQuantizer,
 quantize_dynamic) write from the float file, and its export peaks at a fraction of the
 whole-model path's memory at real width."""
@@ -13,8 +13,8 @@ from onnx import numpy_helper
 
 import tiers
 from posbias_export.cli import main as cli_main
-from posbias_export.export import quantize
-from posbias_export.export.schemes import Int4, Int8
+from posbias_export.export.quantize import whole as quantize
+from posbias_export.export.quantize.schemes import Int4, Int8
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "models" / "alibi.safetensors"
 
@@ -78,7 +78,7 @@ def test_streamed_file_is_the_whole_model_quantizers_file(tmp_path, monkeypatch,
     few columns: the pieces must stack into exactly what the quantizer gives the whole tensor
     (int8: per channel, or one range over all the slabs for the table and --quant-per-tensor)."""
     import hf_folders
-    import posbias_export.export.weight_slabs as slabs
+    import posbias_export.export.quantize.slabs as slabs
     import posbias_export.nn.lazy_weights as lazy
 
     monkeypatch.setattr(lazy, "ROWS_PER_READ", 300)  # a few rows per piece, odd counts among them

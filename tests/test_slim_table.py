@@ -15,8 +15,8 @@ import torch
 
 import posbias_export as pbe
 from posbias_export.export import functions
-from posbias_export.export.block_scaffold import UNBOUNDED
-from posbias_export.export.gpu_table_script import (KEY_ALIGN, AlignKeys, GatherBlockBias, SlimBlock, SlimBlockBounds,
+from posbias_export.export.targets.block_scaffold import UNBOUNDED
+from posbias_export.export.targets.gpu_table_script import (KEY_ALIGN, AlignKeys, GatherBlockBias, SlimBlock, SlimBlockBounds,
                                                     SlimVectorPositions, SlimWindows)
 from posbias_export.nn.attention import AttentionSettings
 from posbias_export.parity import FLOAT32, compare, torch_outputs

@@ -13,7 +13,7 @@ from onnx.reference import ReferenceEvaluator
 from posbias_export.biases import bias_class
 from posbias_export.biases.onnx_domain import DOMAIN, VERSION
 from posbias_export.export import functions
-from posbias_export.export.blocked_graph import function_proto
+from posbias_export.export.targets.blocked_body import function_proto
 from posbias_export.nn import block_plan
 from conftest import ort_session
 

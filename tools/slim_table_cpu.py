@@ -2,7 +2,7 @@
 
 The GPU-target files' table path changed from one [H, rows, 2L] table expanded by an int64
 Gather index and sliced per block, to each block gathering its own bias from the per-distance
-vector (export/gpu_table_script.py). Without a GPU, ORT CPU runs the same graphs (its
+vector (export/targets/gpu_table_script.py). Without a GPU, ORT CPU runs the same graphs (its
 MultiHeadAttention kernel) and shows what the graph itself allocates and moves. Each file runs in
 its own process (peak RSS is per process), batch 1, the runners' session options.
 

@@ -17,8 +17,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..export.schemes import SCHEMES as ALL_SCHEMES
-from ..export.schemes import scheme as quant_scheme
+from ..export.quantize.schemes import SCHEMES as ALL_SCHEMES
+from ..export.quantize.schemes import scheme as quant_scheme
 from . import real_models as real
 from .harness import copy_bandwidth_gbs, measured_python, median, scratch, write_results
 

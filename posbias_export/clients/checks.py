@@ -24,7 +24,7 @@ import torch
 
 from ..environment import describe, environment, without_local_paths
 from ..runners import runtimes_common
-from ..export.schemes import SCHEMES as ALL_SCHEMES
+from ..export.quantize.schemes import SCHEMES as ALL_SCHEMES
 from ..export.files import output_folder, write_text_atomic
 from ..hf.models import SUPPORTED, architecture
 from ..parity import load_runner
@@ -209,7 +209,7 @@ def _client_rows(kind, folder, prompt, label, ref_tokens, ref_logits, tmp, clien
 def _quantized(kind, source, tmp, scheme, prompt, label, float_tokens) -> tuple[list[dict], dict]:
     """The clients on the `--quantize SCHEME` folder, judged against ONNX Runtime on that file; and
     how many new tokens ONNX Runtime's greedy run on it shares with the float folder's."""
-    from ..export.schemes import scheme as quant_scheme
+    from ..export.quantize.schemes import scheme as quant_scheme
     from ..hf.ship import ship
 
     folder = tmp / f"{kind}_{scheme}"

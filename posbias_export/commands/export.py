@@ -113,7 +113,7 @@ def _file_flags(p) -> None:
 
 
 def _quantize_flags(p) -> None:
-    from ..export.schemes import SCHEMES
+    from ..export.quantize.schemes import SCHEMES
 
     p.add_argument("--quantize", choices=tuple(SCHEMES), default=None,
                    help="LM files: weights of the linear layers and the embedding quantized by ONNX Runtime's own "
@@ -202,7 +202,7 @@ def run_export(args) -> int:
 def quantize_spec(args):
     """--quantize and its options -> a schemes.Scheme (None: float weights); options without
     --quantize, or of another scheme, are a usage error, not silently ignored."""
-    from ..export.schemes import SCHEMES, scheme
+    from ..export.quantize.schemes import SCHEMES, scheme
 
     given = {flag: (f.name, getattr(args, f"quant:{f.name}")) for cls in SCHEMES.values()
              for f, flag, _ in cls.option_flags() if getattr(args, f"quant:{f.name}") is not None}

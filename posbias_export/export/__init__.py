@@ -7,7 +7,7 @@ from .metadata import checkpoint_metadata, source_metadata
 from .options import ExportOptions
 from .pipeline import DTYPES, ExportReport, export_onnx
 from .signature import INPUT_NAMES, OUTPUT_NAMES
-from .schemes import scheme as quantization_scheme
+from .quantize import scheme as quantization_scheme
 from .targets import OPSETS, TARGETS
 
 __all__ = ["DTYPES", "INPUT_NAMES", "OPSETS", "OUTPUT_NAMES", "TARGETS", "ExportCheckError", "ExportOptions", "ExportReport",

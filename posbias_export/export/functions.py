@@ -14,9 +14,9 @@ import onnx.inliner
 
 from ..biases import BIASES, bias_class
 from ..biases.onnx_domain import DOMAIN, STANDARD_DOMAINS, VERSION, RelativeDistance
-from .blocked_script import BLOCK_FUNCTIONS
-from .gpu_script import GPU_FUNCTIONS
-from .gpu_table_script import SLIM_TABLE_FUNCTIONS
+from .targets.blocked_script import BLOCK_FUNCTIONS
+from .targets.gpu_script import GPU_FUNCTIONS
+from .targets.gpu_table_script import SLIM_TABLE_FUNCTIONS
 
 __all__ = ["all_nodes", "attach", "function_protos", "inline", "library"]
 

@@ -154,9 +154,9 @@ def hoist_functions(model: onnx.ModelProto) -> onnx.ModelProto:
 def _blocked_helpers() -> set[str]:
     """The pieces the blocked bodies are made of (PadQueries, SlimBlockBounds...): inlined so their
     index arithmetic can move; a family's own functions (posbias.Alibi, KerpleLog...) stay named."""
-    from .blocked_script import BLOCK_FUNCTIONS
-    from .gpu_script import GPU_FUNCTIONS
-    from .gpu_table_script import SLIM_TABLE_FUNCTIONS
+    from .targets.blocked_script import BLOCK_FUNCTIONS
+    from .targets.gpu_script import GPU_FUNCTIONS
+    from .targets.gpu_table_script import SLIM_TABLE_FUNCTIONS
 
     return {fn.name for fn in BLOCK_FUNCTIONS + GPU_FUNCTIONS + SLIM_TABLE_FUNCTIONS}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .schemes import Scheme
+from .quantize.schemes import Scheme
 
 DTYPE_NAMES = ("float32", "float16")
 LOGITS = ("all", "last")  # a cached decoder's logits: every position, or the last one (generation)

@@ -29,11 +29,9 @@ from ..errors import cause_line
 from ..nn import AttentionSettings, block_plan, non_finite_tensor
 from ..runners import runtimes_common
 from . import checks, functions, streamed
-from .blocked_graph import function_proto as portable_function_proto
 from .files import SavedModel, ensure_writable, save_checked
-from .gpu_graph import gpu_function_proto
 from .hoist import hoist_functions
-from .inplace_graph import function_proto as inplace_function_proto
+from .targets.inplace_body import function_proto as inplace_function_proto
 from .contract import FileContract, with_fields, write_contract
 from .metadata import drop_machine_paths
 from .naming import POSBIAS, rename
@@ -42,7 +40,7 @@ from .signature import ExportSpec, ModelSpec, Signature
 from .targets import attention_settings, target, target_opset
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
-ORT_OPS = (("com.microsoft", "GroupQueryAttention"),)  # the in-place cache's step (export/inplace_graph.py)
+ORT_OPS = (("com.microsoft", "GroupQueryAttention"),)  # the in-place cache's step (export/targets/inplace_body.py)
 
 
 @dataclass
@@ -150,7 +148,7 @@ def generated_functions(model: torch.nn.Module, settings: AttentionSettings, dty
     (an imported model's own bias, e.g. Falcon's) and, for the blocked form, the
     posbias.BlockedAttention<Family> bodies its layers emit (block size baked in): one per
     plan, for positions that are the key indices and for positions from a padding mask."""
-    fused_op = target(target_name).fused_op
+    build_body = target(target_name).body
     protos = {}
     for bias in model.modules():
         if not isinstance(bias, AttentionBias):
@@ -166,10 +164,7 @@ def generated_functions(model: torch.nn.Module, settings: AttentionSettings, dty
             continue
         for indices in (False, True):  # the layers' nodes say which one they call
             plan = block_plan(bias, settings.fused, dtype, indices)
-            if fused_op is None:
-                proto = portable_function_proto(bias, plan, settings.block, dtype, opset)
-            else:
-                proto = gpu_function_proto(bias, plan, settings.block, dtype, opset, fused_op)
+            proto = build_body(bias, plan, settings.block, dtype, opset)
             protos[proto.name] = proto
     return list(protos.values())
 
@@ -275,14 +270,14 @@ def add_metadata(state: ExportState) -> None:
 
 def quantize_weights(state: ExportState) -> None:
     """--quantize, the scheme recorded in the metadata: weight by weight on the graph of
-    placeholders, no float file (quantize_streamed.py: ONNX Runtime's rounding and nodes; int8
-    runs its quantizer on a skeleton, quantize_streamed_int8.py). The quantized tensors are
+    placeholders, no float file (quantize/streamed.py: ONNX Runtime's rounding and nodes; int8
+    runs its quantizer on a skeleton, quantize/streamed_int8.py). The quantized tensors are
     spilled beside the output until `save` streams them in."""
     spec = state.request.options.quantize
     if spec is None:
         return
     from ..runners import atomic
-    from .quantize_streamed import quantize_streamed
+    from .quantize.streamed import quantize_streamed
 
     spill = Path(state.resources.enter_context(atomic().temporary_folder(state.request.path))) / "quantized.bin"
     state.proto = quantize_streamed(state.proto, state.weights, spec, spill)
@@ -291,7 +286,7 @@ def quantize_weights(state: ExportState) -> None:
 
 def recorded(state: ExportState, spec) -> None:
     """The quantized graph's metadata, producer and summary lines."""
-    from . import quantize
+    from .quantize import whole as quantize
 
     count = quantize.quantized_node_count(state.proto)
     opset = next(op.version for op in state.proto.opset_import if op.domain in ("", "ai.onnx"))  # int4: 21
@@ -312,7 +307,7 @@ def int8_cache(state: ExportState) -> None:
     if state.request.options.kv_dtype != "int8":
         return
     from ..runners import atomic
-    from . import kv_int8
+    from .quantize import kv_int8
 
     probe = onnx.ModelProto()
     probe.CopyFrom(state.proto)  # saving moves tensors out of the proto it is given
@@ -381,26 +376,8 @@ def report(state: ExportState) -> ExportReport:
     if per_token:
         notes.append(f"KV cache: {per_token} bytes per token and sequence ({per_token / 1024:.1f} KiB; "
                      f"{per_token * 4096 / 2**20:.1f} MiB at 4096 tokens)")
-    if r.settings.cache == "inplace" and r.spec.kv_cache:
-        notes.append("an in-place cache: bind each past_* and its present_* to one [batch, heads, capacity, head "
-                     "size] buffer and a step writes only its new rows (unbound, present grows as with --target "
-                     "portable); ONNX Runtime only (Python, Node, onnxruntime-genai); a prompt after cached tokens "
-                     "needs batch 1 (GroupQueryAttention's CPU kernel)")
-        # measured on ORT 1.31.1 CUDA (benchmarks/gpu_serving.md)
-        if r.options.kv_dtype == "int8":
-            notes.append("on ONNX Runtime CUDA an int8 cache does not run on the GPU: with float32 weights its "
-                         "attention falls back to the CPU, with float16 the CUDA kernel refuses a bias with a "
-                         "quantized cache; serve it on the CPU")
-        elif r.dtype != "float16":
-            notes.append("on ONNX Runtime CUDA GroupQueryAttention has a float16 kernel only: this float32 file's "
-                         "attention runs on the CPU there (the cache crosses to the host each step); for a GPU "
-                         "export --dtype float16")
-    elif proto.functions:
-        if target(r.target).fused_op is not None and runtimes_common("host_reads").risky_host_reads(proto):
-            # measured on ORT 1.31.1 CUDA (benchmarks/gpu_parity_async.md): the blocked Loop's bounds read stale
-            notes.append("on ONNX Runtime CUDA serve this file with CUDA_LAUNCH_BLOCKING=1 set before the process's "
-                         "first session (our runners do): its blocked Loop reads per-block bounds on the host, which "
-                         "ONNX Runtime CUDA can read stale with asynchronous launches (docs/gpu.md)")
+    notes += target(r.target).notes(r, proto)  # what its target says about serving it
+    if proto.functions and not (r.settings.cache == "inplace" and r.spec.kv_cache):
         notes.append("OpenVINO cannot load model-local functions: give it a file exported with --inline-functions "
                      "(ONNX Runtime, onnxruntime-node and the reference evaluator load this one as it is)")
     return ExportReport(

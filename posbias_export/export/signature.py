@@ -13,6 +13,7 @@ from torch import nn
 
 from ..nn import AttentionSettings, ModelConfig
 from .naming import POSBIAS, Naming
+from .targets import TARGETS, target
 
 INPUT_NAMES = {"lm": ["input_ids"], "block": ["hidden_states"], "attention": ["query", "key", "value"]}
 OUTPUT_NAMES = {"lm": ["logits"], "block": ["output"], "attention": ["output"]}
@@ -127,8 +128,9 @@ class ExportSpec:
             if request.dtype != "float32":
                 raise ValueError("quantize starts from float32 weights (the quantizers write their own scales); "
                                  "drop --dtype float16")
-            if request.target not in ("portable", "ort"):
-                raise ValueError("quantize is for the portable and ort targets (ONNX Runtime's CPU kernels for "
+            if not target(request.target).quantized:
+                takes = " and ".join(name for name, t in TARGETS.items() if t.quantized)
+                raise ValueError(f"quantize is for the {takes} targets (ONNX Runtime's CPU kernels for "
                                  "quantized MatMul); the GPU targets keep float weights")
         if request.settings.cache == "inplace":
             self.check_inplace(request)

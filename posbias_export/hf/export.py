@@ -177,7 +177,7 @@ def export_model(model_dir: str | os.PathLike, path: str | os.PathLike, options:
     """Export the model in a local Hugging Face folder (BLOOM, MPT, Falcon with alibi, the T5
     encoder; part="decoder": the cached T5 decoder) to `path` and check it. `options`: an
     ExportOptions (export/options.py) or its fields as keywords: dtype (float32, float16),
-    target (portable, cuda, cuda-ort: export/targets.py), opset (None: the target's), kv_cache,
+    target (portable, cuda, cuda-ort: export/targets/__init__.py), opset (None: the target's), kv_cache,
     logits="last" (with kv_cache: the last position's logits only, [B, 1, V]), quantize (a
     schemes.Scheme: causal LMs, a T5's encoder or decoder). The weights are streamed from the
     folder into the file (never held whole). Raises ValueError for a bad folder or request,

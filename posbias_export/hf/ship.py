@@ -209,7 +209,7 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
     generation = read_json_object(generation_file) if generation_file.is_file() else {}
     check_token_ids(generation, generation_file, model.vocab_size)
     copied = copied_files(source)
-    gpu = target(options.target).fused_op is not None  # the GPU targets; ort's in-place cache runs on either
+    gpu = target(options.target).gpu  # the GPU targets; ort's in-place cache runs on either
     genai = genai_config(model, config, generation, gpu=gpu, shared_buffer=target(options.target).inplace_cache,
                          context=DEFAULT_CONTEXT if context is None else context) if model.arch == "lm" else None
     report = ShipReport(out)

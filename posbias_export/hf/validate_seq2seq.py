@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 import torch
 
-from ..export.schemes import coarser
+from ..export.quantize.schemes import coarser
 from ..limits import attention_bytes, check_fits
 from ..parity.judge import Case, FloatPolicy, Reference, judge, policy_for
 from ..parity.matrix import check_runtimes

@@ -39,10 +39,10 @@ class AttentionSettings:
     functions: this forward is traced for ONNX export: emit posbias.* nodes whose bodies are
       attached as model-local functions afterwards, instead of tracing the bias (an eager call
       with it returns placeholders).
-    fused: the blocked form's GPU-shaped body (export/targets.py): each block ends in one fused
+    fused: the blocked form's GPU-shaped body (export/targets/__init__.py): each block ends in one fused
       attention op, rows budgeted for ONNX Runtime CUDA; the PyTorch twin cuts the same blocks.
     cache: how a cached step's keys reach attention in an exported file: "concat" (past + new,
-      a new present each step) or "inplace" (export/inplace_graph.py: ONNX Runtime's
+      a new present each step) or "inplace" (export/targets/inplace_body.py: ONNX Runtime's
       GroupQueryAttention writes the new rows into a buffer past and present may share). The same
       math: an eager call computes it by concatenation either way.
     """
@@ -94,7 +94,7 @@ def attention_heads(q, k, v, q_pos, k_pos, key_mask, bias: AttentionBias, causal
 
 def inplace_attention(q, k, v, past, key_mask, bias: AttentionBias, from_mask: bool = True):
     """Traced for an in-place file: ONE posbias.CachedAttention<Family> node (its body:
-    export/inplace_graph.py) taking q [B, H, S, hd], the new rows k, v [B, Hkv, S, hd], the past
+    export/targets/inplace_body.py) taking q [B, H, S, hd], the new rows k, v [B, Hkv, S, hd], the past
     buffers and the mask [B, T] -> (out [B, H, S, hd], (present_key, present_value) [B, Hkv, T,
     hd]; an in-place buffer's capacity at run time). from_mask: positions cumsum(mask) - 1, else
     the key indices (the function's name says which)."""
@@ -104,7 +104,7 @@ def inplace_attention(q, k, v, past, key_mask, bias: AttentionBias, from_mask: b
     tensors = [t.float() if t.is_floating_point() else t for t in tensors]
     B, kv_heads, _, hd = k.shape
     total = key_mask.shape[1]
-    name = f"CachedAttention{bias.function_name}{'' if from_mask else 'Indices'}"  # inplace_graph.function_name
+    name = f"CachedAttention{bias.function_name}{'' if from_mask else 'Indices'}"  # inplace_body.function_name
     out, present_key, present_value = torch.onnx.ops.symbolic_multi_out(
         f"posbias::{name}", [q, k, v, past[0], past[1], key_mask, *tensors], {},
         dtypes=[q.dtype] * 3, shapes=[q.shape, (B, kv_heads, total, hd), (B, kv_heads, total, hd)], version=1)

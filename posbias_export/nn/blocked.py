@@ -6,7 +6,7 @@ bidirectional one all keys, and under a local window only those within the windo
 built for that block alone, so nothing holds the [H, L, L] bias or score matrix. With float64
 this is the reference we judge long inputs against (the plain float64 form would need 17 GB at
 16k). During ONNX export it is ONE posbias.BlockedAttention<Family> node;
-export/blocked_graph.py builds that function's body (an ONNX Loop over the same blocks).
+export/targets/blocked_body.py builds that function's body (an ONNX Loop over the same blocks).
 """
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ..export.schemes import SCHEMES
+from ..export.quantize.schemes import SCHEMES
 
 
 POLICIES = {name: cls.policy for name, cls in SCHEMES.items()}  # each scheme's class holds its own

@@ -67,7 +67,7 @@ def read_npz(path: str | Path, ignore_size_limits: bool = False) -> dict[str, np
 class ModelFile:
     """An ONNX file read and checked once per validate run: the parsed model, what it says it is
     (its FileContract, checked), and the quantization scheme its graph shows (the policy that
-    judges it: a label alone never chooses one, export/schemes.py)."""
+    judges it: a label alone never chooses one, export/quantize/schemes.py)."""
 
     path: Path
     proto: onnx.ModelProto
@@ -76,7 +76,7 @@ class ModelFile:
 
     @classmethod
     def read(cls, path: str | Path) -> "ModelFile":
-        from ..export.schemes import checked_scheme
+        from ..export.quantize.schemes import checked_scheme
 
         proto = read_onnx(path)
         try:

@@ -4,15 +4,15 @@ The portable body (blocked_script.py) multiplies, masks and softmaxes each block
 ops; here a block ends in ONE fused attention op (ONNX Attention-23, or ONNX Runtime's
 com.microsoft.MultiHeadAttention) that takes the block's bias as its float mask. Keys therefore
 stay [B, H, Lk, d] (no transposed copy), and the mask is built in float32 then handed over in the
-model dtype (gpu_graph.py adds the Cast). Only standard opset-18 ops in these pieces.
+model dtype (gpu_body.py adds the Cast). Only standard opset-18 ops in these pieces.
 """
 from __future__ import annotations
 
 from onnxscript import BOOL, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
-from ..biases import MASK_PENALTY
-from ..biases.onnx_domain import posbias
+from ...biases import MASK_PENALTY
+from ...biases.onnx_domain import posbias
 from .blocked_script import HasPadding
 
 

@@ -1,4 +1,4 @@
-"""What the portable (blocked_graph.py) and GPU-shaped (gpu_graph.py) bodies of
+"""What the portable (blocked_body.py) and GPU-shaped (gpu_body.py) bodies of
 posbias.BlockedAttention<Family> share: the Loop over query blocks and its body's frame, the
 two Loops chosen by whether any key is padding, the rows budgeted by the keys' width, and the
 function around an If that skips the Loop when the queries fit one block.
@@ -12,7 +12,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-from ..biases.onnx_domain import DOMAIN, VERSION
+from ...biases.onnx_domain import DOMAIN, VERSION
 
 UNBOUNDED = 1 << 30  # "look as far as you like": more keys than any input has, and within int32 (OpenVINO runs int64 index math in int32)
 ELEM_TYPES = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.float64: TensorProto.DOUBLE}

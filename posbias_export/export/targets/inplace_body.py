@@ -24,8 +24,8 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
-from ..biases import FLOAT32_LOWEST, AttentionBias
-from ..biases.onnx_domain import DOMAIN, VERSION
+from ...biases import FLOAT32_LOWEST, AttentionBias
+from ...biases.onnx_domain import DOMAIN, VERSION
 from .block_scaffold import call
 
 MS_DOMAIN = "com.microsoft"

@@ -1,6 +1,6 @@
 """The body of posbias.BlockedAttention<Family> for the GPU-shaped export targets.
 
-Same inputs, outputs and math as blocked_graph.py's portable body, shaped for ONNX Runtime's
+Same inputs, outputs and math as blocked_body.py's portable body, shaped for ONNX Runtime's
 CUDA provider (measured there: benchmarks/gpu_attention.md):
 
     queries that fit one block (decode steps, prompts up to `block` rows):
@@ -31,8 +31,8 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-from ..biases import MASK_PENALTY, AttentionBias
-from ..nn.plans import FEATURE_WIDTH, BlockPlan
+from ...biases import MASK_PENALTY, AttentionBias
+from ...nn.plans import FEATURE_WIDTH, BlockPlan
 from .block_scaffold import (ELEM_TYPES, UNBOUNDED, blocked_function, budgeted_rows, call, graph, loop, padding_loops,
                              scalar_node)
 

@@ -1,48 +1,67 @@
-"""Export targets, and the one function that turns (opset, form, target) into the attention
-settings a trace runs with.
+"""Export targets: what a user names with --target, one module of this folder each, with its
+body builder and ONNX Script pieces beside it:
 
-portable: runs everywhere; the blocked body multiplies, masks and softmaxes each block with
-  separate standard ops (blocked_graph.py).
-cuda: GPU-shaped blocked body, each block one ONNX Attention op (opset 23; gpu_graph.py).
-cuda-ort: the same with ONNX Runtime's com.microsoft.MultiHeadAttention (ONNX Runtime only).
-ort: a --kv-cache file whose cache is written in place (inplace_graph.py: GroupQueryAttention;
-  ONNX Runtime only); the portable blocked body elsewhere.
+    portable.py   runs everywhere: the blocked body multiplies, masks and softmaxes each block
+                  with separate standard ops (blocked_body.py, blocked_script.py)
+    cuda.py       GPU-shaped blocks, each one ONNX Attention op (opset 23; gpu_body.py, gpu_script.py,
+                  gpu_table_script.py)
+    cuda_ort.py   the same with ONNX Runtime's com.microsoft.MultiHeadAttention (ONNX Runtime only)
+    ort.py        a --kv-cache file whose cache is written in place (inplace_body.py: GroupQueryAttention;
+                  ONNX Runtime only); the portable blocked body elsewhere
+
+A Target carries its behaviour: the posbias.BlockedAttention<Family> body it builds, whether it
+takes quantized weights, whether it is shaped for a GPU, the notes its export report adds. Adding
+one is a module defining TARGET and its name in MODULES (docs/adding-a-target.md). The functions
+below turn (opset, form, target) into the attention settings a trace runs with.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import import_module
 
-from ..nn import DEFAULT_BLOCK, AttentionSettings
-from ..nn.plans import GPU_DEFAULT_BLOCK
+from ...nn import DEFAULT_BLOCK, AttentionSettings
 
 OPSETS = (18, 23)
 SDPA_OPSET = 23  # the exporter turns F.scaled_dot_product_attention into the ONNX Attention op from here on
 
 
+def no_notes(request, proto) -> list[str]:
+    return []
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
-    fused_op: str | None  # None: the portable body; "onnx": ONNX Attention-23; "ort": com.microsoft.MultiHeadAttention
-    min_opset: int
-    default_block: int
     help: str
-    inplace_cache: bool = False  # KV-cache files write the new rows into a buffer (inplace_graph.py)
+    body: Callable  # (bias, plan, block, dtype, opset) -> the posbias.BlockedAttention<Family> FunctionProto
+    fused_op: str | None = None  # None: per-block standard ops; "onnx": ONNX Attention-23; "ort": MultiHeadAttention
+    min_opset: int = 18
+    default_block: int = DEFAULT_BLOCK
+    inplace_cache: bool = False  # KV-cache files write the new rows into a buffer (inplace_body.py)
+    quantized: bool = False  # takes --quantize (ONNX Runtime's CPU kernels for quantized MatMul)
+    gpu: bool = False  # shaped for ONNX Runtime CUDA (a shipped folder's genai config says so)
+    notes: Callable = no_notes  # (ExportRequest, final proto) -> what the export report adds
 
     @property
     def default_opset(self) -> int:
         return max(18, self.min_opset)
 
 
-TARGETS = {t.name: t for t in (
-    Target("portable", None, 18, DEFAULT_BLOCK, "runs everywhere (default)"),
-    Target("cuda", "onnx", 23, GPU_DEFAULT_BLOCK, "GPU-shaped blocks, each one ONNX Attention op (opset 23, large "
-           "blocks, no tensor past 2^31 elements) for ONNX Runtime CUDA"),
-    Target("cuda-ort", "ort", 18, GPU_DEFAULT_BLOCK, "the same with com.microsoft.MultiHeadAttention (ONNX Runtime "
-           "only, CPU or CUDA)"),
-    Target("ort", None, 18, DEFAULT_BLOCK, "with --kv-cache: the cache written in place, past and present may share "
-           "one buffer (com.microsoft.GroupQueryAttention with the family's bias; ONNX Runtime only, float32)",
-           inplace_cache=True),
-)}
+MODULES = ("portable", "cuda", "cuda_ort", "ort")  # a new target: its module here, one row
+
+
+def _registry() -> dict[str, Target]:
+    found: dict[str, Target] = {}
+    for module in MODULES:
+        made = import_module(f".{module}", __name__).TARGET
+        if made.name in found:
+            raise ValueError(f"two target modules claim the name {made.name!r}")
+        found[made.name] = made
+    return found
+
+
+TARGETS = _registry()
 
 
 def target(name: str) -> Target:

@@ -8,7 +8,7 @@ Loop/If bodies, or read no weight initializer, and are never in the list handed 
 quantizer. A tied LM head (MatMul on Transpose(embedding)) gets the transposed table as its
 own initializer first, so the head, half the bytes at BLOOM-560m, is quantized too.
 
-The export never writes the float file: it quantizes weight by weight (quantize_streamed.py,
+The export never writes the float file: it quantizes weight by weight (streamed.py,
 with this module's fold and node choice). `quantize_file` is the whole-file path those files are
 tested equal to, and `quantize_path` is what the int8 stream runs on its skeleton.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import onnx
 
-from ..errors import ExportCheckError
+from ...errors import ExportCheckError
 from .schemes import Scheme
 
 WEIGHT_SHAPING = {"Transpose", "Split", "Reshape", "Squeeze", "Unsqueeze", "Slice", "Concat", "Cast"}
@@ -43,7 +43,7 @@ def fold_weight_shaping(proto: onnx.ModelProto, read=None, keep=None, transposed
     Reshape ... nodes whose inputs are all constants (a fused qkv weight split three ways, a
     tied head's Transpose(embedding)) and drop what no node reads any more. (onnxscript's
     folder skips multi-output nodes such as Split.) Returns the number of nodes folded.
-    A graph of placeholders (quantize_streamed.py) passes how a constant is read (`read`), how an
+    A graph of placeholders (streamed.py) passes how a constant is read (`read`), how an
     output is held (`keep`), and `transposed(tensor, perm, name)`: a Transpose made without
     reading its input, or None to evaluate it."""
     from onnx import numpy_helper

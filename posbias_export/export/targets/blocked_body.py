@@ -20,8 +20,8 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-from ..biases import AttentionBias
-from ..nn.plans import BlockPlan
+from ...biases import AttentionBias
+from ...nn.plans import BlockPlan
 from .block_scaffold import (ELEM_TYPES, UNBOUNDED, blocked_function, budgeted_rows, call, graph, loop, padding_loops,
                              scalar_node)
 
@@ -79,7 +79,7 @@ def _table(body: _Body) -> list[onnx.NodeProto]:
     any key is padding. Its values depend on r - m alone, so the family's own function runs on
     the table's generating vector (Bq + M - 1 distances per head) and one Gather expands it: a
     KERPLE or T5 table costs one pass instead of the family's passes over H*Bq*M values (the
-    GPU targets build theirs the same way, gpu_graph.py). The folded path's table is the
+    GPU targets build theirs the same way, gpu_body.py). The folded path's table is the
     causal mask alone."""
     bias = body.bias
     if body.plan.path == "folded":

@@ -20,8 +20,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..runners import runtimes_common
-from .inplace_graph import MS_DOMAIN
+from ...runners import runtimes_common
+from ..targets.inplace_body import MS_DOMAIN
 
 INT8_MAX = 127
 # Text to calibrate on: the scales come from what the model writes into its cache reading it.

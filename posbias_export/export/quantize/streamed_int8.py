@@ -21,11 +21,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from ..errors import ExportCheckError
-from . import quantize as whole
+from ...errors import ExportCheckError
+from . import whole
 from .schemes import Int8
-from .streamed import is_pending_tensor
-from .weight_slabs import Weights
+from ..streamed import is_pending_tensor
+from .slabs import Weights
 
 # What quantize_dynamic passes its per-tensor routine (onnx_quantizer.py): weights int8,
 # symmetric (is_weight_symmetric), the scheme's reduce_range; the embedding read by Gather is

@@ -1,7 +1,7 @@
 """The graph's constant tensors read for quantization without holding the float model: a source
 weight (a placeholder, streamed.py) a slab at a time, and the quantized tensors spilled to one file
 beside the output as placeholders in turn, streamed into the model's data by `save` (files.py).
-quantize_streamed.py (int4) and quantize_streamed_int8.py round what these slabs hold."""
+streamed.py (int4) and streamed_int8.py round what these slabs hold."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..nn.lazy_weights import pieces
-from . import quantize as whole
-from .streamed import PENDING, WeightRef, is_pending_tensor, pending_index
+from ...nn.lazy_weights import pieces
+from . import whole
+from ..streamed import PENDING, WeightRef, is_pending_tensor, pending_index
 
 SPILL_MIN_BYTES = 1024  # smaller tensors stay in the model proto (what onnx.save_model's threshold keeps inline)
 READ_BYTES = 64 << 20  # a spilled tensor is streamed out this many bytes at a time

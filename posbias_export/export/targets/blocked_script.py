@@ -1,6 +1,6 @@
 """The pieces of query-blocked attention, as ONNX Script functions in domain posbias.
 
-blocked_graph.py strings them together: BlockPrepare, then a Loop over query blocks whose body is
+blocked_body.py strings them together: BlockPrepare, then a Loop over query blocks whose body is
 BlockQueries -> BlockKeys -> (the family's bias function on the block) -> BlockAttend, then
 BlockAssemble. Only standard opset-18 ops. Per block, memory is H * block * (keys it sees):
 linear in L, never H * L^2. Causality skips the key blocks above the diagonal.
@@ -10,8 +10,8 @@ from __future__ import annotations
 from onnxscript import BOOL, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
-from ..biases import MASK_PENALTY
-from ..biases.onnx_domain import posbias
+from ...biases import MASK_PENALTY
+from ...biases.onnx_domain import posbias
 
 
 @script(posbias, default_opset=op)

@@ -1,5 +1,5 @@
 """--quantize without the float file: each weight quantized as the export goes, one at a time.
-`quantize_streamed` is the entry point of both schemes (int8: quantize_streamed_int8.py); int4 is here.
+`quantize_streamed` is the entry point of both schemes (int8: streamed_int8.py); int4 is here.
 
 The whole-model path (quantize.py) writes the float model, then ONNX Runtime's
 MatMulNBitsQuantizer loads all of it and quantizes node by node: its peak is the float weights
@@ -22,10 +22,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..errors import ExportCheckError
-from . import quantize as whole
+from ...errors import ExportCheckError
+from . import whole
 from .schemes import Int4, Int8, Scheme
-from .weight_slabs import Weights, drop_unused
+from .slabs import Weights, drop_unused
 
 
 def _node_quantizer(spec: Int4, bits: int):
@@ -125,7 +125,7 @@ def quantize_streamed(proto: onnx.ModelProto, refs: list, spec: Scheme, spill: P
     """The scheme's whole-model quantizer's result on a graph of placeholders (streamed.py),
     computed weight by weight; `refs` gains the spilled tensors' references (the file at `spill`
     must live until `save`; its folder also holds int8's skeleton while it is quantized)."""
-    from .quantize_streamed_int8 import quantize_int8_streamed
+    from .streamed_int8 import quantize_int8_streamed
 
     weights = Weights(refs, spill)
     whole.fold_weight_shaping(proto, weights.read, weights.keep, weights.transposed)

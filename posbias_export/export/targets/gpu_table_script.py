@@ -30,7 +30,7 @@ from __future__ import annotations
 from onnxscript import BOOL, FLOAT, INT32, INT64, script
 from onnxscript import opset18 as op
 
-from ..biases.onnx_domain import posbias
+from ...biases.onnx_domain import posbias
 
 KEY_ALIGN = 8  # keys per aligned group; the literal 8s below are this value (ONNX Script takes literals)
 
