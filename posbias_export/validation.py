@@ -31,6 +31,9 @@ def choose_runtimes(runtimes) -> tuple[tuple[str, ...], dict[str, str]]:
             from .parity.runtimes import RUNTIMES
 
             raise ValueError(f"--runtimes names no runtime; choose from {', '.join(RUNTIMES)}")
+        from .parity.loop import check_runtimes
+
+        check_runtimes(runtimes)
         return tuple(runtimes), {}
     chosen, missing = installed_defaults()
     if not chosen:
@@ -104,28 +107,31 @@ class Session:
     order: bool = True
 
 
-def judge_file(file, session: Session, result: Validation):
-    """The one place that says which judge a file gets: our own export (parity/matrix.py), a
+def file_plan(file, session: Session, lengths):
+    """The one place that says which plan a file gets: our own export (parity/matrix.py), a
     T5 decoder or quantized encoder by the logits it leads to (hf/validate_seq2seq.py), any
     other file of a Hugging Face model against that model (hf/validate.py)."""
-    runtimes = runnable(session.runtimes, session.defaults, [file], result)
-    lengths = session.lengths or default_lengths(file.contract)
-    common = dict(batch=session.batch, progress=session.progress, order=session.order)
     if not is_imported(file.contract, session.model_dir):
-        from .parity.matrix import run_matrix
+        from .parity.matrix import own_plan
+        from .parity.reference import load_model_file
 
-        return run_matrix(file, runtimes, lengths, checkpoint=session.checkpoint, inputs=session.feeds, **common)
+        return own_plan(load_model_file(file), lengths, session.batch, session.checkpoint, session.feeds)
     role = file.seq2seq_role
     if role == "decoder" or (role == "encoder" and file.scheme):
-        from .hf.validate_seq2seq import run_seq2seq_matrix
+        from .hf.validate_seq2seq import seq2seq_plan
 
-        pair = (file, None) if role == "encoder" else (None, file)
-        return run_seq2seq_matrix(*pair, session.model_dir, runtimes, lengths,
-                                  ignore_size_limits=session.ignore_size_limits, **common)
-    from .hf.validate import run_hf_matrix
+        return seq2seq_plan({role: file}, session.model_dir, lengths, session.batch, session.ignore_size_limits)
+    from .hf.validate import hf_plan
 
-    return run_hf_matrix(file, session.model_dir, runtimes, lengths, ignore_size_limits=session.ignore_size_limits,
-                         **common)
+    return hf_plan(file, session.model_dir, lengths, session.batch, session.ignore_size_limits)
+
+
+def judge_file(file, session: Session, result: Validation):
+    from .parity.loop import measure
+
+    runtimes = runnable(session.runtimes, session.defaults, [file], result)
+    plan = file_plan(file, session, session.lengths or default_lengths(file.contract))
+    return measure(plan, runtimes, order=session.order, progress=session.progress)
 
 
 def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=None, inputs=None, model_dir=None,
@@ -148,41 +154,33 @@ def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=Non
                       ignore_size_limits, order)
     result.matrices += [judge_file(file, session, result) for file in files]
     for encoder, decoder, folder in seq2seq_pairs(files, model_dir):  # as a client runs them: one into the other
-        from .hf.validate_seq2seq import run_seq2seq_matrix
-
-        pair_runtimes = runnable(chosen, runtimes is None, [encoder, decoder], result)
-        result.matrices.append(run_seq2seq_matrix(
-            encoder, decoder, folder, pair_runtimes, lengths or default_lengths(decoder.contract), batch,
-            progress=progress, ignore_size_limits=ignore_size_limits, order=False))  # each file's ran in its own
+        result.matrices.append(judge_pair(encoder, decoder, folder, session, result))
     return result
 
 
-# What runs an in-place file (--kv-cache --target ort): ONNX Runtime's GroupQueryAttention, CPU or CUDA,
-# in Python or Node; why the others cannot.
-NO_INPLACE = {"reference": "the reference evaluator's GroupQueryAttention takes no cache",
-              "openvino": "OpenVINO has no com.microsoft.GroupQueryAttention",
-              "openvino-bf16": "OpenVINO has no com.microsoft.GroupQueryAttention"}
+def judge_pair(encoder, decoder, folder, session: Session, result: Validation):
+    """An encoder file's states fed to the decoder file on each runtime (no order rows: each
+    file's ran in its own matrix)."""
+    from .hf.validate_seq2seq import seq2seq_plan
+    from .parity.loop import measure
+
+    runtimes = runnable(session.runtimes, session.defaults, [encoder, decoder], result)
+    plan = seq2seq_plan({"encoder": encoder, "decoder": decoder}, folder,
+                        session.lengths or default_lengths(decoder.contract), session.batch, session.ignore_size_limits)
+    return measure(plan, runtimes, order=False, progress=session.progress)
 
 
 def runnable(chosen: tuple[str, ...], defaults: bool, files: list, result: Validation) -> tuple[str, ...]:
-    """The runtimes to run these files (ModelFile) on. The default runtimes leave out the
-    reference evaluator for a quantized file (it implements no quantized op), and those that
-    cannot run an in-place cache for such a file, saying why; they add ort-cpu-shared for it
-    (its cache bound to one buffer as past and present, as onnxruntime-genai runs it)."""
+    """The runtimes to run these files (ModelFile) on: the runtimes named, or of the defaults
+    those the capability table (parity/capabilities.py) says can run them, noting why the others
+    cannot, with those a file's feature adds (ort-cpu-shared for an in-place cache)."""
     if not defaults:
         return chosen
-    out = list(chosen)
-    if "reference" in out and any(f.scheme for f in files):
-        result.skipped["reference"] = ("the ONNX reference evaluator implements no quantized op "
-                                       "(GatherBlockQuantized, int8 DequantizeLinear at opset 18)")
-        out.remove("reference")
-    if any(f.contract.inplace_cache for f in files):
-        for name in [r for r in out if r in NO_INPLACE]:
-            result.skipped[name] = f"{NO_INPLACE[name]} (an in-place cache file)"
-            out.remove(name)
-        if "ort-cpu" in out:
-            out.insert(out.index("ort-cpu") + 1, "ort-cpu-shared")
-    return tuple(out)
+    from .parity.capabilities import runnable as capable
+
+    out, skipped = capable(chosen, files)
+    result.skipped.update(skipped)
+    return out
 
 
 def seq2seq_pairs(files, model_dir=None) -> list[tuple]:

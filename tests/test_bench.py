@@ -119,10 +119,10 @@ def test_without_matplotlib_tables_are_written_and_the_plot_skipped(tmp_path, mo
 def test_decode_steps_alternate_in_chunks_after_settling():
     """bench-decode keeps `steps` timings per runtime, taken in alternating chunks of 16 after
     8 settling steps each (the other runtime's threads are still awake there)."""
-    from posbias_export.bench.decode import _time_alternating
+    from posbias_export.bench.decode import time_alternating
 
     calls = []
-    first, second = _time_alternating(lambda: calls.append("ort"), lambda: calls.append("torch"), steps=20)
+    first, second = time_alternating(lambda: calls.append("ort"), lambda: calls.append("torch"), steps=20)
     assert len(first) == len(second) == 20
     assert calls == ["ort"] * 24 + ["torch"] * 24 + ["ort"] * 12 + ["torch"] * 12
 
@@ -241,11 +241,11 @@ def test_bench_serving_measured_in_parts_keeps_what_it_did_not_repeat(tmp_path, 
 
 
 def test_a_sharded_random_folder_loads_as_published(tmp_path, monkeypatch):
-    """The 7B writer (bench/shards.py) on a tiny MPT: several shards and an index, bfloat16, the
+    """The 7B writer (hf/shards.py) on a tiny MPT: several shards and an index, bfloat16, the
     head tied on load by transformers, weights at the initializer's scale, norms at one."""
     import transformers as tf
 
-    from posbias_export.bench import shards
+    from posbias_export.hf import shards
 
     monkeypatch.setattr(shards, "SHARD_BYTES", 100_000)
     out = shards.write_sharded(("MptForCausalLM", "MptConfig", dict(
@@ -266,12 +266,13 @@ def test_a_bench_writes_only_what_it_made(tmp_path, monkeypatch):
     import json
 
     from posbias_export.bench import quantized, real_models
+    from posbias_export.hf import published
 
     work = tmp_path / "work"
     folder = work / "bloom-560m"
     folder.mkdir(parents=True)
-    published = real_models.PUBLISHED["bloom-560m"][2]
-    (folder / "config.json").write_text(json.dumps({**published, "model_type": "bloom"}))
+    config = published.PUBLISHED["bloom-560m"][2]
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "bloom"}))
     mine = [work / "bloom-560m_int8.onnx", work / "bloom-560m_int4" / "keep.txt"]
     for path in mine:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -291,9 +292,9 @@ def test_a_bench_writes_only_what_it_made(tmp_path, monkeypatch):
     assert len(rows) == 4 and all(p.parent != work for p in made)
     assert all(p.read_text() == "a user's file" for p in mine)
     assert sorted(p.name for p in work.iterdir()) == ["bloom-560m", "bloom-560m_int4", "bloom-560m_int8.onnx"]
-    (folder / "config.json").write_text(json.dumps({**published, "hidden_size": 64, "model_type": "bloom"}))
+    (folder / "config.json").write_text(json.dumps({**config, "hidden_size": 64, "model_type": "bloom"}))
     with pytest.raises(ValueError, match="not the published bloom-560m configuration \\(hidden_size is 64"):
-        real_models.published_folder("bloom-560m", work)
+        published.published_folder("bloom-560m", work)
 
 
 def test_bench_quant_measures_optimums_quantizer_in_its_scratch_and_judges_the_export_bound(tmp_path, monkeypatch):
@@ -379,7 +380,7 @@ def test_a_work_folder_of_other_files_is_refused_before_anything_is_written(tmp_
     (ours / "bloom-560m").mkdir(parents=True)
     (ours / "bloom-560m_int4.onnx").write_text("")
     from posbias_export.bench.harness import work_folder
-    from posbias_export.bench.real_models import PUBLISHED
+    from posbias_export.hf.published import PUBLISHED
 
     assert work_folder(ours, PUBLISHED) == ours and (ours / WORK_MARK).is_file()  # a folder a bench made
     (ours / "notes.txt").write_text("mine")

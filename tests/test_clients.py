@@ -27,6 +27,7 @@ transformers = pytest.importorskip("transformers")
 from hf_folders import CLIENT_KINDS, EOS, PAD, save_client_model  # noqa: E402
 from posbias_export.hf.ship import ship  # noqa: E402
 from posbias_export.parity import load_runner  # noqa: E402
+from posbias_export.parity.tokens import until_stop  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "posbias_export" / "clients" / "js"
@@ -69,11 +70,7 @@ def transformers_tokens(source: Path, kind: str, prompts: list[list[int]], side:
 def until_eos(rows: list[list[int]], start: int) -> list[list[int]]:
     """Each row up to its first end-of-sequence token after `start` (what a row means: after it,
     transformers pads a finished row while transformers.js and genai may differ)."""
-    cut = []
-    for row in rows:
-        tail = row[start:]
-        cut.append(row[: start + tail.index(EOS) + 1] if EOS in tail else row)
-    return cut
+    return [until_stop(row, start, (EOS,)) for row in rows]
 
 
 def _varied(tokens: list[list[int]]) -> None:

@@ -106,3 +106,9 @@ def test_readme_examples_parse():
         parser_of(command).parse_args(argv[1:] if command.name else argv)
         checked += 1
     assert checked >= len(COMMAND_NAMES)
+
+
+def test_the_capability_table_in_the_docs_is_the_code_s():
+    from posbias_export.parity.capabilities import table_markdown
+
+    assert table_markdown() in TEXTS[ROOT / "docs" / "validating.md"]

@@ -15,7 +15,6 @@ On a lease the same work runs in parts, one GPU call each (tools/gpu_session.py,
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run by path from a checkout
     sys.path.insert(0, str(ROOT))
 
+from posbias_export.bench.harness import median  # noqa: E402
 from posbias_export.export.files import write_text_atomic  # noqa: E402
 
 
@@ -237,10 +237,6 @@ def flex_check(bias_name: str, heads: int, head_dim: int, length: int = 1024) ->
         got = compiled_flex()(q, k, v, score_mod=score_mod, block_mask=mask)
         want = model.double()(q.double(), k.double(), v.double())
     return float((got.double() - want).abs().max())
-
-
-def median(times) -> float | None:
-    return statistics.median(times) if times else None
 
 
 def lengths_for(target: str, lengths) -> list[int]:

@@ -1,4 +1,4 @@
-"""Issue 59, step 1: where ONNX Runtime CUDA goes wrong on our files with asynchronous launches,
+"""The lease's `cure` step: where ONNX Runtime CUDA goes wrong on our files with asynchronous launches,
 and which graph does not.
 
 Each case is a fresh process that opens ONE session as our runners serve (runtimes/ort/run.py:

@@ -1,4 +1,4 @@
-"""Issue 38, step 4 (the imported half): an imported BLOOM at its published size (random weights)
+"""An imported BLOOM at its published size (random weights)
 decoding on CUDA: our --kv-cache file on ONNX Runtime CUDA (the cache kept on the GPU between
 steps) against PyTorch CUDA eager on the same weights (transformers' model, its cache, one step
 at a time) and `transformers.generate` with its cache -> benchmarks/gpu_decode_real.md.
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # hf_folders (the --small rehearsal's tiny BLOOM)
+sys.path.insert(0, str(ROOT))  # run by path from a checkout
 
 
 def prompt(length: int, vocab: int) -> np.ndarray:
@@ -104,18 +104,18 @@ def generate_worker(folder: str, device: str, dtype: str, ids: np.ndarray, new: 
 def prepare(out: Path, name: str, device: str, small: bool) -> tuple[Path, Path, str]:
     """The folder (published configuration, random weights) and our --kv-cache file: CPU work,
     done in the background while the lease's first calls carry onnxruntime-gpu over."""
-    from posbias_export.bench import real_models
+    from posbias_export.hf.published import write_folder
 
     work = out / "work"
     folder = work / ("bloom-tiny" if small else name)
     dtype = "float16" if device == "cuda" else "float32"
     if not folder.exists():
         if small:
-            import hf_folders
+            from posbias_export.hf.tiny import save_tiny_folder
 
-            hf_folders.save_tiny_model("bloom", folder)
+            save_tiny_folder("bloom", folder)
         else:
-            real_models.write_folder(name, folder, dtype=dtype)
+            write_folder(name, folder, dtype=dtype)
     target = ["--dtype", "float16", "--target", "cuda-ort"] if device == "cuda" else []
     onnx_file = work / f"{folder.name}_kv.onnx"
     if not onnx_file.exists():
@@ -143,12 +143,9 @@ def run(out: Path, name: str, device: str, small: bool, prompt_len: int, new: in
     (out / "gpu_decode_real.json").write_text(json.dumps(rows, indent=1))
 
 
-def agreeing(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def write(out: Path, dest: Path) -> None:
     from posbias_export.environment import describe_gpu
+    from posbias_export.parity.tokens import agreeing
 
     r = json.loads((out / "gpu_decode_real.json").read_text())
     eager = r["eager"]

@@ -1,4 +1,4 @@
-"""Issue 38, step 1: decide the order-dependent ORT CUDA failure (benchmarks/gpu_parity.md: the
+"""The lease's order check (`correctness`, `race`): decide the order-dependent ORT CUDA failure (benchmarks/gpu_parity.md: the
 portable ALiBi attention file, max error 5.4 at L=4096 when L=1024 ran first in one session).
 
 Every case runs in a fresh process (one session, the lengths of its order in turn) and is judged

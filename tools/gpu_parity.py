@@ -1,4 +1,4 @@
-"""The lease's correctness step (issue 50, step 1): the files the issue names through `validate`
+"""The lease's `correctness` and `parity` steps: every GPU-target file kind through `validate`
 (order protocol included) on ORT CPU, CUDA and CUDA with TF32, against float64 PyTorch (run on
 the GPU there: --reference-device cuda) -> benchmarks/gpu_parity.md.
 
@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # hf_folders: the tiny imported models the suite uses
+sys.path.insert(0, str(ROOT))  # run by path from a checkout
 
 import gpu_attention as g  # noqa: E402
 from posbias_export.biases import BIASES  # noqa: E402
@@ -104,12 +104,12 @@ def plan(root: Path, small: bool) -> tuple[list[tuple[str, list[str]]], list[dic
 
 
 def build(root: Path, small: bool, workers: int) -> None:
-    import hf_folders
+    from posbias_export.hf.tiny import save_tiny_folder
 
     for sub in ("lm", "models", "hf"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     if not (root / "hf" / "bloom").exists():
-        hf_folders.save_tiny_model("bloom", root / "hf" / "bloom")
+        save_tiny_folder("bloom", root / "hf" / "bloom")
     exports, jobs = plan(root, small)
     todo = [(path, args) for path, args in exports if not Path(path).exists()]
     with ThreadPoolExecutor(workers) as pool:

@@ -1,4 +1,4 @@
-"""Serving on the GPU (issue 50, with issue 47's in-place files): for each in-place cache file,
+"""The lease's `serve` step: for each in-place cache file,
 which provider ran each operator type on ONNX Runtime CUDA, and its decode ms/token with the
 cache in one bound buffer against PyTorch eager on the GPU (the same weights, the file's dtype;
 an int8 cache against PyTorch's float32 one), timed in alternating chunks in one process.
@@ -52,7 +52,7 @@ def placement(path: Path, decoder) -> dict[str, list[str]]:
 def measure(path: Path, provider: str, contexts: list[int], steps: int) -> list[dict]:
     import torch
 
-    from posbias_export.bench.decode import _time_alternating
+    from posbias_export.bench.decode import time_alternating
     from posbias_export.bench.harness import median
     from posbias_export.export import model_config
     from posbias_export.nn import build_model
@@ -97,7 +97,7 @@ def measure(path: Path, provider: str, contexts: list[int], steps: int) -> list[
 
         # the same weights: the prompt's last logits of both runtimes, before any timing
         agree = float(np.abs(ort_last[0, -1].astype(np.float64) - t_logits[0, -1].double().cpu().numpy()).max())
-        ort_times, torch_times = _time_alternating(ort_step, torch_step, steps)
+        ort_times, torch_times = time_alternating(ort_step, torch_step, steps)
         rows.append({**row0, "context": context, "steps": steps, "prefill_logits_max_abs_vs_torch": agree,
                      "ort_ms_median": median(ort_times) * 1e3, "torch_ms_median": median(torch_times) * 1e3,
                      "ort_over_torch": median(ort_times) / median(torch_times)})

@@ -1,4 +1,4 @@
-"""The lease's timing step (issue 50, step 3), alone on the GPU: our float16 --target cuda-ort
+"""The lease's `timings` and `torch_timings` steps, alone on the GPU: our float16 --target cuda-ort
 attention files on ONNX Runtime CUDA (each file in its own worker process, profiled after its
 timings: ORT's operators, the CUDA kernels, the kernel its attention op chose) against compiled
 FlexAttention, fused SDPA and PyTorch eager, each in the cells the targets read.

@@ -17,7 +17,7 @@ from ..parity import load_runner
 from .harness import median, write_results
 
 
-def _time_alternating(first, second, steps: int, chunk: int = 16, settle: int = 8) -> tuple[list[float], list[float]]:
+def time_alternating(first, second, steps: int, chunk: int = 16, settle: int = 8) -> tuple[list[float], list[float]]:
     """Per-step seconds of two step functions run in alternating chunks (first, second, first,
     ...) until each has `steps` kept: both see the same machine load, which on a shared host
     drifts by 2x within a minute. The first `settle` steps of each chunk are not kept: after
@@ -74,7 +74,7 @@ def measure(bias: str, contexts=(512, 4096), steps: int = 32, cfg_kwargs: dict |
             sync()
             t_state["len"] += 1
 
-        ort_times, torch_times = _time_alternating(ort_step, torch_step, steps)
+        ort_times, torch_times = time_alternating(ort_step, torch_step, steps)
         ort_med, torch_med = median(ort_times), median(torch_times)
         rows.append({
             "bias": bias, "context": context, "steps": steps, "device": device, "target": target,

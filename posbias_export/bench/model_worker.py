@@ -18,28 +18,19 @@ import numpy as np
 
 from worker import peak_rss, rss_now  # same folder: run by path
 
-# the runners' cache naming (runtimes/: beside the package in a checkout, inside it installed)
+# the inputs by name (runtimes/common/inputs.py: beside the package in a checkout, inside it installed)
 _PACKAGE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_PACKAGE / "runtimes" if (_PACKAGE / "runtimes").is_dir() else _PACKAGE.parent / "runtimes"))
-from common.cache import is_cache_input  # noqa: E402
+from common.inputs import Case, feeds_for as feeds_for_inputs  # noqa: E402
 
 
 def feeds_for(session, length: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """One unpadded row of `length` random tokens, each input made by its name's generator (an
+    empty cache: a prefill)."""
     ids = np.random.default_rng(seed).integers(0, vocab, (1, length), dtype=np.int64)
-    feeds = {}
-    for value in session.get_inputs():
-        if value.name == "input_ids":
-            feeds[value.name] = ids
-        elif value.name == "attention_mask":
-            feeds[value.name] = np.ones((1, length), np.int64)
-        elif value.name == "position_ids":
-            feeds[value.name] = np.arange(length, dtype=np.int64)[None]
-        elif is_cache_input(value.name):  # a cached decoder: an empty cache (prefill)
-            shape = [1 if i == 0 else (d if isinstance(d, int) else 0) for i, d in enumerate(value.shape)]
-            feeds[value.name] = np.zeros(shape, np.float32)
-        else:
-            raise ValueError(f"cannot feed input {value.name!r}")
-    return feeds
+    dtypes = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+    declared = [(v.name, v.shape, dtypes.get(v.type, np.int64)) for v in session.get_inputs()]
+    return feeds_for_inputs(declared, Case(ids, np.ones_like(ids)))
 
 
 def main(argv=None) -> int:

@@ -39,13 +39,9 @@ class ModelCell(Measured):
 def make_folder(kind: str, folder: Path, hidden: int = 256, heads: int = 4, layers: int = 2,
                 max_len: int = max(LENGTHS)) -> Path:
     """A random transformers model of architecture `kind` saved as a local folder."""
-    import transformers as tf
+    from ..hf.tiny import Sizes, save_tiny_folder
 
-    from ..hf.models import architecture
-
-    torch.manual_seed(0)
-    architecture(kind).tiny_transformers_model(tf, VOCAB, hidden, heads, layers, max_len).save_pretrained(folder)
-    return folder
+    return save_tiny_folder(kind, folder, Sizes(VOCAB, hidden, heads, layers, max_len), noise=0.0)
 
 
 def export_all(kind: str, folder: Path, work: Path) -> dict[str, Path | str]:

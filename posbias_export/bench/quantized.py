@@ -19,6 +19,8 @@ from pathlib import Path
 
 from ..export.quantize.schemes import SCHEMES as ALL_SCHEMES
 from ..export.quantize.schemes import scheme as quant_scheme
+from ..hf.published import published_folder
+from ..parity.tokens import agreeing
 from . import real_models as real
 from .harness import copy_bandwidth_gbs, measured_python, median, scratch, write_results
 
@@ -82,7 +84,7 @@ def real_rows(name: str, work: Path, threads: int, new_tokens: int, progress=pri
     export (own process, peak RSS), prefill 512, decode, tokens vs the float file's, and where a
     decode step's time goes (ONNX Runtime's profiler, per operator type). A scheme whose export or
     run fails is a row with its error (an export killed for memory is a result)."""
-    folder = real.published_folder(name, work, progress=progress)
+    folder = published_folder(name, work, progress=progress)
     with scratch(work) as files:  # every file made goes here, never over one of the user's in WORK
         if name in real.SEQ2SEQ:
             return seq2seq_rows(name, folder, Path(files), threads, new_tokens, progress)
@@ -108,7 +110,7 @@ def _decoder_rows(name: str, folder: Path, work: Path, threads: int, new_tokens:
     out += [optimum] if optimum is not None else []
     for row in out:
         if "tokens" in row:
-            row["tokens_equal_float"] = sum(a == b for a, b in zip(row["tokens"], float_tokens or []))
+            row["tokens_equal_float"] = agreeing(row["tokens"], float_tokens or [])
     progress(f"{name}: transformers eager")
     _, _, text = measured_python(["-m", "posbias_export.bench.real_models", "transformers", str(folder), "512",
                                        str(new_tokens), str(threads)])
@@ -222,7 +224,7 @@ def seq2seq_rows(name: str, folder: Path, work: Path, threads: int, new_tokens: 
     out += [optimum] if optimum is not None else []
     for row in out:
         if "tokens" in row:
-            row["tokens_equal_float"] = sum(a == b for a, b in zip(row["tokens"], float_tokens or []))
+            row["tokens_equal_float"] = agreeing(row["tokens"], float_tokens or [])
     progress(f"{name}: transformers eager")
     _, _, text = measured_python(["-m", "posbias_export.bench.real_models", "transformers-seq2seq", str(folder),
                                        "512", str(new_tokens), str(threads)])
@@ -269,67 +271,83 @@ def render(r: QuantResults) -> str:
              "asymmetric, accuracy level 4: int8 compute): every linear layer and the token embedding (a tied LM head gets its own transposed "
              "copy, quantized); attention, the positional bias, norms and softmax stay float32. Machine: 2 CPU "
              "cores, ONNX Runtime CPU, 2 threads.", ""]
-    if r.checkpoints:
-        short, long = r.lengths[0], r.lengths[-1]
-        lines += ["## Trained checkpoints: held-out perplexity (tiny Shakespeare, last 10%)", "",
-                  f"Evaluated at {', '.join(map(str, r.lengths))} tokens: the training length ({short}) up to "
-                  f"{TRAIN_LENGTH_FACTOR}x it ({long}: extrapolation); the table shows both ends, the worst change is "
-                  "over every length, and quantized.png draws each checkpoint's curves (float32 solid, int8 dashed, "
-                  "int4 dotted). Targets: int8 within 1%, int4 within 3% of float32.", "",
-                  f"| checkpoint | float32 @{short} | int8 @{short} | int4 @{short} | float32 @{long} | int8 @{long} | "
-                  f"int4 @{long} | worst change int8 / int4 | verdict |", "|---|---|---|---|---|---|---|---|---|"]
-        for name, got in r.checkpoints.items():
-            change = {s: max(got[s][str(n)] / got["float32"][str(n)] - 1 for n in r.lengths) for s in SCHEMES}
-            ok = all(change[s] <= PPL_TARGET[s] for s in SCHEMES)
-            cells = [f"{got[s][str(n)]:.3f}" for n in (short, long) for s in ("float32", *SCHEMES)]
-            lines.append(f"| {name} | {' | '.join(cells)} | {100 * change['int8']:+.2f}% / {100 * change['int4']:+.2f}% | "
-                         f"{'met' if ok else 'NOT met'} |")
-    if r.variants:
-        base = r.checkpoints.get("alibi", {}).get("float32", {})
-        lines += ["", "## Quantizer choices on the ALiBi checkpoint", "",
-                  f"| choice | ppl @{r.lengths[0]} | change | ppl @{r.lengths[-1]} | change |", "|---|---|---|---|---|"]
-        for label, got in {"int8 (per-channel, the default)": r.checkpoints["alibi"]["int8"],
-                           "int4 block 32 asymmetric, accuracy level 4 (the default)": r.checkpoints["alibi"]["int4"],
-                           **r.variants}.items():
-            lines.append(f"| {label} | " + " | ".join(f"{got[str(n)]:.3f} | {100 * (got[str(n)] / base[str(n)] - 1):+.2f}%"
-                                                      for n in (r.lengths[0], r.lengths[-1])) + " |")
-    if r.real:
-        lines += ["", "## Real size: ONNX Runtime CPU, prompt 512, 16 greedy steps", "",
-                  "Files exported with `--model DIR --kv-cache --logits last [--quantize ...]` (quantized weight "
-                  "by weight as the export streams: no float file); the floor is the "
-                  "file's bytes over the measured copy bandwidth; tokens compared with the float32 file's "
-                  "(random weights: near-uniform predictions, so a flipped token says little; see the "
-                  "checkpoints above for accuracy).", "",
-                  "| model | weights | file GB | export s | export peak GB | prefill 512 s | run peak GB | "
-                  "decode ms/token | vs float32 | floor ms | decode / floor | eager ms/token | eager / ours | "
-                  "tokens equal float32 |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        floats = {x["model"]: x for x in r.real if x["scheme"] == "float32" and "error" not in x}
-        for x in r.real:
-            if x["model"] in real.SEQ2SEQ:
-                continue  # its own table below
-            if "error" in x or x["model"] not in floats:
-                lines.append(f"| {x['model']} | {x['scheme']} | failed: {x.get('error', 'no float32 row').replace('|', '/')} |"
-                             + " |" * 11)
-                continue
-            ratio = x["decode_ms"] / floats[x["model"]]["decode_ms"]
-            lines.append(f"| {x['model']} | {x['scheme']} | {x['file_gb']:.2f} | {x['export_s']:.0f} | "
-                         f"{x['export_peak_gb']:.2f} | {x['prefill_s']:.2f} | {x['run_peak_gb']:.2f} | "
-                         f"{x['decode_ms']:.1f} | {ratio:.2f} | {x['floor_ms']:.1f} | {x['decode_ms'] / x['floor_ms']:.2f} | "
-                         f"{x['eager_ms']:.1f} | {x['eager_ms'] / x['decode_ms']:.2f} | {x['tokens_equal_float']}/16 |")
-        theirs = [x for x in r.real if "optimum" in x]
-        if theirs:
-            lines += ["", f"{OPTIMUM_INT8}: its export s and peak are Optimum's float32 export and then its "
-                      "quantizer (ORTQuantizer, `--avx2 --per_channel`: quantize_dynamic on the whole file), "
-                      "each in its own process: the seconds added, the larger peak:", ""]
-            lines += [f"- {x['model']}: export {x['optimum']['export_s']:.0f} s at {x['optimum']['export_peak_gb']:.2f} GB, "
-                      f"quantizer {x['optimum']['quantize_s']:.0f} s at {x['optimum']['quantize_peak_gb']:.2f} GB"
-                      for x in theirs]
+    lines += _checkpoint_lines(r) + _variant_lines(r) + _real_lines(r.real)
     lines += _profile_lines(r.real)
     lines += _seq2seq_lines(r.real)
     lines += ["", "## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     verdicts = targets(r)
     lines += [f"| {t} | {v} | {'met' if ok else 'NOT met'} |" for t, v, ok in verdicts]
     return "\n".join(lines) + "\n"
+
+
+def _checkpoint_lines(r: QuantResults) -> list[str]:
+    if not r.checkpoints:
+        return []
+    short, long = r.lengths[0], r.lengths[-1]
+    lines = ["## Trained checkpoints: held-out perplexity (tiny Shakespeare, last 10%)", "",
+             f"Evaluated at {', '.join(map(str, r.lengths))} tokens: the training length ({short}) up to "
+             f"{TRAIN_LENGTH_FACTOR}x it ({long}: extrapolation); the table shows both ends, the worst change is "
+             "over every length, and quantized.png draws each checkpoint's curves (float32 solid, int8 dashed, "
+             "int4 dotted). Targets: int8 within 1%, int4 within 3% of float32.", "",
+             f"| checkpoint | float32 @{short} | int8 @{short} | int4 @{short} | float32 @{long} | int8 @{long} | "
+             f"int4 @{long} | worst change int8 / int4 | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, got in r.checkpoints.items():
+        change = {s: max(got[s][str(n)] / got["float32"][str(n)] - 1 for n in r.lengths) for s in SCHEMES}
+        ok = all(change[s] <= PPL_TARGET[s] for s in SCHEMES)
+        cells = [f"{got[s][str(n)]:.3f}" for n in (short, long) for s in ("float32", *SCHEMES)]
+        lines.append(f"| {name} | {' | '.join(cells)} | {100 * change['int8']:+.2f}% / {100 * change['int4']:+.2f}% | "
+                     f"{'met' if ok else 'NOT met'} |")
+    return lines
+
+
+def _variant_lines(r: QuantResults) -> list[str]:
+    if not r.variants:
+        return []
+    base = r.checkpoints.get("alibi", {}).get("float32", {})
+    lines = ["", "## Quantizer choices on the ALiBi checkpoint", "",
+             f"| choice | ppl @{r.lengths[0]} | change | ppl @{r.lengths[-1]} | change |", "|---|---|---|---|---|"]
+    for label, got in {"int8 (per-channel, the default)": r.checkpoints["alibi"]["int8"],
+                       "int4 block 32 asymmetric, accuracy level 4 (the default)": r.checkpoints["alibi"]["int4"],
+                       **r.variants}.items():
+        lines.append(f"| {label} | " + " | ".join(f"{got[str(n)]:.3f} | {100 * (got[str(n)] / base[str(n)] - 1):+.2f}%"
+                                                  for n in (r.lengths[0], r.lengths[-1])) + " |")
+    return lines
+
+
+def _real_lines(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", "## Real size: ONNX Runtime CPU, prompt 512, 16 greedy steps", "",
+             "Files exported with `--model DIR --kv-cache --logits last [--quantize ...]` (quantized weight "
+             "by weight as the export streams: no float file); the floor is the "
+             "file's bytes over the measured copy bandwidth; tokens compared with the float32 file's, up to the "
+             "first that differs (random weights: near-uniform predictions, so a flipped token says little; see the "
+             "checkpoints above for accuracy).", "",
+             "| model | weights | file GB | export s | export peak GB | prefill 512 s | run peak GB | "
+             "decode ms/token | vs float32 | floor ms | decode / floor | eager ms/token | eager / ours | "
+             "tokens agreeing with float32 |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    floats = {x["model"]: x for x in rows if x["scheme"] == "float32" and "error" not in x}
+    for x in rows:
+        if x["model"] in real.SEQ2SEQ:
+            continue  # its own table below
+        if "error" in x or x["model"] not in floats:
+            lines.append(f"| {x['model']} | {x['scheme']} | failed: {x.get('error', 'no float32 row').replace('|', '/')} |"
+                         + " |" * 11)
+            continue
+        ratio = x["decode_ms"] / floats[x["model"]]["decode_ms"]
+        lines.append(f"| {x['model']} | {x['scheme']} | {x['file_gb']:.2f} | {x['export_s']:.0f} | "
+                     f"{x['export_peak_gb']:.2f} | {x['prefill_s']:.2f} | {x['run_peak_gb']:.2f} | "
+                     f"{x['decode_ms']:.1f} | {ratio:.2f} | {x['floor_ms']:.1f} | {x['decode_ms'] / x['floor_ms']:.2f} | "
+                     f"{x['eager_ms']:.1f} | {x['eager_ms'] / x['decode_ms']:.2f} | {x['tokens_equal_float']}/16 |")
+    theirs = [x for x in rows if "optimum" in x]
+    if theirs:
+        lines += ["", f"{OPTIMUM_INT8}: its export s and peak are Optimum's float32 export and then its "
+                  "quantizer (ORTQuantizer, `--avx2 --per_channel`: quantize_dynamic on the whole file), "
+                  "each in its own process: the seconds added, the larger peak:", ""]
+        lines += [f"- {x['model']}: export {x['optimum']['export_s']:.0f} s at {x['optimum']['export_peak_gb']:.2f} GB, "
+                  f"quantizer {x['optimum']['quantize_s']:.0f} s at {x['optimum']['quantize_peak_gb']:.2f} GB"
+                  for x in theirs]
+    return lines
 
 
 def _seq2seq_lines(rows: list[dict]) -> list[str]:
@@ -346,7 +364,7 @@ def _seq2seq_lines(rows: list[dict]) -> list[str]:
              "nats).", "",
              "| model | weights | files GB | export s | export peak GB | encoder 512 s | run peak GB | decoder ms/step | "
              "vs float32 | floor ms | step / floor | eager ms/step | eager / ours | policy @64 | policy @512 | "
-             "tokens equal float32 |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "tokens agreeing with float32 |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     floats = {x["model"]: x for x in got if x["scheme"] == "float32" and "error" not in x}
     for x in got:
         if "error" in x or x["model"] not in floats:

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .harness import copy_bandwidth_gbs, kept_rows, measured_python, median, scratch, work_folder, write_results
-from .real_models import PUBLISHED, SEQ2SEQ, folder_weight_bytes, published_folder, weight_bytes
+from ..hf.published import PUBLISHED, published_folder
+from .real_models import SEQ2SEQ, folder_weight_bytes, weight_bytes
 
 FILES = {"concat": ["--target", "portable"], "in place": ["--target", "ort"],
          "in place, int8 cache": ["--target", "ort", "--kv-dtype", "int8"]}

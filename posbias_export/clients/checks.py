@@ -26,14 +26,16 @@ from ..environment import describe, environment, without_local_paths
 from ..runners import runtimes_common
 from ..export.quantize.schemes import SCHEMES as ALL_SCHEMES
 from ..export.files import output_folder, write_text_atomic
-from ..hf.models import SUPPORTED, architecture
+from ..hf.models import SUPPORTED
+from ..hf.tiny import EOS, PAD, Sizes, save_tiny_folder
 from ..parity import load_runner
+from ..parity.tokens import agreeing, same_tokens, until_stop
 
 COMMAND = "python -m posbias_export bench-clients"
 JS = Path(__file__).with_name("js")  # the Node clients (package data); `npm install` there once
 OPTIMUM = Path(__file__).with_name("optimum_env.sh")  # package data: runs from an installed package
 VOCAB, HIDDEN, HEADS, LAYERS = 1000, 64, 4, 2
-PAD, BOS, EOS = 0, 1, 2
+
 PROMPTS = {"short": 10, "long": 1024}
 NEW_TOKENS = 16
 CLIENTS = ("posbias generate (ORT)", "transformers.js", "onnxruntime-web (wasm)", "onnxruntime-genai",
@@ -43,24 +45,9 @@ QUANTIZED_CLIENTS = ("transformers.js", "onnxruntime-web (wasm)", "onnxruntime-g
 
 
 def make_folder(kind: str, folder: Path) -> Path:
-    import transformers as tf
-
-    torch.manual_seed(0)
-    extra = {"encoder_decoder": True, "decoder_start_token_id": PAD} if kind == "t5" else {}
-    model = architecture(kind).tiny_transformers_model(tf, VOCAB, HIDDEN, HEADS, LAYERS, 2048, pad_token_id=PAD,
-                                                       bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=False,
-                                                       **extra)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.5 * torch.randn_like(p))
-    model.save_pretrained(folder)
-    model.generation_config.save_pretrained(folder)
-    return folder
-
-
-def until_eos(tokens: list[int], start: int) -> list[int]:
-    tail = tokens[start:]
-    return tokens[: start + tail.index(EOS) + 1] if EOS in tail else tokens
+    """The client folder of an architecture (a T5: the whole encoder-decoder), weights + 0.5 noise."""
+    extra = {"encoder_decoder": True} if kind == "t5" else {}
+    return save_tiny_folder(kind, folder, Sizes(VOCAB, HIDDEN, HEADS, LAYERS, 2048), noise=0.5, client=True, **extra)
 
 
 def reference(kind: str, source: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
@@ -151,7 +138,7 @@ def genai(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.nda
 def judge(tokens: list[int], logits: np.ndarray, ref_tokens: list[int], ref_logits: np.ndarray, start: int) -> dict:
     """logits may cover the prompt's last position only (genai): compared with that row."""
     ref = ref_logits[-len(logits):] if logits.shape[0] < ref_logits.shape[0] else ref_logits
-    return {"tokens_equal": until_eos(tokens, start) == until_eos(ref_tokens, start),
+    return {"tokens_equal": same_tokens(tokens, ref_tokens, start, (EOS,)),
             "logit_error": float(np.abs(logits.astype(np.float64) - ref).max())}
 
 
@@ -218,8 +205,8 @@ def _quantized(kind, source, tmp, scheme, prompt, label, float_tokens) -> tuple[
     ref_tokens, ref_logits = ours(kind, folder, prompt)
     np.save(tmp / f"{kind}_{scheme}_{label}.npy", ref_logits)
     start = len(prompt)
-    new, float_new = until_eos(ref_tokens, start)[start:], until_eos(float_tokens, start)[start:]
-    shared = next((i for i, (a, b) in enumerate(zip(new, float_new)) if a != b), min(len(new), len(float_new)))
+    shared = agreeing(ref_tokens, float_tokens, start, (EOS,))
+    float_new = until_stop(float_tokens, start, (EOS,))[start:]
     rows = [{"client": "ORT: tokens shared with the float folder", "model": kind, "prompt": label, "scheme": scheme,
              "shared": shared, "of": len(float_new)}]
     rows += _client_rows(kind, folder, prompt, label, ref_tokens, ref_logits, tmp, QUANTIZED_CLIENTS[:-1], scheme)
@@ -250,7 +237,7 @@ def run_optimum(cases: list[dict], tmp: Path) -> list[dict]:
             if "error" in measured:
                 row["error"] = measured["error"]
             else:
-                row["tokens_equal"] = until_eos(measured["tokens"], start) == until_eos(case["reference_tokens"], start)
+                row["tokens_equal"] = same_tokens(measured["tokens"], case["reference_tokens"], start, (EOS,))
                 row["logit_error"] = measured["logit_error"]
             rows.append(row)
     return rows

@@ -81,10 +81,11 @@ def cached_signature(module: nn.Module, leading: tuple, leading_shapes: tuple,
 
 def lm_signature(model: nn.Module, settings: AttentionSettings, vocab_size: int, cache_shape: tuple[int, int, int],
                  trace_len: int, dtype: torch.dtype, with_mask: bool, kv_cache: bool, output: str = "logits",
-                 batch: int = 2, last_logits: bool = False) -> Signature:
+                 batch: int = 2, last_logits: bool = False, names: list[str] | None = None) -> Signature:
     """input_ids [B, L] (+ attention_mask) -> `output` [B, L, ...]; with kv_cache the cached
     decoder: input_ids [B, L], attention_mask [B, P + L] and the past pairs ([heads, head_dim,
-    layers] = cache_shape) in, logits and the present pairs out."""
+    layers] = cache_shape) in, logits and the present pairs out. names: the leading inputs' (a
+    role's: export/roles.py)."""
     gen = torch.Generator().manual_seed(0)
     b, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
     if kv_cache:
@@ -93,12 +94,13 @@ def lm_signature(model: nn.Module, settings: AttentionSettings, vocab_size: int,
         ids = torch.randint(0, vocab_size, (batch, trace_len), generator=gen)
         mask = torch.ones(batch, past_len + trace_len, dtype=torch.int64)
         past_dim, total = torch.export.Dim("past"), torch.export.Dim("total")
+        names = names or ["input_ids", "attention_mask"]
         return cached_signature(KVCacheLM(model, settings), (ids, mask), ({0: b, 1: seq}, {0: b, 1: total}),
-                                ["input_ids", "attention_mask"], {"input_ids": (0, 1), "attention_mask": (0, 1)},
+                                names, {n: (0, 1) for n in names},
                                 *cache_shape, batch, past_len, dtype, gen, past_dim, last_logits)
     ids = torch.randint(0, vocab_size, (batch, trace_len), generator=gen)
     args = (ids, torch.ones(batch, trace_len, dtype=torch.int64)) if with_mask else (ids,)
-    names = ["input_ids"] + (["attention_mask"] if with_mask else [])
+    names = names or ["input_ids"] + (["attention_mask"] if with_mask else [])
     return Signature(WithSettings(model, settings), args, tuple({0: b, 1: seq} for _ in args), names, [output],
                      {n: (0, 1) for n in names + [output]})
 

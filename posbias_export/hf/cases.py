@@ -19,34 +19,28 @@ TRANSFORMERS_ROW = "transformers"
 BLOCKED = AttentionSettings(form="blocked")
 
 
+def declared_inputs(proto: onnx.ModelProto) -> list[tuple]:
+    """(name, shape, numpy dtype) of each graph input: a fixed axis as its int, a dynamic one None."""
+    out = []
+    for value in proto.graph.input:
+        t = value.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        out.append((value.name, shape, onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)))
+    return out
+
+
 def file_inputs(proto: onnx.ModelProto, ids: np.ndarray, mask: np.ndarray,
                 extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """Feeds for whatever the file asks: input_ids, attention_mask, position_ids (from the
-    mask), empty past tensors for a cached decoder (past length 0: a prefill; a merged seq2seq
-    decoder's use_cache_branch false), and the named
-    `extra` tensors (a T5 decoder's encoder_hidden_states and encoder_attention_mask)."""
-    feeds = {}
-    batch = ids.shape[0]
-    for value in proto.graph.input:
-        name = value.name
-        if extra and name in extra:
-            feeds[name] = extra[name]
-        elif name == "input_ids":
-            feeds[name] = ids
-        elif name == "attention_mask":
-            feeds[name] = mask
-        elif name == "position_ids":
-            feeds[name] = np.clip(mask.cumsum(-1) - 1, 0, None).astype(np.int64)
-        elif name == "use_cache_branch":  # a merged seq2seq decoder's prefill: it computes its caches
-            feeds[name] = np.array([False])
-        elif runtimes_common("cache").is_cache_input(name):
-            dims = value.type.tensor_type.shape.dim
-            shape = [batch if i == 0 else (d.dim_value if d.HasField("dim_value") else 0) for i, d in enumerate(dims)]
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-            feeds[name] = np.zeros(shape, dtype)
-        else:
-            raise ParityInputError(f"cannot feed input {name!r}: validate --model knows input_ids, attention_mask, "
-                                   "position_ids, use_cache_branch and past key/value tensors")
+    """Feeds for whatever the file asks, each made by its name's generator
+    (runtimes/common/inputs.py): input_ids, attention_mask, token_type_ids, position_ids (from
+    the mask), empty past tensors for a cached decoder (a prefill; a merged seq2seq decoder's
+    use_cache_branch false), and the named `extra` tensors (a T5 decoder's
+    encoder_hidden_states and encoder_attention_mask)."""
+    inputs = runtimes_common("inputs")
+    try:
+        feeds = inputs.feeds_for(declared_inputs(proto), inputs.Case(ids, mask, dict(extra or {})))
+    except inputs.UnknownInput as err:
+        raise ParityInputError(f"validate --model: {err}") from None
     if "input_ids" not in feeds:
         raise ParityInputError("the file has no input_ids input")
     return feeds

@@ -15,6 +15,7 @@ from ..export.files import check_outputs
 from ..export.naming import NAMINGS, POSBIAS, Naming
 from ..export.pipeline import ExportReport, ExportRequest, run_passes
 from ..export.options import ExportOptions, options_from
+from ..export.roles import leading_inputs, role
 from ..export.signature import ExportSpec, Signature, cached_signature, lm_signature
 from ..nn import file_sha256
 from .folder import folder_files
@@ -55,10 +56,19 @@ class ImportedSpec(ExportSpec):
         path = self.model.source_dir / "tokenizer.json"
         return str(path) if path.is_file() else None
 
+    @property
+    def role(self) -> str:
+        """What the file takes and gives (export/roles.py): the architecture's role, with a cache."""
+        m = self.model
+        if m.role == "causal-lm" and self.kv_cache:
+            return "causal-lm-with-past"
+        return m.role
+
     def signature(self, model, trace_len, dtype, settings, batch=2) -> Signature:
         m = self.model
         return lm_signature(model, settings, m.vocab_size, (m.num_kv_heads, m.head_dim, m.num_layers), trace_len, dtype,
-                            True, self.kv_cache, output=m.output_name, batch=batch, last_logits=self.last_logits)
+                            True, self.kv_cache, output=role(self.role).outputs[0], batch=batch,
+                            last_logits=self.last_logits, names=leading_inputs(self.role, m.extra_inputs))
 
     def contract_fields(self) -> dict:
         from ..export.contract import IMPORTED
@@ -134,6 +144,10 @@ class T5DecoderSpec(ImportedSpec):
     def attention_mask(self) -> bool:
         return self.with_mask
 
+    @property
+    def role(self) -> str:
+        return "seq2seq-decoder-with-past" if self.with_mask else "seq2seq-decoder-merged"
+
     def signature(self, model, trace_len, dtype, settings, batch=2) -> Signature:
         m, gen = self.model, torch.Generator().manual_seed(0)
         past_len, enc_len = trace_len // 2 + 1, trace_len + 3  # distinct sizes: no axis unified with another
@@ -146,7 +160,7 @@ class T5DecoderSpec(ImportedSpec):
         if not self.with_mask:
             return self.merged_signature(model, (ids, states, enc_mask), (b, seq, enc_seq, past_dim), settings, dtype,
                                          gen, past_len)
-        names = ["input_ids", "attention_mask", "encoder_hidden_states", "encoder_attention_mask"]
+        names = leading_inputs(self.role)
         module, leading, shapes = CachedT5Decoder(model, settings), (ids, mask, states, enc_mask), (
             {0: b, 1: seq}, {0: b, 1: total}, {0: b, 1: enc_seq}, {0: b, 1: enc_seq})
         return cached_signature(module, leading, shapes, names, {n: (0, 1) for n in names}, m.num_kv_heads, m.head_dim,
@@ -162,7 +176,7 @@ class T5DecoderSpec(ImportedSpec):
         past = [torch.randn(batch, m.num_kv_heads, length, m.head_dim, generator=gen).to(dtype)
                 for _ in range(m.num_layers) for length in (past_len, past_len, enc_len, enc_len)]
         past_names, present_names = merged_cache_names(m.num_layers)
-        leading = ["input_ids", "encoder_hidden_states", "encoder_attention_mask", "use_cache_branch"]
+        leading = leading_inputs(self.role)
         cache_shapes = tuple({0: b, 2: cross_dim if "cross" in n else past_dim} for n in past_names)
         return Signature(
             CachedT5DecoderMerged(model, settings), (ids, states, enc_mask, torch.tensor([True]), *past),

@@ -47,7 +47,9 @@ class ImportedModel(nn.Module):
     model_type: ClassVar[str] = ""  # transformers' model_type
     bias_name: ClassVar[str] = ""
     arch: ClassVar[str] = "lm"  # "lm": input_ids -> logits; "encoder": input_ids -> last_hidden_state
-    output_name: ClassVar[str] = "logits"
+    # what its file takes and gives (export/roles.py), and the inputs it takes beyond the role's
+    role: ClassVar[str] = "causal-lm"
+    extra_inputs: ClassVar[tuple[str, ...]] = ()
     causal: ClassVar[bool] = True
     # positions cumsum(mask) - 1 (BLOOM, Falcon: what their layers pass self_attention), else the
     # key indices (MPT); an in-place cache's function is made for the one the model uses
@@ -113,6 +115,12 @@ class ImportedModel(nn.Module):
         if len(layers) != values["layers"]:
             raise FolderError(f"{where}: the config says {target.sizes['layers']} = {values['layers']}, the weights "
                               f"hold {len(layers)} layers: the config does not describe these weights")
+
+    @property
+    def output_name(self) -> str:
+        from ..export.roles import role
+
+        return role(self.role).outputs[0]
 
     @classmethod
     def from_folder(cls, source) -> "ImportedModel":

@@ -18,11 +18,10 @@ import numpy as np
 import torch
 
 from ..limits import attention_bytes, check_fits
-from ..parity.accuracy_level import level0_runs, note_disagreement
-from ..parity.judge import Case, FloatPolicy, Reference, judge, policy_for
-from ..parity.matrix import check_runtimes
+from ..parity.judge import Case, FloatPolicy, Reference, policy_for
+from ..parity.loop import Plan, check_runtimes, measure
 from ..parity.reference import ModelFile, ParityInputError, model_file, torch_outputs
-from ..parity.runs import NOT_RUN, Matrix, RuntimeRun, runtime_outputs
+from ..parity.runs import NOT_RUN, Matrix, RuntimeRun
 from ..parity.runtimes import DEFAULT_RUNTIMES
 from ..parity.tolerance import FLOAT32, Tolerance
 from .cases import BLOCKED, TRANSFORMERS_ROW, check_weights, file_dtype, file_inputs, left_padded, self_written
@@ -100,15 +99,9 @@ def check_fits_imported(ours, path, lengths, batch: int, ignore_size_limits: boo
 
 
 @torch.no_grad()
-def run_hf_matrix(model_path: "str | Path | ModelFile", model_dir: str | Path | None = None,
-                  runtimes: tuple[str, ...] = DEFAULT_RUNTIMES, lengths: tuple[int, ...] = (1, 17, 1024),
-                  batch: int = 3, timeout: float = 1800.0, progress=None, ignore_size_limits: bool = False,
-                  order: bool = True) -> Matrix:
-    """One file of an imported causal LM or encoder judged on its own outputs (a T5 decoder, or
-    a quantized encoder, is judged by the logits it leads to: validation.py routes it to
-    hf/validate_seq2seq.py)."""
-    check_runtimes(runtimes)
-    file = model_file(model_path)
+def hf_plan(file: ModelFile, model_dir, lengths, batch: int, ignore_size_limits: bool) -> Plan:
+    """The cases of one file of an imported causal LM or encoder, judged on its own outputs
+    against our float64 implementation of the folder's model, and transformers' float32 row."""
     model_dir = model_dir or file.contract.model_dir
     if not model_dir:
         raise ParityInputError(f"{file.path} does not say which model it holds: pass --model DIR")
@@ -122,14 +115,20 @@ def run_hf_matrix(model_path: "str | Path | ModelFile", model_dir: str | Path | 
     matrix = Matrix(str(file.path), ours.bias_name, f"{ours.model_type} {ours.arch} ({output})")
     cases = [imported_case(ours, file, n, batch, scheme) for n in lengths]
     row = FloatPolicy("float32", {c.name: transformers_tolerance(ours, n) for c, n in zip(cases, lengths)})
-    judge(matrix, [transformers_run(theirs, ours, cases, lengths)], cases, row)
-    runs = list(runtime_outputs(runtimes, file.path, [c.feeds for c in cases], timeout, order))
-    if scheme == "int4":  # and the same file at accuracy level 0 (parity/accuracy_level.py)
-        runs += level0_runs(runtimes, file.path, [c.feeds for c in cases], timeout, order)
-    judge(matrix, runs, cases, runtime_policy(ours, dtype, scheme, cases, lengths), order_label=dtype,
-          progress=progress)
-    note_disagreement(matrix, runs, cases)
-    return matrix
+    return Plan(matrix, cases, runtime_policy(ours, dtype, scheme, cases, lengths), file.path, scheme,
+                reference_rows=[(transformers_run(theirs, ours, cases, lengths), row)], order_label=dtype)
+
+
+def run_hf_matrix(model_path: "str | Path | ModelFile", model_dir: str | Path | None = None,
+                  runtimes: tuple[str, ...] = DEFAULT_RUNTIMES, lengths: tuple[int, ...] = (1, 17, 1024),
+                  batch: int = 3, timeout: float = 1800.0, progress=None, ignore_size_limits: bool = False,
+                  order: bool = True) -> Matrix:
+    """One file of an imported causal LM or encoder judged on its own outputs (a T5 decoder, or
+    a quantized encoder, is judged by the logits it leads to: validation.py routes it to
+    hf/validate_seq2seq.py)."""
+    check_runtimes(runtimes)
+    plan = hf_plan(model_file(model_path), model_dir, lengths, batch, ignore_size_limits)
+    return measure(plan, runtimes, timeout, order, progress)
 
 
 def runtime_policy(ours, dtype: str, scheme: str | None, cases: list[Case], lengths):

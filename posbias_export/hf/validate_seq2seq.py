@@ -25,8 +25,8 @@ import torch
 
 from ..export.quantize.schemes import coarser
 from ..limits import attention_bytes, check_fits
-from ..parity.judge import Case, FloatPolicy, Reference, judge, policy_for
-from ..parity.matrix import check_runtimes
+from ..parity.judge import Case, FloatPolicy, Reference, policy_for
+from ..parity.loop import Plan, check_runtimes, measure
 from ..parity.reference import ModelFile, ParityInputError, model_file
 from ..parity.runs import Matrix, RuntimeRun, runtime_outputs
 from ..parity.runtimes import load_runner
@@ -170,13 +170,9 @@ class PipelineRun(RuntimeRun):
 
 
 @torch.no_grad()
-def run_seq2seq_matrix(encoder_path=None, decoder_path=None, model_dir=None, runtimes: tuple[str, ...] = ("ort-cpu",),
-                       lengths: tuple[int, ...] = (1, 17, 1024), batch: int = 3, timeout: float = 1800.0,
-                       progress=None, ignore_size_limits: bool = False, order: bool = True) -> Matrix:
-    """The encoder file, the decoder file, or both (see the module docstring), judged by the
-    logits they lead to, the target as long as the source at each length."""
-    check_runtimes(runtimes)
-    files = seq2seq_files(encoder_path, decoder_path)
+def seq2seq_plan(files: dict[str, ModelFile], model_dir, lengths, batch: int, ignore_size_limits: bool) -> Plan:
+    """The cases of an encoder file, a decoder file or both (see the module docstring), judged by
+    the logits they lead to, the target as long as the source at each length."""
     model_dir, encoder, decoder = seq2seq_models(files, model_dir)
     check_fits_seq2seq(decoder, lengths, batch, ignore_size_limits)
     scheme = coarser(f.scheme for f in files.values())
@@ -184,8 +180,18 @@ def run_seq2seq_matrix(encoder_path=None, decoder_path=None, model_dir=None, run
     judged = " + ".join(f"{role} file" for role in files)
     matrix = Matrix(" + ".join(str(f.path) for f in files.values()), "t5", f"encoder-decoder: {judged} (logits)")
     cases, inputs, states64 = zip(*(seq2seq_case(encoder, decoder, n, batch) for n in lengths))
-    if "decoder" in files:
-        judge(matrix, [transformers_run(model_dir, inputs)], list(cases), FloatPolicy("float32"))
+    rows = [(transformers_run(model_dir, inputs), FloatPolicy("float32"))] if "decoder" in files else []
     np_dtype = np.float16 if dtype == "float16" else np.float32
-    runs = pipeline_runs(files, decoder, runtimes, inputs, states64, np_dtype, timeout, order)
-    return judge(matrix, runs, list(cases), policy_for(dtype, scheme), progress=progress)
+
+    def runs(runtimes, timeout, order):
+        return pipeline_runs(files, decoder, runtimes, inputs, states64, np_dtype, timeout, order)
+
+    return Plan(matrix, list(cases), policy_for(dtype, scheme), reference_rows=rows, runs=runs)
+
+
+def run_seq2seq_matrix(encoder_path=None, decoder_path=None, model_dir=None, runtimes: tuple[str, ...] = ("ort-cpu",),
+                       lengths: tuple[int, ...] = (1, 17, 1024), batch: int = 3, timeout: float = 1800.0,
+                       progress=None, ignore_size_limits: bool = False, order: bool = True) -> Matrix:
+    check_runtimes(runtimes)
+    plan = seq2seq_plan(seq2seq_files(encoder_path, decoder_path), model_dir, lengths, batch, ignore_size_limits)
+    return measure(plan, runtimes, timeout, order, progress)

@@ -1,6 +1,5 @@
-"""Our own files' matrix: every requested runtime on the same inputs, each output judged (by
-judge.py) against a float64 PyTorch run of the model the file was exported from, in the file's
-own attention form. Builds the cases and references; measuring and judging are shared."""
+"""Our own files' plan: the cases, and a float64 PyTorch run of the model the file was exported
+from, in the file's own attention form, as their reference; loop.py measures and judges it."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,13 +11,13 @@ import torch
 
 from ..export import FileContract, attention_settings_of
 from ..nn import DEFAULT_BLOCK
-from .accuracy_level import level0_runs, note_disagreement
-from .judge import Case, Reference, judge, policy_for
+from .judge import Case, Reference, policy_for
+from .loop import Plan, check_runtimes, measure
 from .quantized import sampled_ids_cached
 from .reference import (ModelFile, ParityInputError, generated_inputs, load_model_file, model_file, reference_model,
                         torch_args, torch_outputs)
-from .runs import NOT_RUN, Cell, Matrix, RuntimeRun, runtime_outputs  # noqa: F401  (the matrix's public names)
-from .runtimes import DEFAULT_RUNTIMES, RUNTIMES, runtimes_common
+from .runs import NOT_RUN, Cell, Matrix, RuntimeRun  # noqa: F401  (the matrix's public names)
+from .runtimes import DEFAULT_RUNTIMES, runtimes_common
 
 
 def check_user_inputs(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> None:
@@ -54,12 +53,6 @@ def quantized_inputs(contract: FileContract, model: torch.nn.Module, feeds: dict
     return out
 
 
-def check_runtimes(runtimes) -> None:
-    unknown = [r for r in runtimes if r not in RUNTIMES]
-    if unknown:
-        raise ParityInputError(f"unknown runtime(s) {unknown}; choose from {', '.join(RUNTIMES)}")
-
-
 def own_settings(contract: FileContract, arch: str):
     """The attention form a reference runs in: the file's own."""
     settings = attention_settings_of(contract)
@@ -80,6 +73,25 @@ def own_reference(model, contract: FileContract, feeds: dict[str, np.ndarray], s
     return Reference(torch_outputs(model, args, torch.float64, settings), lazy)
 
 
+def own_plan(file: ModelFile, lengths, batch: int, checkpoint: str | None, inputs) -> Plan:
+    """Our own file's cases (generated lengths, or the user's tensors), each with the float64
+    reference of the model the file was exported from, in the file's attention form."""
+    contract = file.contract
+    if inputs is not None:
+        check_user_inputs(file.proto, inputs)
+        named = [("inputs", inputs)]
+    else:
+        named = [(f"L={n} B={batch}", generated_inputs(contract, n, batch, seed=n)) for n in lengths]
+    model = reference_model(contract, checkpoint)
+    if file.scheme and inputs is None:  # the policy's inputs: text the float model writes (parity/quantized.py)
+        named = [(case, quantized_inputs(contract, model, feeds)) for case, feeds in named]
+    matrix = Matrix(str(file.path), contract.config["bias"], contract.arch)
+    settings = own_settings(contract, matrix.arch)
+    cases = [Case(name, feeds, own_reference(model, contract, feeds, settings, contract.dtype)) for name, feeds in named]
+    # quantized weights: judged by parity/quantized.py's policy
+    return Plan(matrix, cases, policy_for(contract.dtype, file.scheme), file.path, file.scheme)
+
+
 def run_matrix(
     model_path: "str | Path | ModelFile",
     runtimes: tuple[str, ...] = DEFAULT_RUNTIMES,
@@ -96,22 +108,4 @@ def run_matrix(
     as well. `progress(n)` is called as work completes."""
     check_runtimes(runtimes)
     file = load_model_file(model_file(model_path))
-    contract = file.contract
-    matrix = Matrix(str(file.path), contract.config["bias"], contract.arch)
-    dtype, scheme = contract.dtype, file.scheme  # quantized weights: judged by parity/quantized.py's policy
-    if inputs is not None:
-        check_user_inputs(file.proto, inputs)
-        named = [("inputs", inputs)]
-    else:
-        named = [(f"L={n} B={batch}", generated_inputs(contract, n, batch, seed=n)) for n in lengths]
-    model = reference_model(contract, checkpoint)
-    if scheme and inputs is None:  # the policy's inputs: text the float model writes (parity/quantized.py)
-        named = [(case, quantized_inputs(contract, model, feeds)) for case, feeds in named]
-    settings = own_settings(contract, matrix.arch)
-    cases = [Case(name, feeds, own_reference(model, contract, feeds, settings, dtype)) for name, feeds in named]
-    runs = list(runtime_outputs(runtimes, file.path, [c.feeds for c in cases], timeout, order))
-    if scheme == "int4":  # and the same file at accuracy level 0 (parity/accuracy_level.py)
-        runs += level0_runs(runtimes, file.path, [c.feeds for c in cases], timeout, order)
-    judge(matrix, runs, cases, policy_for(dtype, scheme), progress=progress)
-    note_disagreement(matrix, runs, cases)
-    return matrix
+    return measure(own_plan(file, lengths, batch, checkpoint, inputs), runtimes, timeout, order, progress)

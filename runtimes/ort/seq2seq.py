@@ -40,22 +40,12 @@ create_session = load_runner("ort/run.py").create_session
 MAX_NEW_TOKENS = 8192  # a bound on a request: the cache grows with each token (generate's --max-context default)
 
 
-def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray, attention_mask: np.ndarray,
-                    max_new_tokens: int, start_token: int = 0, min_new_tokens: int = 0, eos_token: int | None = None,
-                    provider: str = "cpu", timings: dict | None = None) -> np.ndarray:
-    """input_ids, attention_mask [B, Le] int64 -> generated tokens [B, n <= max_new_tokens] (greedy; it
-    stops once every row has produced `eos_token`, as transformers does, the ended rows repeating it;
-    `eos_token` is forbidden for the first `min_new_tokens` steps, as transformers does).
-    timings: a dict to receive encoder_s and steps_ms (each decoder step's wall time)."""
+def _check_request(input_ids, attention_mask, max_new_tokens, vocab: int | None) -> np.ndarray:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
         raise RunnerError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     if max_new_tokens > MAX_NEW_TOKENS:
         raise RunnerError(f"max_new_tokens is at most {MAX_NEW_TOKENS} (the decoder's cache grows with every token), "
                           f"got {max_new_tokens}")
-    if provider == "cuda":  # before either session: the decoder's If decides for the process
-        host_synchronous_cuda(encoder_path, decoder_path)
-    encoder, decoder = create_session(encoder_path, provider), create_session(decoder_path, provider)
-    vocab = contract_of(encoder.get_modelmeta().custom_metadata_map, encoder_path).vocab_size
     ids = np.asarray(input_ids)
     if ids.dtype != np.int64 or ids.ndim != 2 or np.asarray(attention_mask).shape != ids.shape:
         raise RunnerError(f"input_ids and attention_mask must be int64 [B, L] of one shape, got {ids.dtype} "
@@ -63,20 +53,42 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
     if vocab and ids.size and (ids.min() < 0 or ids.max() >= vocab):
         bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
         raise RunnerError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+    return ids
+
+
+def _decoder_caches(decoder, decoder_path: str):
+    """The decoder's self-attention cache layout, its cross-attention cache layout (None: the
+    cross keys are recomputed every step) and the first past input."""
     names = {i.name: i for i in decoder.get_inputs()}
     try:
         layout = cache_layout(names, [o.name for o in decoder.get_outputs()])
-        cross = cross_cache_layout(names, [o.name for o in decoder.get_outputs()])  # None: recomputed every step
+        cross = cross_cache_layout(names, [o.name for o in decoder.get_outputs()])
     except ValueError as err:
         raise RunnerError(f"{decoder_path}: {err}") from None
     if "encoder_hidden_states" not in names or layout is None:
         raise RunnerError(f"{decoder_path} is not a cached T5 decoder (export it with --model DIR --part decoder)")
-    layers, first = layout.layers, names[layout.past[0]]
-    heads, head_dim = first.shape[1], first.shape[3]
-    if not all(isinstance(d, int) for d in (heads, head_dim)):
+    first = names[layout.past[0]]
+    if not all(isinstance(d, int) for d in (first.shape[1], first.shape[3])):
         raise RunnerError(f"{decoder_path}: its cache's heads and head size are symbolic ({first.shape}); "
                           "a cached T5 decoder written by --model DIR --part decoder names them")
-    _check_pair(encoder, names["encoder_hidden_states"], encoder_path, decoder_path)
+    return layout, cross, first
+
+
+def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray, attention_mask: np.ndarray,
+                    max_new_tokens: int, start_token: int = 0, min_new_tokens: int = 0, eos_token: int | None = None,
+                    provider: str = "cpu", timings: dict | None = None) -> np.ndarray:
+    """input_ids, attention_mask [B, Le] int64 -> generated tokens [B, n <= max_new_tokens] (greedy; it
+    stops once every row has produced `eos_token`, as transformers does, the ended rows repeating it;
+    `eos_token` is forbidden for the first `min_new_tokens` steps, as transformers does).
+    timings: a dict to receive encoder_s and steps_ms (each decoder step's wall time)."""
+    _check_request(input_ids, attention_mask, max_new_tokens, None)
+    if provider == "cuda":  # before either session: the decoder's If decides for the process
+        host_synchronous_cuda(encoder_path, decoder_path)
+    encoder, decoder = create_session(encoder_path, provider), create_session(decoder_path, provider)
+    vocab = contract_of(encoder.get_modelmeta().custom_metadata_map, encoder_path).vocab_size
+    ids = _check_request(input_ids, attention_mask, max_new_tokens, vocab)
+    layout, cross, first = _decoder_caches(decoder, decoder_path)
+    _check_pair(encoder, {i.name: i for i in decoder.get_inputs()}["encoder_hidden_states"], encoder_path, decoder_path)
     _check_same_weights(encoder, decoder, encoder_path, decoder_path)  # after: a BLOOM "encoder" is named for what it is
     vocab_out = decoder.get_outputs()[0].shape[-1]
     if not isinstance(start_token, (int, np.integer)) or isinstance(start_token, bool) or start_token < 0 or (
@@ -85,43 +97,63 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
                           f"({vocab_out})")
     if max_new_tokens == 0:
         return np.zeros((ids.shape[0], 0), np.int64)
-    outputs = [decoder.get_outputs()[0].name, *layout.present]
-    batch = input_ids.shape[0]
     timings = {} if timings is None else timings
     started = time.perf_counter()
     states = _run(encoder, None, {"input_ids": input_ids, "attention_mask": attention_mask}, encoder_path)[0]
     timings["encoder_s"], timings["steps_ms"] = time.perf_counter() - started, []
-    cache_dtype = np.dtype(ONNX_TYPE_TO_NUMPY[first.type])  # float16 for a float16 decoder
-    past = [np.zeros((batch, heads, 0, head_dim), cache_dtype) for _ in range(2 * layers)]
-    # the cross-attention cache (the clients' merged file): empty and use_cache_branch false on the first
-    # step, which computes it; then the first step's, passed back unchanged, and true
-    cross_past = [np.zeros((batch, heads, 0, head_dim), cache_dtype) for _ in cross.past] if cross else []
-    step = np.full((batch, 1), start_token, np.int64)
-    tokens, done = [], np.zeros(batch, bool)
-    for index in range(max_new_tokens):
-        feeds = {"input_ids": step, "encoder_hidden_states": states, "encoder_attention_mask": attention_mask,
-                 **dict(zip(layout.past, past))}
-        if "attention_mask" in names:  # the decoder's own mask (a file shipped for clients has none: all ones)
+    steps = _Steps(decoder, decoder_path, layout, cross, first, states, attention_mask)
+    return steps.greedy(max_new_tokens, start_token, min_new_tokens, eos_token, timings["steps_ms"])
+
+
+class _Steps:
+    """The decoder's steps over its caches: the self-attention cache grows by one row a step; the
+    cross-attention cache (the clients' merged file) is empty with use_cache_branch false on the
+    first step, which computes it, then passed back unchanged with true."""
+
+    def __init__(self, decoder, decoder_path, layout, cross, first, states, attention_mask):
+        self.decoder, self.path, self.layout, self.cross = decoder, decoder_path, layout, cross
+        self.states, self.attention_mask = states, attention_mask
+        self.with_mask = "attention_mask" in {i.name for i in decoder.get_inputs()}
+        batch, heads, head_dim = states.shape[0], first.shape[1], first.shape[3]
+        dtype = np.dtype(ONNX_TYPE_TO_NUMPY[first.type])  # float16 for a float16 decoder
+        self.past = [np.zeros((batch, heads, 0, head_dim), dtype) for _ in range(2 * layout.layers)]
+        self.cross_past = [np.zeros((batch, heads, 0, head_dim), dtype) for _ in cross.past] if cross else []
+        self.outputs = [decoder.get_outputs()[0].name, *layout.present]
+
+    def logits(self, step: np.ndarray, index: int) -> np.ndarray:
+        layout, cross, batch = self.layout, self.cross, step.shape[0]
+        feeds = {"input_ids": step, "encoder_hidden_states": self.states, "encoder_attention_mask": self.attention_mask,
+                 **dict(zip(layout.past, self.past))}
+        if self.with_mask:  # the decoder's own mask (a file shipped for clients has none: all ones)
             feeds["attention_mask"] = np.ones((batch, index + 1), np.int64)
         if cross:
-            feeds.update({"use_cache_branch": np.array([index > 0]), **dict(zip(cross.past, cross_past))})
-        started = time.perf_counter()
-        logits, *past = _run(decoder, outputs + (list(cross.present) if cross and index == 0 else []), feeds,
-                             decoder_path)
-        if cross and index == 0:
-            past, cross_past = past[:len(layout.present)], past[len(layout.present):]
-        timings["steps_ms"].append(1e3 * (time.perf_counter() - started))
-        last = logits[:, -1]
-        if eos_token is not None and index < min_new_tokens:
-            last[:, eos_token] = -np.inf
-        step = last.argmax(-1)[:, None].astype(np.int64)
-        if eos_token is not None:  # a row that ended repeats its end token; all ended: stop (as transformers)
-            step[done, 0] = eos_token
-            done |= step[:, 0] == eos_token
-        tokens.append(step)
-        if done.all():
-            break
-    return np.concatenate(tokens, axis=1)
+            feeds.update({"use_cache_branch": np.array([index > 0]), **dict(zip(cross.past, self.cross_past))})
+        computes_cross = bool(cross) and index == 0
+        logits, *past = _run(self.decoder, self.outputs + (list(cross.present) if computes_cross else []), feeds,
+                             self.path)
+        if computes_cross:
+            past, self.cross_past = past[:len(layout.present)], past[len(layout.present):]
+        self.past = past
+        return logits
+
+    def greedy(self, max_new_tokens, start_token, min_new_tokens, eos_token, steps_ms: list) -> np.ndarray:
+        batch = self.states.shape[0]
+        step = np.full((batch, 1), start_token, np.int64)
+        tokens, done = [], np.zeros(batch, bool)
+        for index in range(max_new_tokens):
+            started = time.perf_counter()
+            last = self.logits(step, index)[:, -1]
+            steps_ms.append(1e3 * (time.perf_counter() - started))
+            if eos_token is not None and index < min_new_tokens:
+                last[:, eos_token] = -np.inf
+            step = last.argmax(-1)[:, None].astype(np.int64)
+            if eos_token is not None:  # a row that ended repeats its end token; all ended: stop (as transformers)
+                step[done, 0] = eos_token
+                done |= step[:, 0] == eos_token
+            tokens.append(step)
+            if done.all():
+                break
+        return np.concatenate(tokens, axis=1)
 
 
 def _check_same_weights(encoder, decoder, encoder_path: str, decoder_path: str) -> None:

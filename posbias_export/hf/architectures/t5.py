@@ -103,7 +103,7 @@ class T5Encoder(ImportedModel):
     layer_key = "encoder.block.{}."
     heads_divide_hidden = False  # T5's heads are d_kv wide whatever d_model is
     arch = "encoder"
-    output_name = "last_hidden_state"
+    role = "encoder"
     causal = False
     # int4: the encoder-decoder pair's error is the sum of both files'; at block 32 t5-base's pair
     # failed the policy (KL 0.0329 / 0.0355 nats at 64 / 512 tokens, budget 0.0296), at block 16
@@ -124,8 +124,9 @@ class T5Encoder(ImportedModel):
     def tiny_transformers_model(cls, tf, vocab, hidden, heads, layers, max_len, encoder_decoder: bool = False, **config):
         """T5EncoderModel, or with encoder_decoder the whole T5ForConditionalGeneration."""
         model_class = tf.T5ForConditionalGeneration if encoder_decoder else tf.T5EncoderModel
-        return model_class(tf.T5Config(vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=4 * hidden,
-                                       num_layers=layers, num_heads=heads, **config))
+        sizes = dict(vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=4 * hidden, num_layers=layers,
+                     num_heads=heads)
+        return model_class(tf.T5Config(**{**sizes, **config}))
 
     def weight_key(self, name: str) -> str:
         return BIAS_KEY if name == "bias.relative_attention_bias.weight" else name

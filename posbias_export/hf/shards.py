@@ -12,7 +12,7 @@ INIT_STD = 0.02  # the configurations' initializer range
 
 def write_sharded(published: tuple, out: Path, dtype: str = "bfloat16", seed: int = 0) -> Path:
     """OUT/config.json, model-0000N-of-0000M.safetensors and model.safetensors.index.json for a
-    published configuration (real_models.PUBLISHED's (model class, config class, fields)): norms'
+    published configuration (published.PUBLISHED's (model class, config class, fields)): norms'
     weights 1 and biases 0, other tensors normal(0, 0.02), each drawn from its own seeded
     generator; a tied head is not written (transformers ties it on load)."""
     import torch
