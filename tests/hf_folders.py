@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 
+from posbias_export.hf.models import architecture
 from posbias_export.hf.tiny import BOS, EOS, PAD, TESTS, VARIANTS, Sizes, save_tiny_folder, save_tokenizer  # noqa: F401
 
 VOCAB = TESTS.vocab
 MPT_MAX_SEQ_LEN = TESTS.max_len
-KINDS = tuple(VARIANTS)
+# the variants transformers implements (test_hf_models.py compares with it); JinaBERT's: test_jina_bert.py
+KINDS = tuple(k for k, v in VARIANTS.items() if architecture(v.model_type).transformers_class)
 # the test folders' T5s: a smaller feed-forward and bucket range than the sizes imply
 _T5 = dict(d_ff=96, relative_attention_max_distance=20)
 TEST_CONFIG = {"t5": _T5, "t5_gated": dict(_T5, relative_attention_num_buckets=16)}

@@ -32,10 +32,10 @@ def test_every_architecture_exports_and_passes_validate(tmp_path, model_type):
     result = validate([path], ["ort-cpu"], (1, 40), batch=2, model_dir=folder, order=False)
     cells = result.matrices[0].cells
     assert result.ok, [(c.runtime, c.case, c.verdict) for c in cells if not c.ok]
-    assert {c.runtime for c in cells} == {"ort-cpu", "transformers"}
+    model = ARCHITECTURES[model_type]
+    assert {c.runtime for c in cells} == {"ort-cpu"} | ({"transformers"} if model.transformers_class else set())
     # the file takes and gives what its architecture's role declares (export/roles.py)
     graph = onnx.load(str(path), load_external_data=False).graph
-    model = ARCHITECTURES[model_type]
     assert [i.name for i in graph.input] == leading_inputs(model.role, model.extra_inputs)
     assert graph.output[0].name == role(model.role).outputs[0]
 

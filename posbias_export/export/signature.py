@@ -101,6 +101,7 @@ def lm_signature(model: nn.Module, settings: AttentionSettings, vocab_size: int,
     ids = torch.randint(0, vocab_size, (batch, trace_len), generator=gen)
     args = (ids, torch.ones(batch, trace_len, dtype=torch.int64)) if with_mask else (ids,)
     names = names or ["input_ids"] + (["attention_mask"] if with_mask else [])
+    args += tuple(torch.zeros_like(ids) for _ in names[len(args):])  # token_type_ids: one segment
     return Signature(WithSettings(model, settings), args, tuple({0: b, 1: seq} for _ in args), names, [output],
                      {n: (0, 1) for n in names + [output]})
 

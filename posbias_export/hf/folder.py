@@ -108,9 +108,11 @@ def check_config_values(raw: dict, file: Path) -> None:
     check_token_ids(raw, file, vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else None)
 
 
-def read_config(path: Path, supported: tuple[str, ...]) -> tuple[str, dict]:
-    """model_type and the raw config.json; refuses folders that need their own code and
-    model types outside `supported`."""
+def read_config(path: Path, architectures: dict) -> tuple[str, dict]:
+    """Our name for the folder's architecture and the raw config.json. An architecture claims a
+    folder (ImportedModel.claims: by default, its model_type without custom code; JinaBERT by its
+    config and tensor names, its custom code never run); a folder that needs code no
+    architecture claims, or of another model type, is refused."""
     if not path.is_dir():
         raise FolderError(f"{path} is not a folder (a Hugging Face model folder holds config.json and weights)")
     config_file = path / "config.json"
@@ -118,14 +120,24 @@ def read_config(path: Path, supported: tuple[str, ...]) -> tuple[str, dict]:
         raise FolderError(f"{path} has no config.json: not a Hugging Face model folder")
     raw = read_json_object(config_file)
     check_config_values(raw, config_file)
+    claimed = next((name for name, cls in architectures.items() if cls.claims(raw, path)), None)
+    if claimed:
+        return claimed, raw
+    supported = ", ".join(architectures)
     if raw.get("auto_map"):
-        raise FolderError(f"{path} needs trust_remote_code (config.json maps to custom code in auto_map); only the "
-                          f"transformers implementations of {', '.join(supported)} are supported")
-    model_type = raw.get("model_type")
-    if model_type not in supported:
-        raise FolderError(f"{path}: model_type {model_type!r} is not supported; supported: {', '.join(supported)} "
-                          "(falcon with alibi=true)")
-    return model_type, raw
+        raise FolderError(f"{path} needs trust_remote_code (config.json maps to custom code in auto_map) and is none "
+                          f"of the architectures we implement ourselves; supported: {supported}")
+    raise FolderError(f"{path}: model_type {raw.get('model_type')!r} is not supported; supported: {supported} "
+                      "(falcon with alibi=true)")
+
+
+def tensor_names(path: Path) -> set[str]:
+    """The names of the folder's weights, read from their headers (nothing loaded); empty where
+    the folder has none."""
+    try:
+        return set(weight_shapes(weight_files(path)))
+    except FolderError:
+        return set()
 
 
 def resolves_inside(file: Path, folder: Path) -> bool:
@@ -288,9 +300,9 @@ def read_folder(path, architectures: dict, part: str = "encoder") -> ModelFolder
     which model types are supported and may refuse a config. The config's sizes are checked
     against the weights' shapes (read from their headers) before anything is allocated."""
     path = Path(path)
-    model_type, raw = read_config(path, tuple(architectures))
+    model_type, raw = read_config(path, architectures)
     transformers = transformers_module()
-    config_class = transformers.AutoConfig.for_model(model_type).__class__
+    config_class = transformers.AutoConfig.for_model(architectures[model_type].config_model_type or model_type).__class__
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # its warnings on odd values: our checks below say it in one line
     try:

@@ -65,6 +65,7 @@ class ImportedModel(nn.Module):
     heads_divide_hidden: ClassVar[bool] = True
     tied_keys: ClassVar[tuple[str, ...]] = ()  # transformers keys that may repeat a tied tensor
     ignored_prefixes: ClassVar[tuple[str, ...]] = ()  # keys of parts this model does not contain (a T5 decoder)
+    config_model_type: ClassVar[str | None] = None  # transformers' config class to read config.json with (None: model_type)
 
     def __init_subclass__(cls, part: str | None = None, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -82,6 +83,18 @@ class ImportedModel(nn.Module):
         self.num_heads, self.head_dim, self.num_layers, self.vocab_size = (shape.num_heads, shape.head_dim,
                                                                            shape.num_layers, shape.vocab_size)
         self.num_kv_heads = shape.num_kv_heads or shape.num_heads
+
+    @classmethod
+    def claims(cls, raw: dict, path) -> bool:
+        """Whether a folder (its raw config.json) is this architecture: its model_type, and no
+        custom code (an architecture we implement ourselves may claim a folder that has some)."""
+        return raw.get("model_type") == cls.model_type and not raw.get("auto_map")
+
+    @classmethod
+    def key_prefix(cls, shapes) -> str:
+        """What the folder's tensor names start with before ours (a checkpoint saved from a
+        wrapper carries its attribute name, e.g. "bert.")."""
+        return ""
 
     @classmethod
     def check_config(cls, config, where) -> str | None:
@@ -103,14 +116,16 @@ class ImportedModel(nn.Module):
         if target.heads_divide_hidden and values["hidden"] % values["heads"]:
             raise FolderError(f"{where}: config {target.sizes['hidden']} ({values['hidden']}) is not divisible by "
                               f"{target.sizes['heads']} ({values['heads']})")
-        embedding = shapes.get(target.embedding_key)
+        prefix = target.key_prefix(shapes)
+        embedding_key = prefix + target.embedding_key
+        embedding = shapes.get(embedding_key)
         if embedding is None:
-            raise FolderError(f"{where}: weight {target.embedding_key} is missing (not a {cls.model_type} checkpoint?)")
+            raise FolderError(f"{where}: weight {embedding_key} is missing (not a {cls.model_type} checkpoint?)")
         if tuple(embedding) != (values["vocab"], values["hidden"]):
             raise FolderError(f"{where}: the config says {target.sizes['vocab']} x {target.sizes['hidden']} = "
-                              f"[{values['vocab']}, {values['hidden']}], the weight {target.embedding_key} is "
+                              f"[{values['vocab']}, {values['hidden']}], the weight {embedding_key} is "
                               f"{list(embedding)}: the config does not describe these weights")
-        pattern = re.compile(re.escape(target.layer_key).replace(r"\{\}", r"(\d+)"))
+        pattern = re.compile(re.escape(prefix + target.layer_key).replace(r"\{\}", r"(\d+)"))
         layers = {int(m.group(1)) for key in shapes if (m := pattern.match(key))}
         if len(layers) != values["layers"]:
             raise FolderError(f"{where}: the config says {target.sizes['layers']} = {values['layers']}, the weights "

@@ -50,7 +50,7 @@ def has_decoder(folder: str | os.PathLike) -> bool:
 
     from .folder import read_config, weight_files, weight_shapes
 
-    model_type, _ = read_config(Path(folder), tuple(ARCHITECTURES))
+    model_type, _ = read_config(Path(folder), ARCHITECTURES)
     decoder = PARTS.get((model_type, "decoder"))
     if decoder is None:
         return False

@@ -32,6 +32,12 @@ VARIANTS = {
     "t5": Variant("t5"),  # T5EncoderModel
     # T5 v1.1 (gated GELU), the whole encoder-decoder
     "t5_gated": Variant("t5", dict(feed_forward_proj="gated-gelu", encoder_decoder=True)),
+    # UMT5 (every layer its own relative-position table): the encoder alone
+    "umt5": Variant("umt5"),
+    "umt5_seq2seq": Variant("umt5", dict(encoder_decoder=True)),
+    # jina-embeddings-v2 (small / base / de / es / zh) and its code model (q/k norms, up-gated feed-forward)
+    "jina_bert": Variant("jina_bert"),
+    "jina_bert_code": Variant("jina_bert", dict(layout="code")),
 }
 
 
@@ -70,7 +76,7 @@ def save_tiny_folder(kind: str, folder: Path, sizes: Sizes = TESTS, noise: float
     model mostly repeats its last token, and equal tokens would then prove little)."""
     if client:
         config = dict(pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=False, **config)
-        if VARIANTS[kind].model_type == "t5":
+        if VARIANTS[kind].model_type in ("t5", "umt5"):
             config.setdefault("decoder_start_token_id", PAD)
     model = tiny_model(kind, sizes, noise, seed, **config)
     model.save_pretrained(folder)

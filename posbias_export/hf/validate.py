@@ -108,15 +108,23 @@ def hf_plan(file: ModelFile, model_dir, lengths, batch: int, ignore_size_limits:
     ours = load_model(model_dir)
     check_weights(file.contract, ours.source_dir, file.path)
     check_fits_imported(ours, file.path, lengths, batch, ignore_size_limits)
-    theirs = transformers_model(Path(model_dir), ours.model_type)
     # a float16 file is judged against PyTorch float16's own error (parity/tolerance.py), as ours are
     dtype, scheme = file_dtype(file.proto), file.scheme
     output = file.proto.graph.output[0].name
-    matrix = Matrix(str(file.path), ours.bias_name, f"{ours.model_type} {ours.arch} ({output})")
+    reference = "" if ours.transformers_class else "; reference: our float64 implementation, none is installable"
+    matrix = Matrix(str(file.path), ours.bias_name, f"{ours.model_type} {ours.arch} ({output}){reference}")
     cases = [imported_case(ours, file, n, batch, scheme) for n in lengths]
-    row = FloatPolicy("float32", {c.name: transformers_tolerance(ours, n) for c, n in zip(cases, lengths)})
     return Plan(matrix, cases, runtime_policy(ours, dtype, scheme, cases, lengths), file.path, scheme,
-                reference_rows=[(transformers_run(theirs, ours, cases, lengths), row)], order_label=dtype)
+                reference_rows=transformers_rows(ours, Path(model_dir), cases, lengths), order_label=dtype)
+
+
+def transformers_rows(ours, model_dir: Path, cases: list[Case], lengths) -> list:
+    """transformers' own float32 row with its policy, where transformers implements the model."""
+    if not ours.transformers_class:
+        return []
+    theirs = transformers_model(model_dir, ours.model_type)
+    row = FloatPolicy("float32", {c.name: transformers_tolerance(ours, n) for c, n in zip(cases, lengths)})
+    return [(transformers_run(theirs, ours, cases, lengths), row)]
 
 
 def run_hf_matrix(model_path: "str | Path | ModelFile", model_dir: str | Path | None = None,

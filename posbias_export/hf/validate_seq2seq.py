@@ -129,9 +129,9 @@ def check_fits_seq2seq(decoder, lengths, batch: int, ignore_size_limits: bool) -
 
 
 @torch.no_grad()
-def transformers_run(model_dir: Path, inputs: list[Seq2SeqCase]) -> RuntimeRun:
-    """transformers' T5ForConditionalGeneration, float32, on every case: a reference row."""
-    theirs = float32_pretrained(getattr(transformers_module(), "T5ForConditionalGeneration"), model_dir)
+def transformers_run(model_dir: Path, inputs: list[Seq2SeqCase], class_name: str) -> RuntimeRun:
+    """transformers' encoder-decoder (T5ForConditionalGeneration, UMT5...), float32, on every case: a reference row."""
+    theirs = float32_pretrained(getattr(transformers_module(), class_name), model_dir)
     outputs = [theirs(input_ids=torch.from_numpy(c.source), attention_mask=torch.from_numpy(c.mask),
                       decoder_input_ids=torch.from_numpy(c.target)).logits.numpy() for c in inputs]
     return RuntimeRun(TRANSFORMERS_ROW, None, outputs=outputs)
@@ -178,9 +178,11 @@ def seq2seq_plan(files: dict[str, ModelFile], model_dir, lengths, batch: int, ig
     scheme = coarser(f.scheme for f in files.values())
     dtype = file_dtype(files["decoder" if "decoder" in files else "encoder"].proto)
     judged = " + ".join(f"{role} file" for role in files)
-    matrix = Matrix(" + ".join(str(f.path) for f in files.values()), "t5", f"encoder-decoder: {judged} (logits)")
+    matrix = Matrix(" + ".join(str(f.path) for f in files.values()), decoder.bias_name,
+                    f"{decoder.model_type} encoder-decoder: {judged} (logits)")
     cases, inputs, states64 = zip(*(seq2seq_case(encoder, decoder, n, batch) for n in lengths))
-    rows = [(transformers_run(model_dir, inputs), FloatPolicy("float32"))] if "decoder" in files else []
+    rows = [(transformers_run(model_dir, inputs, decoder.transformers_class), FloatPolicy("float32"))] \
+        if "decoder" in files else []
     np_dtype = np.float16 if dtype == "float16" else np.float32
 
     def runs(runtimes, timeout, order):

@@ -94,6 +94,7 @@ class T5Decoder(ImportedModel, part="decoder"):
     heads_divide_hidden = False
     arch = "decoder"
     role = "seq2seq-decoder-with-past"
+    transformers_class = "T5ForConditionalGeneration"  # what validate compares the pair with
     default_quant_block, default_quant_head = 16, "int8"  # the pair's int4 policy (hf/architectures/t5.py)
     tied_keys = ("decoder.embed_tokens.weight", "encoder.embed_tokens.weight", "lm_head.weight")
     ignored_prefixes = ("encoder.",)
