@@ -171,6 +171,10 @@ class ImportedModel(nn.Module):
         clients read to shape the cache they feed). The same as the folder's by default."""
         return config
 
+    def serving_files(self) -> dict[str, dict]:
+        """JSON files a serving folder adds for the clients of this architecture (path -> content)."""
+        return {}
+
     def export_note(self) -> str | None:
         """What an export's report adds for this architecture, if anything."""
         return None

@@ -10,6 +10,7 @@
     OUT/triton/<name>/config.pbtxt, 1/model.onnx   a Triton model repository entry per file
     OUT/config.json, generation_config.json, tokenizer files   copied from the folder (config.json
                                    describing the cache our file holds, where it differs: Falcon)
+    OUT/modules.json, 1_Pooling/   an embedder's pooling, as sentence-transformers reads it
 
 The graphs are our exports (blocked, checked), renamed: nothing about the computation changes.
 The copies of one file are hard links where the file system allows. Written into a temporary
@@ -224,6 +225,9 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
         for path in copied:
             shutil.copy2(path.resolve(), stage / path.name)
         (stage / "config.json").write_text(json.dumps(model.shipped_config(config), indent=2))
+        for name, content in model.serving_files().items():  # e.g. sentence-transformers' pooling
+            (stage / name).parent.mkdir(parents=True, exist_ok=True)
+            (stage / name).write_text(json.dumps(content, indent=1))
         if out.exists():
             out.rmdir()  # checked empty above
         os.replace(stage, out)

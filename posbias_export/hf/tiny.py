@@ -85,9 +85,10 @@ def save_tiny_folder(kind: str, folder: Path, sizes: Sizes = TESTS, noise: float
     return Path(folder)
 
 
-def save_tokenizer(folder: Path, vocab: int = TESTS.vocab) -> None:
+def save_tokenizer(folder: Path, vocab: int = TESTS.vocab, max_length: int | None = None) -> None:
     """A byte-level BPE tokenizer of `vocab` tokens (<pad>, <s>, </s> first), trained here on a
-    line of text: tokenizer.json and tokenizer_config.json, as a Hub folder has them."""
+    line of text: tokenizer.json and tokenizer_config.json, as a Hub folder has them (with
+    model_max_length where given: what an embedding client truncates to)."""
     import json
 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -99,5 +100,6 @@ def save_tokenizer(folder: Path, vocab: int = TESTS.vocab) -> None:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(["To be, or not to be, that is the question: whether 'tis nobler in the mind"] * 20, trainer)
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"}))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, **({"model_max_length": max_length}
+                                                                             if max_length else {})}))

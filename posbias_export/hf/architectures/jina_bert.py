@@ -189,6 +189,22 @@ class JinaBert(ImportedModel):
     def weight_key(self, name: str) -> str:
         return self.prefix + name
 
+    def shipped_config(self, config: dict) -> dict:
+        """The serving folder holds ONNX files, no code: its config maps to none (a client that
+        honours auto_map would otherwise fetch the original custom code to read a config)."""
+        return {k: v for k, v in config.items() if k != "auto_map"}
+
+    def serving_files(self) -> dict[str, dict]:
+        """sentence-transformers' description of the pipeline: the transformer, then mean pooling
+        over the mask (the models' emb_pooler); clients normalise."""
+        width = self.config.hidden_size
+        return {"modules.json": [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                                 {"idx": 1, "name": "1", "path": "1_Pooling",
+                                  "type": "sentence_transformers.models.Pooling"}],
+                "sentence_bert_config.json": {"max_seq_length": 8192, "do_lower_case": False},
+                "1_Pooling/config.json": {"word_embedding_dimension": width, "pooling_mode_mean_tokens": True,
+                                          "pooling_mode_cls_token": False, "pooling_mode_max_tokens": False}}
+
     def export_note(self) -> str:
         return (f"JinaBERT v2 ({self.layout} layout) rebuilt by posbias_export's own implementation from the config and "
                 "tensor names; the folder's custom code (auto_map) was not run")
