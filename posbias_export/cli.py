@@ -38,6 +38,8 @@ COMMANDS = (
             "run_bench_decode"),
     Command("bench-models", "imported BLOOM/MPT/Falcon/T5: our export vs dynamo vs Optimum, time, memory, error",
             "bench", "build_bench_models_parser", "run_bench_models"),
+    Command("bench-embed", "a JinaBERT v2 embedder at published size: our file vs the dense [H, L, L] form, at length",
+            "bench", "build_bench_embed_parser", "run_bench_embed"),
     Command("bench-real", "imported models at published sizes (random weights): export memory, prefill, decode",
             "bench", "build_bench_real_parser", "run_bench_real"),
     Command("bench-serving", "decode at length: the in-place KV cache vs the Concat file, beside the floor", "bench",

@@ -403,3 +403,19 @@ def test_client_results_name_no_path_of_this_machine(tmp_path, monkeypatch):
     assert str(tmp_path) not in md.read_text() and "…/decoder_model_merged.onnx failed: bad input" in md.read_text()
     assert str(tmp_path) not in js.read_text()
     assert json.loads(js.read_text())["rows"][0]["error"] == "Load model from …/decoder_model_merged.onnx failed: bad input"
+
+
+def test_bench_embed_runs_every_form_and_judges_its_targets(tmp_path, monkeypatch):
+    """bench-embed end to end at a tiny size: each form in its own process, a padded short batch,
+    the dense form's row where it dies, and the markdown's targets from the measured cells."""
+    from posbias_export.bench import embedders
+
+    monkeypatch.setattr(embedders, "BASE", dict(vocab=300, hidden=48, heads=6, layers=2, max_len=512))
+    monkeypatch.setattr(embedders, "SHORT_BATCH", (4, 32))
+    paths = embedders.run_and_write((64, 2048), tmp_path, progress=lambda m: None)
+    data = json.loads(paths[1].read_text())
+    cells = {(c["form"], c["length"], c["batch"]): c for c in data["cells"]}
+    assert set(cells) == {(f, n, b) for f in embedders.FORMS for n, b in ((64, 1), (2048, 1), (32, 4))}
+    assert all(c["times"] and c["peak_rss"] for c in cells.values()), cells
+    text = paths[0].read_text()
+    assert "| 2048 | 1 |" in text and "ours <= 1.0x the dense form's time" in text

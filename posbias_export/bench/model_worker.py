@@ -24,13 +24,17 @@ sys.path.insert(0, str(_PACKAGE / "runtimes" if (_PACKAGE / "runtimes").is_dir()
 from common.inputs import Case, feeds_for as feeds_for_inputs  # noqa: E402
 
 
-def feeds_for(session, length: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """One unpadded row of `length` random tokens, each input made by its name's generator (an
-    empty cache: a prefill)."""
-    ids = np.random.default_rng(seed).integers(0, vocab, (1, length), dtype=np.int64)
+def feeds_for(session, length: int, vocab: int, seed: int = 0, batch: int = 1) -> dict[str, np.ndarray]:
+    """`batch` rows of `length` random tokens, each input made by its name's generator (an empty
+    cache: a prefill); rows after the first right-padded to lengths down to half (texts of
+    different lengths in one batch, as embedding servers send them)."""
+    ids = np.random.default_rng(seed).integers(0, vocab, (batch, length), dtype=np.int64)
+    mask = np.ones_like(ids)
+    for row in range(1, batch):
+        mask[row, length - row * length // (2 * batch):] = 0
     dtypes = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
     declared = [(v.name, v.shape, dtypes.get(v.type, np.int64)) for v in session.get_inputs()]
-    return feeds_for_inputs(declared, Case(ids, np.ones_like(ids)))
+    return feeds_for_inputs(declared, Case(ids, mask))
 
 
 def main(argv=None) -> int:
@@ -40,6 +44,7 @@ def main(argv=None) -> int:
     p.add_argument("--vocab", type=int, required=True)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch", type=int, default=1, help="rows, right-padded to lengths down to half")
     p.add_argument("--save", help="where to save the first output (.npy)")
     args = p.parse_args(argv)
     import onnxruntime as ort
@@ -49,7 +54,7 @@ def main(argv=None) -> int:
     options.log_severity_level = 3
     try:
         session = ort.InferenceSession(args.model, options, providers=["CPUExecutionProvider"])
-        feeds = feeds_for(session, args.length, args.vocab)
+        feeds = feeds_for(session, args.length, args.vocab, batch=args.batch)
         loaded_rss = rss_now()
         session.run(None, feeds)  # warm-up
         times = []

@@ -1,4 +1,4 @@
-"""bench, bench-decode, bench-models: speed and memory side by side (posbias_export/bench/)."""
+"""bench, bench-decode, bench-models, bench-embed: speed and memory side by side (posbias_export/bench/)."""
 from __future__ import annotations
 
 import argparse
@@ -104,6 +104,26 @@ def run_bench_models(args) -> int:
     total = len(args.models) * len(args.lengths) * len(bench.EXPORTERS)
     with tqdm(total=total, desc="bench-models", unit="cell", disable=None, file=sys.stderr) as bar:
         paths = bench.run_and_write(tuple(args.models), tuple(args.lengths), args.repeats, args.out_dir, bar.update)
+    print("\n".join(f"wrote {path}" for path in paths))
+    return 0
+
+
+def build_bench_embed_parser() -> argparse.ArgumentParser:
+    from ..bench import embedders as bench
+
+    p = parser("bench-embed", "A JinaBERT v2 embedder at jina-v2-base's size (random weights): our blocked file vs the "
+                "dense [H, L, L] form vs PyTorch eager, time and peak RSS per length and on a padded batch of short "
+                "texts, each in its own process; writes embedders.md/.json.")
+    p.add_argument("--lengths", type=int_list, default=bench.LENGTHS,
+                   help=f"comma-separated lengths at batch 1 (default {','.join(map(str, bench.LENGTHS))})")
+    p.add_argument("--out-dir", default="benchmarks", help="where embedders.md/.json go (default benchmarks)")
+    return p
+
+
+def run_bench_embed(args) -> int:
+    from ..bench import embedders as bench
+
+    paths = bench.run_and_write(tuple(args.lengths), args.out_dir, progress=lambda m: print(m, file=sys.stderr))
     print("\n".join(f"wrote {path}" for path in paths))
     return 0
 

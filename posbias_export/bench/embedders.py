@@ -1,0 +1,180 @@
+"""benchmarks/embedders.md: a JinaBERT v2 embedder at jina-embeddings-v2-base's published size
+(random weights: bytes decide memory and speed) on ONNX Runtime CPU, side by side in one run:
+our file (bidirectional ALiBi, blocked: memory linear in L), the dense form of the same model (the
+[H, L, L] bias and scores in the graph, as the embedding tools' files hold it: our exporter's plain
+form) and PyTorch eager (our module, plain), each configuration in its own process (its own peak
+RSS). Batch 1 at each length, and a right-padded batch of short texts. llama.cpp's jina-bert-v2
+is a row where llama_cpp is importable. `python -m posbias_export bench-embed`."""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..environment import describe, environment
+from .harness import ChildFailed, Measured, measured_python, run_child, write_results
+
+COMMAND = "python -m posbias_export bench-embed"
+# jina-embeddings-v2-base-en's configuration (its config.json); random weights here
+BASE = dict(vocab=30528, hidden=768, heads=12, layers=12, max_len=8192)
+LENGTHS = (512, 2048, 8192)
+SHORT_BATCH = (32, 128)  # 32 texts of at most 128 tokens, right-padded: what embedding servers batch all day
+FORMS = ("ours", "dense", "eager")
+WORKER = Path(__file__).with_name("model_worker.py")
+PEAK_TARGET_GB = 1.5  # 8192 tokens, the whole process, float32
+TIME_TARGET = {"single": 1.0, "batch": 1.1}  # ours / dense at 2048 (batch 1), and on the short batch
+
+
+@dataclass
+class EmbedCell(Measured):
+    form: str
+    length: int
+    batch: int = 1
+
+    @property
+    def per_token_ms(self) -> float | None:
+        return None if self.min is None else 1e3 * self.min / (self.length * self.batch)
+
+
+def make_files(work: Path, progress) -> tuple[Path, dict[str, Path]]:
+    """The folder (published size, random weights) and its two ONNX files."""
+    from ..hf.export import export_model
+    from ..hf.tiny import Sizes, save_tiny_folder
+
+    folder = work / "jina-v2-base"
+    progress("writing the jina-v2-base folder")
+    save_tiny_folder("jina_bert", folder, Sizes(**BASE), noise=0.0)
+    files = {"ours": work / "ours.onnx", "dense": work / "dense.onnx"}
+    for form, path in files.items():
+        progress(f"exporting {form}")
+        export_model(folder, path, attention="plain" if form == "dense" else None, check_growth=False)
+    return folder, files
+
+
+def run_onnx(cell: EmbedCell, path: Path, timeout: float) -> None:
+    cmd = [sys.executable, str(WORKER), "--model", str(path), "--length", str(cell.length), "--vocab",
+           str(BASE["vocab"]), "--repeats", "1", "--batch", str(cell.batch)]
+    try:
+        got = run_child(cmd, timeout)
+        cell.times, cell.peak_rss = got["times"], got["peak_rss"]
+    except ChildFailed as err:  # the dense form at length: killed for memory is its row
+        cell.skipped = err.reason[:200]
+
+
+def run_eager(cell: EmbedCell, folder: Path, timeout: float) -> None:
+    try:
+        _, peak, out = measured_python(["-m", "posbias_export.bench.embedders", "eager", str(folder), str(cell.length),
+                                        str(cell.batch)], timeout)
+        cell.times, cell.peak_rss = json.loads(out.strip().splitlines()[-1])["times"], int(peak * 1e9)
+    except ChildFailed as err:
+        cell.skipped = err.reason[:200]
+
+
+def eager_worker(folder: str, length: int, batch: int) -> None:
+    """Our module in float32, plain attention, on the worker's inputs: one warm-up, one timed."""
+    import numpy as np
+    import torch
+
+    from ..hf.models import load_model
+    from ..nn import AttentionSettings
+
+    torch.set_num_threads(2)
+    model = load_model(folder)
+    ids = torch.from_numpy(np.random.default_rng(0).integers(0, model.vocab_size, (batch, length)))
+    mask = torch.ones_like(ids)
+    for row in range(1, batch):
+        mask[row, length - row * length // (2 * batch):] = 0
+    times = []
+    with torch.no_grad():
+        for _ in range(2):
+            start = time.perf_counter()
+            model(ids, mask, settings=AttentionSettings(form="plain"))
+            times.append(time.perf_counter() - start)
+    print(json.dumps({"times": times[1:]}))
+
+
+def run(lengths=LENGTHS, forms=FORMS, timeout: float = 1800.0, progress=print) -> list[EmbedCell]:
+    cells = []
+    with tempfile.TemporaryDirectory(prefix="posbias-bench-embed-") as tmp:
+        folder, files = make_files(Path(tmp), progress)
+        shapes = [(n, 1) for n in lengths] + [SHORT_BATCH[::-1]]
+        for length, batch in shapes:
+            for form in forms:
+                cell = EmbedCell(form=form, length=length, batch=batch)
+                progress(f"{form} L={length} B={batch}")
+                run_eager(cell, folder, timeout) if form == "eager" else run_onnx(cell, files[form], timeout)
+                cells.append(cell)
+    return cells
+
+
+def _find(cells, form, length, batch=1):
+    return next((c for c in cells if (c.form, c.length, c.batch) == (form, length, batch)), None)
+
+
+def targets(cells) -> list[tuple[str, str, bool | None]]:
+    out = []
+    ours8k = _find(cells, "ours", 8192)
+    if ours8k and ours8k.peak_rss:
+        gb = ours8k.peak_rss / 1e9
+        out.append((f"8192 tokens, float32: our file's whole process <= {PEAK_TARGET_GB} GB", f"{gb:.2f} GB",
+                    gb <= PEAK_TARGET_GB))
+    for label, (length, batch), limit in (("2048 tokens, batch 1", (2048, 1), TIME_TARGET["single"]),
+                                          (f"{SHORT_BATCH[0]} short texts (<= {SHORT_BATCH[1]} tokens), padded",
+                                           SHORT_BATCH[::-1], TIME_TARGET["batch"])):
+        ours, dense = _find(cells, "ours", length, batch), _find(cells, "dense", length, batch)
+        if ours and dense and ours.min and dense.min:
+            ratio = ours.min / dense.min
+            out.append((f"{label}: ours <= {limit}x the dense form's time", f"{ratio:.2f}x", ratio <= limit))
+    return out
+
+
+def _cell(cell) -> str:
+    if cell is None:
+        return "-"
+    if cell.min is None:
+        return f"did not run: {cell.skipped}"
+    return f"{cell.min:.2f} s ({cell.per_token_ms:.3f} ms/token), {cell.peak_rss / 1e9:.2f} GB"
+
+
+def markdown(cells, env: dict) -> str:
+    forms = [f for f in FORMS if any(c.form == f for c in cells)]
+    lines = [f"<!-- generated by: {COMMAND} -->", "# Embedders at length: JinaBERT v2 base, our file vs the dense form", "",
+             f"jina-embeddings-v2-base's configuration ({BASE['layers']} layers, hidden {BASE['hidden']}, {BASE['heads']} "
+             "heads, vocabulary 30528; random weights, float32). ONNX Runtime CPU, 2 threads, each cell in its own "
+             "process: one forward after a warm-up, the process's peak RSS. dense: the same model exported with its "
+             "[H, L, L] bias and scores in the graph (the embedding tools' files); eager: our PyTorch module, plain "
+             "attention. Batch rows after the first are right-padded.", describe(env), "",
+             "| L | batch | " + " | ".join(forms) + " | ours / dense time |", "|---" * (len(forms) + 3) + "|"]
+    for length, batch in dict.fromkeys((c.length, c.batch) for c in cells):
+        row = [_find(cells, f, length, batch) for f in forms]
+        ours, dense = _find(cells, "ours", length, batch), _find(cells, "dense", length, batch)
+        ratio = f"{ours.min / dense.min:.2f}" if ours and dense and ours.min and dense.min else "-"
+        lines.append(f"| {length} | {batch} | " + " | ".join(_cell(c) for c in row) + f" | {ratio} |")
+    lines += ["", "llama.cpp: " + ("measured beside" if llama_cpp_available() else
+                                   "not measured: llama_cpp is not importable here"), "",
+              "## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
+    lines += [f"| {t} | {m} | {'met' if ok else 'NOT met'} |" for t, m, ok in targets(cells)]
+    return "\n".join(lines) + "\n"
+
+
+def llama_cpp_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def run_and_write(lengths=LENGTHS, out_dir="benchmarks", progress=print) -> list[Path]:
+    from ..export.files import output_folder
+
+    out = output_folder(out_dir)
+    cells = run(tuple(lengths), progress=progress)
+    env = environment()
+    return write_results(out, "embedders", {"environment": env, "cells": [asdict(c) for c in cells],
+                                            "targets": targets(cells)}, markdown(cells, env))
+
+
+if __name__ == "__main__":  # the eager worker: python -m posbias_export.bench.embedders eager FOLDER LENGTH BATCH
+    eager_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
