@@ -118,12 +118,13 @@ def test_order_case_judges_each_run_against_the_cpu_outputs(tiny_attention, tmp_
     assert runs[1]["max_abs_vs_cpu"] == pytest.approx(1e-3, rel=1e-3)
 
 
-def test_gpu_worker_profiles_what_ran(tiny_attention):
+def test_gpu_timings_share_the_bench_worker_and_profile_what_ran(tiny_attention):
     """run_ort's rows (ORT CPU standing in for CUDA): times per length, then the profiled ops."""
     g = load_tool("gpu_attention")
 
     rows = g.run_ort(tiny_attention, [8, 32], "float32", 2, 8, 2, provider="cpu", profile=True)
     assert [r["length"] for r in rows] == [8, 32] and all(len(r["times"]) == 2 for r in rows)
+    assert all(r["peak_rss"] > r["loaded_rss"] > 0 for r in rows)  # bench/worker.py's own fields
     for r in rows:
         assert r["profile"]["length"] == r["length"] and r["profile"]["ort_ops_ms"], r
         assert "cuda_kernels" not in r["profile"]  # no CUDA trace asked on the CPU

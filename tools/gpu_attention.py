@@ -3,7 +3,8 @@ Runtime CUDA (the GPU-shaped targets cuda and cuda-ort, and the portable file) a
 eager with the same bias, PyTorch's fused causal SDPA without a bias, and FlexAttention with the
 bias as a score_mod. Causal, batch 1, [1, H, L, d]; float16 and float32; GPU memory included.
 
-ONNX Runtime runs each file in its own process (gpu_worker.py: its arena and context alone);
+ONNX Runtime runs each file in its own process (bench/worker.py, the CPU bench's worker: its
+arena and context alone; gpu_profile.py then says what ran);
 PyTorch runs here. FlexAttention's score_mod: ALiBi's closed form (slope * (kv - q)); any other
 relative family reads a [H, L] table of its own bias per distance (the family's from_positions),
 under a causal block mask (a local window: the window's block mask, which skips blocks).
@@ -34,7 +35,8 @@ def attention_bias(model):
 
     return next(m for m in model.modules() if isinstance(m, AttentionBias))
 
-GPU_WORKER = Path(__file__).with_name("gpu_worker.py")
+WORKER = ROOT / "posbias_export" / "bench" / "worker.py"
+GPU_PROFILE = Path(__file__).with_name("gpu_profile.py")
 LENGTHS = (1024, 4096, 16384, 32768)
 DTYPES = ("float16", "float32")
 TARGETS = ("cuda", "cuda-ort", "portable", "plain")  # plain: the portable target's plain form, at 1024 only (lengths_for)
@@ -69,22 +71,29 @@ def export_files(biases, dtypes, targets, heads: int, head_dim: int, out_dir: Pa
 
 def run_ort(path: Path, lengths, dtype: str, heads: int, head_dim: int, repeats: int, timeout: float = 600,
             env: dict | None = None, provider: str = "cuda", profile: bool = False) -> list[dict]:
-    """One file in a worker process. env: extra variables (ORT_ENABLE_CUDNN_FLASH_ATTENTION=0 for
-    the run without cuDNN SDPA); profile: each row gains what ran (gpu_worker --profile) and the
-    kernel choices ONNX Runtime's attention ops printed (ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO)."""
+    """One file in a worker process (the CPU bench's worker, every length in increasing order).
+    env: extra variables (ORT_ENABLE_CUDNN_FLASH_ATTENTION=0 for the run without cuDNN SDPA);
+    profile: then each row gains what ran (gpu_profile.py) and the kernel choices ONNX Runtime's
+    attention ops printed (ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO)."""
     import os
 
-    cmd = [sys.executable, str(GPU_WORKER), str(path), "--lengths", ",".join(map(str, lengths)), "--dtype", dtype,
-           "--heads", str(heads), "--head-dim", str(head_dim), "--repeats", str(repeats), "--provider", provider,
-           *(["--profile"] if profile else [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    rows = [r for r in lines if "profile" not in r]
-    for extra in (r for r in lines if "profile" in r):
-        next((r for r in rows if r["length"] == extra["length"]), {})["profile"] = extra["profile"]
+    env = {**os.environ, **(env or {})}
+    cmd = [sys.executable, str(WORKER), "--runner", "ort", "--model", str(path), "--dtype", dtype, "--heads", str(heads),
+           "--head-dim", str(head_dim), "--repeats", str(repeats), "--provider", provider,
+           *(f"--length={n}" for n in sorted(lengths))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     done = {r["length"] for r in rows}
     why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]  # whole: a cut text lost a real error
     rows += [{"length": n, "error": why} for n in lengths if n not in done]
+    if not profile:
+        return rows
+    cmd = [sys.executable, str(GPU_PROFILE), str(path), "--lengths", ",".join(map(str, lengths)), "--dtype", dtype,
+           "--heads", str(heads), "--head-dim", str(head_dim), "--provider", provider]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**env, "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])})
+    for extra in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")):
+        next((r for r in rows if r["length"] == extra["length"]), {})["profile"] = extra["profile"]
     chosen = sorted({line.strip() for line in proc.stdout.splitlines() if "SdpaKernel=" in line})
     for r in rows if chosen else ():
         r["ort_kernel_choice"] = chosen
@@ -382,7 +391,7 @@ def targets_markdown(checks: list[dict]) -> list[str]:
 
 
 def what_ran(rows: list[dict]) -> list[str]:
-    """The profiled cells (gpu_worker --profile) at 1024 and the target length (else the shortest
+    """The profiled cells (gpu_profile.py) at 1024 and the target length (else the shortest
     and longest profiled): the CUDA kernels by device time, the kernel ONNX Runtime's attention op
     said it chose, and ORT's busiest operator types."""
     present = {r["length"] for r in rows if r.get("profile")}

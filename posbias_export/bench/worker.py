@@ -1,14 +1,19 @@
-"""One benchmark configuration in its own process, so its peak RSS is its own.
+"""One benchmark configuration in its own process, so its peak memory is its own.
 
 Run by path (python posbias_export/bench/worker.py ...), not as a module: the ONNX runtimes
 then never import torch or posbias_export, and their RSS is what a server would see. Prints
-one JSON line: times (seconds per forward, after one warm-up), peak RSS and RSS before the
-first run (after loading), in bytes.
+one JSON line per length: times (seconds per forward, after one warm-up), peak RSS and RSS
+before the first run (after loading), in bytes; or error (a length that fails, e.g. out of
+memory, is a result). --provider cuda: ONNX Runtime CUDA with the runners' provider options,
+inputs and output bound on the GPU (IOBinding: the timings are the graph, not PCIe copies),
+and gpu_bytes (this process's GPU memory after the runs, minus what it held before the first
+input; the arena keeps its peak, so lengths run in increasing order).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,20 +44,78 @@ def peak_rss() -> int:
     return _status_bytes("VmHWM")
 
 
-def make_inputs(heads: int, head_dim: int, length: int, seed: int = 0, variant: str = "causal") -> list[np.ndarray]:
-    """query, key, value [1, H, L, d] float32 (a block: hidden states [1, L, H*d]), the same in every worker."""
+def process_gpu_bytes() -> int | None:
+    """This process's GPU memory as the driver sees it (NVML), or None without NVML."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0))
+    return next((int(p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                 if p.pid == os.getpid()), 0)
+
+
+def make_inputs(heads: int, head_dim: int, length: int, seed: int = 0, variant: str = "causal",
+                dtype=np.float32) -> list[np.ndarray]:
+    """query, key, value [1, H, L, d] (a block: hidden states [1, L, H*d]), the same in every worker."""
     rng = np.random.default_rng(seed)
     if variant == "block":
-        return [rng.standard_normal((1, length, heads * head_dim), dtype=np.float32)]
-    return [rng.standard_normal((1, heads, length, head_dim), dtype=np.float32) for _ in range(3)]
+        return [rng.standard_normal((1, length, heads * head_dim), dtype=np.float32).astype(dtype)]
+    return [rng.standard_normal((1, heads, length, head_dim), dtype=np.float32).astype(dtype) for _ in range(3)]
 
 
-def ort_forward(model: str, inputs, variant: str):
+def ort_runner():
+    sys.path.insert(0, str(RUNTIMES_DIR))
+    from common.loading import load_runner
+
+    return load_runner("ort/run.py")
+
+
+def served_providers(model: str, provider: str) -> list:
+    """The runners' providers (what is timed is what is served), the CUDA arena growing by what
+    is asked (kSameAsRequested) and not to the next power of two, so the memory column is what
+    the graph needs (the default doubling reached 22 GB at 16384)."""
+    runner = ort_runner()
+    providers = runner.provider_list(provider)
+    if provider == "cpu":
+        return providers
+    runner.host_synchronous_cuda(model)  # as served
+    (name, cuda), cpu = providers
+    return [(name, {**cuda, "arena_extend_strategy": "kSameAsRequested"}), cpu]
+
+
+def ort_session(model: str, provider: str = "cpu"):
     import onnxruntime as ort
 
-    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    if provider == "cpu":
+        return ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    if hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()
+    ort.set_default_logger_severity(3)  # a failing length is reported in its JSON row, once
+    session = ort.InferenceSession(model, ort_runner().session_options(ort), providers=served_providers(model, provider))
+    if session.get_providers()[0] != "CUDAExecutionProvider":  # ORT falls back to CPU silently
+        raise RuntimeError(f"CUDA provider did not load (session runs on {session.get_providers()[0]})")
+    return session
+
+
+def ort_forward(session, inputs, variant: str):
+    """CPU: session.run; CUDA: inputs and output bound on the GPU, synchronised after each run."""
+    import onnxruntime as ort
+
     feeds = dict(zip(INPUT_NAMES[variant], inputs))
-    return lambda: session.run(None, feeds)
+    if session.get_providers()[0] != "CUDAExecutionProvider":
+        return lambda: session.run(None, feeds)
+    binding = session.io_binding()
+    for name, x in feeds.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(x, "cuda", 0))
+    binding.bind_output(session.get_outputs()[0].name, "cuda", 0)
+
+    def forward():
+        session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+
+    return forward
 
 
 def openvino_forward(model: str, inputs, variant: str):
@@ -105,32 +168,57 @@ def fused_block_forward(block, x):
     return x + block.mlp(block.ln_mlp(x))
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--runner", choices=RUNNERS, required=True)
-    p.add_argument("--model", help="ONNX file (ort, openvino)")
-    p.add_argument("--bias", required=True, help="bias family of the torch-eager runner")
-    p.add_argument("--length", type=int, required=True)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--variant", choices=VARIANTS, default="causal")
-    args = p.parse_args(argv)
-    inputs = make_inputs(args.heads, args.head_dim, args.length, variant=args.variant)
+def timed(forward, repeats: int) -> list[float]:
+    forward()  # warm-up: allocator pools, thread pools, lazy initialisation, kernel selection
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        forward()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def one_length(args, session, length: int) -> dict:
+    dtype = np.float16 if args.dtype == "float16" else np.float32
+    inputs = make_inputs(args.heads, args.head_dim, length, variant=args.variant, dtype=dtype)
     if args.runner == "ort":
-        forward = ort_forward(args.model, inputs, args.variant)
+        forward = ort_forward(session, inputs, args.variant)
     elif args.runner == "openvino":
         forward = openvino_forward(args.model, inputs, args.variant)
     else:
         forward = torch_forward(args.runner, args.bias, inputs, args.variant, args.heads, args.head_dim)
     loaded_rss = rss_now()
-    forward()  # warm-up: allocator pools, thread pools, lazy initialisation
-    times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        forward()
-        times.append(time.perf_counter() - start)
-    print(json.dumps({"times": times, "peak_rss": peak_rss(), "loaded_rss": loaded_rss}))
+    return {"length": length, "times": timed(forward, args.repeats), "peak_rss": peak_rss(), "loaded_rss": loaded_rss}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--runner", choices=RUNNERS, required=True)
+    p.add_argument("--model", help="ONNX file (ort, openvino)")
+    p.add_argument("--bias", default="alibi", help="bias family of the torch runners")
+    p.add_argument("--length", type=int, action="append", required=True, help="repeat for several, increasing")
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--variant", choices=VARIANTS, default="causal")
+    p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ort: the execution provider")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="the inputs' dtype")
+    args = p.parse_args(argv)
+    session = ort_session(args.model, args.provider) if args.runner == "ort" else None
+    before = process_gpu_bytes() if args.provider == "cuda" else None
+    several = len(args.length) > 1
+    for length in args.length:
+        try:
+            row = one_length(args, session, length)
+        except Exception as err:  # noqa: BLE001 - with several lengths, one failing (out of memory) is a row
+            if not several:
+                raise
+            row = {"length": length, "error": str(err).strip().splitlines()[0][:300] if str(err).strip()
+                   else type(err).__name__}
+        if before is not None and "times" in row:
+            after = process_gpu_bytes()
+            row["gpu_bytes"] = None if after is None else after - before
+        print(json.dumps(row), flush=True)
     return 0
 
 
