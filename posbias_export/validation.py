@@ -110,20 +110,29 @@ class Session:
 def file_plan(file, session: Session, lengths):
     """The one place that says which plan a file gets: our own export (parity/matrix.py), a
     T5 decoder or quantized encoder by the logits it leads to (hf/validate_seq2seq.py), any
-    other file of a Hugging Face model against that model (hf/validate.py)."""
+    other file of a Hugging Face model against that model (hf/validate.py; a quantized
+    encoder of a folder without a decoder, an embedder, on its embeddings)."""
     if not is_imported(file.contract, session.model_dir):
         from .parity.matrix import own_plan
         from .parity.reference import load_model_file
 
         return own_plan(load_model_file(file), lengths, session.batch, session.checkpoint, session.feeds)
     role = file.seq2seq_role
-    if role == "decoder" or (role == "encoder" and file.scheme):
+    if role == "decoder" or (role == "encoder" and file.scheme and not is_embedder(file, session)):
         from .hf.validate_seq2seq import seq2seq_plan
 
         return seq2seq_plan({role: file}, session.model_dir, lengths, session.batch, session.ignore_size_limits)
     from .hf.validate import hf_plan
 
     return hf_plan(file, session.model_dir, lengths, session.batch, session.ignore_size_limits)
+
+
+def is_embedder(file, session: Session) -> bool:
+    """An encoder file whose folder has no decoder: what it is for is its embeddings."""
+    from .hf.models import has_decoder
+
+    folder = session.model_dir or file.contract.model_dir
+    return bool(folder) and Path(folder).is_dir() and not has_decoder(folder)
 
 
 def judge_file(file, session: Session, result: Validation):

@@ -17,6 +17,7 @@ FEATURE_FILES = {
     "quantized weights": ["--quantize", "int8"],
     "in-place cache": ["--kv-cache", "--target", "ort"],
     "com.microsoft.GroupQueryAttention": ["--kv-cache", "--target", "ort"],
+    "an int4 table wider than a whole number of blocks": ["--quantize", "int4", "--dim", "48"],
 }
 
 

@@ -96,16 +96,86 @@ SIDE_ENV = Path(os.environ.get("OPTIMUM_VENV", ROOT / ".optimum-venv"))  # clien
 EMBED = ROOT / "posbias_export" / "clients" / "optimum_env.sh"
 
 
-def test_sentence_transformers_onnx_backend(shipped):
+def sentence_transformers(out: Path, file_name: str) -> dict:
+    """sentence-transformers' ONNX backend on the folder, in its side environment (or a skip)."""
     python = SIDE_ENV / "bin" / "python"
     if not python.is_file() or subprocess.run([str(python), "-c", "import sentence_transformers, optimum.onnxruntime"],
                                               capture_output=True).returncode != 0:
         pytest.skip("sentence-transformers' ONNX backend needs optimum-onnx, which pins transformers below this "
                     "environment's: make its side environment with bash posbias_export/clients/optimum_env.sh embed")
-    source, out = shipped
-    proc = subprocess.run(["bash", str(EMBED), "embed", str(out), "onnx/model.onnx", json.dumps(TEXTS)],
+    proc = subprocess.run(["bash", str(EMBED), "embed", str(out), file_name, json.dumps(TEXTS)],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "OPTIMUM_VENV": str(SIDE_ENV)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len({sum(m) for m in got["mask"]}) == len(TEXTS)  # three lengths: a padded batch
+    return got
+
+
+def test_sentence_transformers_onnx_backend(shipped):
+    source, out = shipped
+    got = sentence_transformers(out, "onnx/model.onnx")
     check(np.array(got["embeddings"]), reference(source, got["ids"], got["mask"]))
+
+
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def shipped_quantized(request, tmp_path_factory):
+    """A quantized embedder's folder: its file under the name transformers.js loads it by."""
+    from posbias_export.export.quantize.schemes import scheme
+    from posbias_export.hf.ship import ship
+
+    root = tmp_path_factory.mktemp(request.param)
+    source = save_tiny_folder("jina_bert", root / "src")
+    save_tokenizer(source, max_length=8192)
+    ship(source, root / "out", check_growth=False, quantize=scheme(request.param))
+    return source, root / "out", request.param
+
+
+JS_DTYPES = {"int8": ("q8", "onnx/model_quantized.onnx"), "int4": ("q4", "onnx/model_q4.onnx")}
+
+
+def check_quantized(got, ref, scheme_name: str) -> None:
+    """The scheme's promise on embeddings (parity/embedding.py): every row's cosine to float64's."""
+    from posbias_export.export.quantize.schemes import SCHEMES
+
+    got = np.asarray(got, np.float64)
+    cosine = (got * ref).sum(-1) / np.linalg.norm(got, axis=-1)
+    assert cosine.min() >= SCHEMES[scheme_name].policy.min_cosine, cosine
+
+
+def test_a_quantized_folder_holds_no_quantized_weights_under_the_fp32_name(shipped_quantized):
+    _, out, name = shipped_quantized
+    assert sorted(p.name for p in (out / "onnx").glob("*.onnx")) == [Path(JS_DTYPES[name][1]).name]
+
+
+@pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir(),
+                    reason="transformers.js not installed (cd posbias_export/clients/js && npm install --ignore-scripts)")
+def test_transformers_js_loads_the_quantized_file_by_its_dtype(shipped_quantized):
+    source, out, name = shipped_quantized
+    proc = subprocess.run(["node", str(JS / "embed.mjs"), str(out.resolve()), json.dumps(TEXTS), JS_DTYPES[name][0]],
+                          capture_output=True, text=True, timeout=300, cwd=JS)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    check_quantized(np.array(got["embeddings"]), reference(source, got["ids"], got["mask"]), name)
+
+
+def test_fastembed_runs_the_quantized_file(shipped_quantized):
+    fastembed = pytest.importorskip("fastembed", reason="fastembed not installed (pip install -e '.[test]')")
+    from fastembed.common.model_description import ModelSource, PoolingType
+
+    source, out, name = shipped_quantized
+    model_name = f"posbias/jina-{name}"
+    width = json.loads((out / "config.json").read_text())["hidden_size"]
+    if model_name not in {d["model"] for d in fastembed.TextEmbedding.list_supported_models()}:
+        fastembed.TextEmbedding.add_custom_model(model=model_name, pooling=PoolingType.MEAN, normalization=True,
+                                                 sources=ModelSource(hf=model_name), dim=width,
+                                                 model_file=JS_DTYPES[name][1])
+    model = fastembed.TextEmbedding(model_name=model_name, specific_model_path=str(out), threads=2)
+    got = np.stack(list(model.embed(TEXTS)))
+    encoded = model.model.tokenizer.encode_batch(TEXTS)
+    check_quantized(got, reference(source, [e.ids for e in encoded], [e.attention_mask for e in encoded]), name)
+
+
+def test_sentence_transformers_runs_the_quantized_file(shipped_quantized):
+    source, out, name = shipped_quantized
+    got = sentence_transformers(out, JS_DTYPES[name][1])
+    check_quantized(np.array(got["embeddings"]), reference(source, got["ids"], got["mask"]), name)

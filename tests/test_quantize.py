@@ -315,16 +315,20 @@ def test_float_t5_decoder_is_judged_by_validate(tmp_path, t5_folder):
     assert [c.verdict[:4] for c in bad.cells if c.runtime == "ort-cpu"] == ["FAIL"]
 
 
-def test_quantizing_an_encoder_alone_is_refused(tmp_path):
-    """A T5EncoderModel folder: its features lead to no prediction the policy could judge."""
+def test_a_quantized_encoder_alone_is_judged_on_its_embeddings(tmp_path):
+    """A T5EncoderModel folder (sentence-T5's shape): no prediction to judge, so validate judges
+    the pooled embeddings (parity/embedding.py), not logits."""
     pytest.importorskip("transformers")
     from hf_folders import save_tiny_model
     from posbias_export.hf.export import export_model
+    from posbias_export.validation import validate
 
     folder = save_tiny_model("t5", tmp_path / "t5")
-    with pytest.raises(ValueError, match="leads to none"):
-        export_model(folder, tmp_path / "e.onnx", quantize=quant_scheme("int8"), check_growth=False)
-    assert not (tmp_path / "e.onnx").exists()
+    export_model(folder, tmp_path / "e.onnx", quantize=quant_scheme("int8"), check_growth=False)
+    matrix = validate([tmp_path / "e.onnx"], ("ort-cpu",), (17,), batch=2, model_dir=folder, order=False).matrices[0]
+    cells = [c for c in matrix.cells if c.runtime == "ort-cpu"]
+    assert matrix.ok and [c.dtype for c in cells] == ["float32 int8 (embeddings)"]
+    assert 0.99 <= cells[0].parity["cosine_min"] <= 1.0
 
 
 def test_the_quantizers_temporaries_live_beside_the_output(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ from ..export.signature import ExportSpec, Signature, cached_signature, lm_signa
 from ..nn import file_sha256
 from .folder import folder_files
 from .layers import ImportedModel
-from .models import has_decoder, load_model
+from .models import load_model
 
 
 @dataclass
@@ -203,9 +203,6 @@ def export_model(model_dir: str | os.PathLike, path: str | os.PathLike, options:
     model = load_model(model_dir, options.part, lazy=True)  # weights streamed into the file as it is written
     if names not in NAMINGS:
         raise ValueError(f"names must be one of {', '.join(NAMINGS)}, got {names!r}")
-    if options.quantize is not None and model.arch == "encoder" and not has_decoder(model_dir):
-        raise ValueError(f"quantize judges a file by the next-token predictions it leads to; {model.model_type}'s "
-                         "encoder alone (feature extraction, no decoder in the folder) leads to none")
     if options.quantize is not None:  # int4's block and head: those asked for, else the architecture's
         options = dataclasses.replace(options, quantize=options.quantize.resolved(model.default_quant_block,
                                                                                   model.default_quant_head))

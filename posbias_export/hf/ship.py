@@ -221,7 +221,7 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
         if genai is not None:
             (stage / "genai_config.json").write_text(json.dumps(genai, indent=1))
             report.notes.append(_context_note(genai["model"]["context_length"], context, config))
-        _lay_out(stage, files, gpu=gpu)
+        _lay_out(stage, files, gpu=gpu, onnx_names=_transformers_js_names(source, model, options))
         for path in copied:
             shutil.copy2(path.resolve(), stage / path.name)
         (stage / "config.json").write_text(json.dumps(model.shipped_config(config), indent=2))
@@ -255,10 +255,24 @@ def _export_files(source: Path, stage: Path, model, options: ExportOptions, repo
     return {"model.onnx": _triton_name(source.name)}
 
 
-def _lay_out(stage: Path, files: dict[str, str], gpu: bool) -> None:
-    """Each file linked where its clients look: onnx/ (transformers.js) and triton/NAME/1/."""
+# transformers.js picks an embedder's file in onnx/ by its dtype option: "q8" model_quantized.onnx,
+# "q4" model_q4.onnx ("fp32" model.onnx)
+TRANSFORMERS_JS_NAMES = {"int8": "model_quantized.onnx", "int4": "model_q4.onnx"}
+
+
+def _transformers_js_names(source: Path, model, options: ExportOptions) -> dict[str, str]:
+    """A quantized embedder's file under the name transformers.js loads it by, so that its fp32
+    name never holds quantized weights; {} for every other folder (their clients take one name)."""
+    if options.quantize is None or model.arch != "encoder" or has_decoder(source):
+        return {}
+    return {"model.onnx": TRANSFORMERS_JS_NAMES[options.quantize.name]}
+
+
+def _lay_out(stage: Path, files: dict[str, str], gpu: bool, onnx_names: dict[str, str]) -> None:
+    """Each file linked where its clients look: onnx/ (transformers.js; onnx_names: a file's own
+    name there) and triton/NAME/1/."""
     for name, triton in files.items():
-        _link(stage / name, stage / "onnx" / name)
+        _link(stage / name, stage / "onnx" / onnx_names.get(name, name))
         _link(stage / name, stage / "triton" / triton / "1" / "model.onnx")
         data = name + ".data"  # the tensors of a model over ~2 GB: the file names it, beside itself
         if (stage / data).is_file():

@@ -57,7 +57,7 @@ def imported_case(ours, file: ModelFile, n: int, batch: int, scheme: str | None)
     """A left-padded batch of length n, judged on its real tokens (the last position only for a
     --logits last file); float64 and float32 from our implementation, blocked."""
     ids, mask = left_padded(n, batch, ours.vocab_size, seed=n)
-    if scheme:  # the quantized policy judges text the float model writes (parity/quantized.py)
+    if scheme and ours.arch != "encoder":  # the quantized policy judges text the float model writes (parity/quantized.py)
         ids = self_written(ours, ids, mask)
     keep = mask.astype(bool)
     last = file.contract.logits == "last"
@@ -147,7 +147,7 @@ def runtime_policy(ours, dtype: str, scheme: str | None, cases: list[Case], leng
     the rule transformers' own row follows. Measured on the tiny Falcon at 4096 tokens (the
     largest key value 724, ulp 6.1e-5): ONNX Runtime 1.3e-5, OpenVINO 2.2e-5, the reference
     evaluator 2.9e-5 against a floor-only budget of 1.9e-5; PyTorch float32 itself 1.8e-6."""
-    policy = policy_for(dtype, scheme)
+    policy = policy_for(dtype, scheme, embeddings=ours.arch == "encoder")
     if scheme or dtype != "float32":
         return policy
     extra = {c.name: float(np.spacing(np.float32(m))) for c, n in zip(cases, lengths)

@@ -15,11 +15,26 @@ def _has_op(proto, op_type: str, domain: str) -> bool:
     return any(n.op_type == op_type and n.domain == domain for n in nodes)
 
 
+def _partial_quantized_block(proto) -> bool:
+    """A GatherBlockQuantized table whose quantized axis is not a whole number of blocks (ONNX
+    Runtime pads the last block; OpenVINO 2025's frontend refuses the node)."""
+    from onnx import helper
+
+    shapes = {i.name: i.dims for i in proto.graph.initializer}
+    for n in (n for n in proto.graph.node if n.op_type == "GatherBlockQuantized"):
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        dims = shapes.get(n.input[0])
+        if dims and dims[attrs.get("quantize_axis", 1)] % attrs.get("block_size", 128):
+            return True
+    return False
+
+
 # a file's feature -> how to tell it from the file (a parity.reference.ModelFile)
 FEATURES: dict[str, Callable] = {
     "quantized weights": lambda file: bool(file.scheme),
     "in-place cache": lambda file: file.contract.inplace_cache,
     "com.microsoft.GroupQueryAttention": lambda file: _has_op(file.proto, "GroupQueryAttention", "com.microsoft"),
+    "an int4 table wider than a whole number of blocks": lambda file: _partial_quantized_block(file.proto),
 }
 
 
@@ -35,6 +50,8 @@ GAPS = (
         "(GatherBlockQuantized, int8 DequantizeLinear at opset 18)"),
     Gap("in-place cache", ("reference",), "the reference evaluator's GroupQueryAttention takes no cache"),
     Gap("com.microsoft.GroupQueryAttention", OPENVINO, "OpenVINO has no com.microsoft.GroupQueryAttention"),
+    Gap("an int4 table wider than a whole number of blocks", OPENVINO, "OpenVINO's GatherBlockQuantized needs the "
+        "quantized width to be a multiple of the block (--quant-block dividing the hidden size avoids it)"),
 )
 
 # a runtime a file of this feature adds to the defaults, after the one it is a variant of

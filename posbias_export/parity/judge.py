@@ -10,7 +10,8 @@ runner, or an encoder's outputs fed to a decoder); the judging is this module's:
 A `Reference` is typed: the float64 outputs on the judged positions, PyTorch's own outputs in
 the precisions a policy may ask for (the floor of parity/tolerance.py), and how the judged
 positions are picked out of a runtime's output (real tokens of a left-padded batch, a file that
-returns the last position only). A policy is float (tolerance.py) or quantized (quantized.py).
+returns the last position only). A policy is float (tolerance.py), quantized (quantized.py)
+or, for a quantized embedder, on its embeddings (embedding.py).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .runs import NOT_RUN, Cell, Matrix, RuntimeRun
+from .embedding import judge as judge_embedding
 from .quantized import judge as judge_quantized
 from .tolerance import BFLOAT16, FLOAT16, FLOAT32, TF32, Tolerance, compare
 
@@ -106,21 +108,27 @@ class FloatPolicy:
 
 @dataclass(frozen=True)
 class QuantizedPolicy:
-    """parity/quantized.py: the scheme's perplexity and top-1 promise against float64 logits."""
+    """parity/quantized.py: the scheme's perplexity and top-1 promise against float64 logits; an
+    embedder's (embeddings=True: a quantized encoder alone) parity/embedding.py: its pooled
+    embeddings by cosine to float64's."""
 
     dtype: str
     scheme: str
+    embeddings: bool = False
 
     @property
     def label(self) -> str:
-        return f"{self.dtype} {self.scheme}"
+        return f"{self.dtype} {self.scheme}" + (" (embeddings)" if self.embeddings else "")
 
     def judge(self, precision: str, got: np.ndarray, reference: Reference, case: str):
+        if self.embeddings:
+            return judge_embedding(got, reference.ref64, reference.keep, self.scheme)
         return judge_quantized(got, reference.ref64, self.scheme)
 
 
-def policy_for(dtype: str, scheme: str | None):
-    return QuantizedPolicy(dtype, scheme) if scheme else FloatPolicy(dtype)
+def policy_for(dtype: str, scheme: str | None, embeddings: bool = False):
+    """embeddings: a quantized encoder alone is judged on what its users get from it."""
+    return QuantizedPolicy(dtype, scheme, embeddings) if scheme else FloatPolicy(dtype)
 
 
 def judge(matrix: Matrix, runs: Iterable[RuntimeRun], cases: list[Case], policy, order_label: str | None = None,

@@ -21,6 +21,9 @@ def format_matrix(matrix: Matrix, markdown: bool = False) -> str:
                         f"logit error {p['logit_error_rel']:.3f} x scale"
                         + (f"; next token differs from accuracy level 4 on {p['next_token_differs_from_level4']:.1%} "
                            "of positions" if "next_token_differs_from_level4" in p else "") + ")")
+        if "cosine_min" in p:  # a quantized embedder: its embeddings' cosines (parity/embedding.py)
+            verdict += (f" (embedding cosine min {p['cosine_min']:.5f}, mean {p['cosine_mean']:.5f}, budget "
+                        f"{p['budget_cosine']}; worst token {p['token_cosine_min']:.4f})")
         rows.append([c.runtime, c.case, c.dtype, num("max_abs"), num("max_rel"), num("budget_abs"), verdict])
     if markdown:
         lines = [f"### {matrix.bias} ({matrix.arch}): `{Path(matrix.model).name}`", "",

@@ -36,6 +36,8 @@ class Policy:
     min_top1: float  # top-1 agreement on positions where the float model is decided
     why: str
     decided: float = 0.5  # the float model's top-1 probability that makes a position decided
+    # an embedder (an encoder file alone) is judged on its embeddings instead (parity/embedding.py)
+    min_cosine: float = 1.0
 
 
 class Scheme:
@@ -90,7 +92,8 @@ class Int8(Scheme):
 
     name: ClassVar[str] = "int8"
     ops: ClassVar[frozenset[str]] = frozenset({"MatMulInteger", "DynamicQuantizeLinear"})
-    policy: ClassVar[Policy] = Policy(math.log(1.01), 0.99, "perplexity within 1% of float, in nats")
+    policy: ClassVar[Policy] = Policy(math.log(1.01), 0.99, "perplexity within 1% of float, in nats",
+                                      min_cosine=0.99)
     coarseness: ClassVar[int] = 1
     # int8 weights in [-64, 64]: on x86 CPUs without VNNI (AVX2 alone, common in CPU servers) ONNX
     # Runtime multiplies uint8 activations by int8 weights with VPMADDUBSW, which saturates its
@@ -138,7 +141,8 @@ class Int4(Scheme):
     DEFAULT_HEAD: ClassVar[str] = "int4"
     name: ClassVar[str] = "int4"
     ops: ClassVar[frozenset[str]] = frozenset({"MatMulNBits", "GatherBlockQuantized"})
-    policy: ClassVar[Policy] = Policy(math.log(1.03), 0.95, "perplexity within 3% of float, in nats")
+    policy: ClassVar[Policy] = Policy(math.log(1.03), 0.95, "perplexity within 3% of float, in nats",
+                                      min_cosine=0.97)
     coarseness: ClassVar[int] = 2
 
     def __post_init__(self):
