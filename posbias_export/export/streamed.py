@@ -72,9 +72,15 @@ class WeightRef:
 
     def checked(self, piece: torch.Tensor):
         """A piece of the source as numpy in the file's dtype, refused if not finite."""
-        if piece.is_floating_point() and not bool(torch.isfinite(piece).all()):
-            raise ValueError(f"weight {self.reader.name} holds NaN or infinity; refusing to export it")
-        return piece.to(self.dtype).contiguous().numpy()
+        return finite(piece, self.reader.name).to(self.dtype).contiguous().numpy()
+
+
+def finite(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    """`tensor`, or ValueError naming it when it holds NaN or infinity: no weight ships unchecked,
+    whatever its size (the large ones are checked piece by piece as they are written)."""
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        raise ValueError(f"weight {name} holds NaN or infinity; refusing to export it")
+    return tensor
 
 
 def skeleton(model: nn.Module, dtype: torch.dtype) -> tuple[nn.Module, dict[int, TensorReader]]:
@@ -89,8 +95,8 @@ def skeleton(model: nn.Module, dtype: torch.dtype) -> tuple[nn.Module, dict[int,
         if param.is_floating_point() and param.numel() > LARGE:
             memo[id(param)] = nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device="meta"), requires_grad=False)
             large[id(memo[id(param)])] = reader
-        elif param.device.type == "meta":
-            memo[id(param)] = nn.Parameter(read_whole(reader).to(param.dtype), requires_grad=False)
+        elif param.device.type == "meta":  # a small weight of a lazy model, read whole: checked here
+            memo[id(param)] = nn.Parameter(finite(read_whole(reader), reader.name).to(param.dtype), requires_grad=False)
     copied = copy.deepcopy(model, memo).eval().to(dtype)
     if hasattr(copied, READERS_ATTR):
         delattr(copied, READERS_ATTR)
