@@ -350,7 +350,7 @@ def test_our_runners_read_the_clients_names(shipped):
     source, folder = shipped["bloom"]
     decoder = gen.CachedDecoder(str(folder / "model.onnx"))
     assert decoder.past_names[:2] == ["past_key_values.0.key", "past_key_values.0.value"]
-    tokens = gen.generate(decoder, PROMPTS, NEW, eos_id=EOS, pad_id=PAD)
+    tokens = gen.generate(decoder, PROMPTS, NEW, eos_ids=(EOS,), pad_id=PAD)
     expected = transformers_tokens(source, "bloom", PROMPTS)
     width = max(len(p) for p in PROMPTS)
     assert tokens == [e[width:] for e in expected]

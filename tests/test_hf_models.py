@@ -154,7 +154,7 @@ def _pair_generates_transformers_tokens(folder, tmp_path, dtype, target, names="
     ids, mask = left_padded(20, 2, VOCAB, seed=6)
     tokens = load_runner("ort/seq2seq.py").greedy_generate(
         str(tmp_path / "encoder.onnx"), str(tmp_path / "decoder.onnx"), ids, mask, max_new_tokens=12,
-        start_token=0, min_new_tokens=12, eos_token=1)
+        start_token=0, min_new_tokens=12, eos_ids=(1,))
     theirs = transformers.T5ForConditionalGeneration.from_pretrained(str(folder)).eval()
     expected = theirs.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
                                max_new_tokens=12, min_new_tokens=12, do_sample=False, decoder_start_token_id=0,

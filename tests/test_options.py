@@ -113,3 +113,18 @@ def test_an_int4_file_says_what_it_needs(tmp_path, capsys):
     model = onnx.load(str(out))
     opset = next(op.version for op in model.opset_import if op.domain in ("", "ai.onnx"))
     assert {p.key: p.value for p in model.metadata_props}["posbias.opset"] == str(opset) == "21"
+
+
+def test_a_last_logits_folder_does_not_name_onnxruntime_genai(tmp_path):
+    """genai reads each row's last real token of a right-padded batch; a --logits last file gives
+    each row's last position: such a folder writes no genai_config.json, and says why."""
+    pytest.importorskip("transformers")
+    from posbias_export.hf.ship import ship
+    from posbias_export.hf.tiny import save_tiny_folder
+
+    source = save_tiny_folder("bloom", tmp_path / "bloom", client=True)
+    report = ship(source, tmp_path / "last", check_growth=False, logits="last")
+    assert not (tmp_path / "last" / "genai_config.json").exists()
+    assert any("no genai_config.json" in n for n in report.notes)
+    ship(source, tmp_path / "all", check_growth=False)
+    assert (tmp_path / "all" / "genai_config.json").is_file()

@@ -211,5 +211,5 @@ def test_seq2seq_bounds_a_request_and_pairs_one_folder(seq2seq_files, tmp_path):
     full = seq2seq.greedy_generate(encoder, decoder, ids, np.ones_like(ids), 40)
     first = seq2seq.greedy_generate(encoder, decoder, ids, np.ones_like(ids), 1)
     # the first token taken as the end token: the only row ends at step 1, so the run does
-    stopped = seq2seq.greedy_generate(encoder, decoder, ids, np.ones_like(ids), 40, eos_token=int(first[0, 0]))
+    stopped = seq2seq.greedy_generate(encoder, decoder, ids, np.ones_like(ids), 40, eos_ids=(int(first[0, 0]),))
     assert stopped.shape == (1, 1) and full.shape == (1, 40)

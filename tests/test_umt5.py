@@ -56,7 +56,7 @@ def test_greedy_generation_equals_transformers(shipped):
     ids = np.random.default_rng(3).integers(3, 300, (1, 24)).astype(np.int64)
     mask = np.ones_like(ids)
     ours = gen.greedy_generate(str(out / "encoder_model.onnx"), str(out / "decoder_model_merged.onnx"), ids, mask, 12,
-                               start_token=PAD, eos_token=EOS)
+                               start_token=PAD, eos_ids=(EOS,))
     model = tf.UMT5ForConditionalGeneration.from_pretrained(str(source)).eval()
     with torch.no_grad():
         theirs = model.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),

@@ -72,7 +72,7 @@ def ours(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndar
 
         tokens = load_runner("ort/seq2seq.py").greedy_generate(
             str(folder / "encoder_model.onnx"), str(folder / "decoder_model_merged.onnx"), ids, np.ones_like(ids),
-            NEW_TOKENS, PAD, eos_token=EOS)[0].tolist()
+            NEW_TOKENS, PAD, eos_ids=(EOS,))[0].tolist()
         enc = ort.InferenceSession(str(folder / "encoder_model.onnx"), providers=["CPUExecutionProvider"])
         dec = ort.InferenceSession(str(folder / "decoder_model_merged.onnx"), providers=["CPUExecutionProvider"])
         states = enc.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
@@ -86,7 +86,7 @@ def ours(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndar
     gen = load_runner("ort/generate.py")
     decoder = gen.CachedDecoder(str(folder / "model.onnx"))
     logits, _ = decoder.step(ids, np.ones_like(ids), decoder.empty_past(1))
-    return prompt + gen.generate(decoder, [prompt], NEW_TOKENS, eos_id=EOS, pad_id=PAD)[0], logits[0]
+    return prompt + gen.generate(decoder, [prompt], NEW_TOKENS, eos_ids=(EOS,), pad_id=PAD)[0], logits[0]
 
 
 def transformers_js(kind: str, folder: Path, prompt: list[int], tmp: Path) -> tuple[list[int], np.ndarray]:

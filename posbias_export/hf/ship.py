@@ -43,6 +43,9 @@ COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_
 # table and extrapolating past the training length is what they are for.
 DEFAULT_CONTEXT = 8192
 MAX_CONTEXT = 2 ** 31 - 1  # onnxruntime-genai keeps it in an int32
+NO_GENAI_NOTE = ("no genai_config.json: onnxruntime-genai reads each row's last real token of a right-padded batch, "
+                 "which a --logits last file does not give (its rows' last positions); ship without --logits last "
+                 "for onnxruntime-genai")
 TRITON_MAX_BATCH = 8
 _TRITON_TYPES = {onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16",
                  onnx.TensorProto.INT64: "TYPE_INT64", onnx.TensorProto.INT32: "TYPE_INT32",
@@ -113,7 +116,9 @@ def genai_config(model, config: dict, generation: dict, filename: str = "model.o
     Token ids were checked (folder.check_token_ids) when the folder was read."""
     def token(key, default):
         value = generation.get(key, config.get(key))
-        return default if value is None else (value[0] if isinstance(value, list) else value)
+        if isinstance(value, list):  # only eos may be a list (folder.check_token_ids): genai stops at any of them
+            return value if key == "eos_token_id" and len(value) > 1 else value[0]
+        return default if value is None else value
 
     return {
         "model": {
@@ -181,7 +186,8 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
     files (kv_cache, part), so those are refused. logits: the cached decoder's: "all" (every
     position), or "last" ([B, 1, V]: no [B, L, V] tensor for a long prompt; Optimum,
     transformers.js and our generate read only that, but onnxruntime-genai reads each row's last
-    real token of a right-padded batch, which the last position is not). dtype, target: as
+    real token of a right-padded batch, which the last position is not: such a folder has no
+    genai_config.json, and the report says why). dtype, target: as
     export_model's; a GPU target makes the folder GPU-ready (onnxruntime-genai on the CUDA
     provider, Triton instances KIND_GPU). quantize: a schemes.Scheme for the folder's files.
     context_length: genai_config's (default DEFAULT_CONTEXT, not the config's position limit).
@@ -211,9 +217,14 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
     check_token_ids(generation, generation_file, model.vocab_size)
     copied = copied_files(source)
     gpu = target(options.target).gpu  # the GPU targets; ort's in-place cache runs on either
+    # a --logits last file gives each row's last position, and genai reads each row's last real token of a
+    # right-padded batch there: a folder names only the clients that run it right
     genai = genai_config(model, config, generation, gpu=gpu, shared_buffer=target(options.target).inplace_cache,
-                         context=DEFAULT_CONTEXT if context is None else context) if model.arch == "lm" else None
+                         context=DEFAULT_CONTEXT if context is None else context) \
+        if model.arch == "lm" and options.logits != "last" else None
     report = ShipReport(out)
+    if model.arch == "lm" and genai is None:
+        report.notes.append(NO_GENAI_NOTE)
     with atomic().temporary_folder(out) as tmp:  # named after this process: a killed run's is swept later
         stage = Path(tmp) / "out"
         stage.mkdir()

@@ -24,12 +24,24 @@ def read_json_object(file: Path) -> dict:
 
 
 def token_id(value, file: Path, key: str, vocab: int | None) -> int | None:
-    """A token id a file names: None, an integer in [0, vocab), or (for an end-of-sequence id) a
-    non-empty list of them, whose first is used."""
+    """A token id a file names: None, or an integer in [0, vocab)."""
     if value is None:
         return None
-    first = value[0] if isinstance(value, list) and value else value
-    if isinstance(first, bool) or not isinstance(first, int) or first < 0 or (vocab is not None and first >= vocab):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (vocab is not None and value >= vocab):
         bound = f" below the vocabulary size {vocab}" if vocab is not None else ""
         raise RunnerError(f"{file}: {key} must be a token id (an integer >= 0{bound}), got {value!r}"[:300])
-    return first
+    return value
+
+
+def token_ids(value, file: Path, key: str, vocab: int | None) -> tuple[int, ...]:
+    """The end-of-sequence ids a file names: one id or a non-empty list of them (instruct models
+    stop at any of several, as transformers does), every one checked; () for none."""
+    if value is None:
+        return ()
+    values = value if isinstance(value, list) and value else [value]
+    try:
+        return tuple(token_id(v, file, key, vocab) for v in values)
+    except RunnerError:
+        bound = f" below the vocabulary size {vocab}" if vocab is not None else ""
+        raise RunnerError(f"{file}: {key} must be a token id or a non-empty list of them (integers >= 0{bound}), "
+                          f"got {value!r}"[:300]) from None

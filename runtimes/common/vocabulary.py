@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .json_files import read_json_object, token_id
+from .json_files import read_json_object, token_id, token_ids
 from .tensor_io import RunnerError
 
 BYTE_VOCABULARY = 256
@@ -24,7 +24,7 @@ def utf8(text: str) -> bytes:
 class Vocabulary:
     """Our byte-level models: a token is a byte (UTF-8 text in; bytes out, escaped when shown)."""
 
-    eos_id: int | None = None
+    eos_ids: tuple[int, ...] = ()  # generation stops at any of them
     pad_id: int = 0
     is_bytes = True
     files: list = []  # the files it read (none: bytes need no file)
@@ -37,6 +37,11 @@ class Vocabulary:
 
     def decode(self, ids) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="backslashreplace")
+
+    def until_eos(self, tokens) -> list[int]:
+        """The tokens up to and with the first end-of-sequence id of any kind."""
+        tokens = list(tokens)
+        return next((tokens[:i + 1] for i, t in enumerate(tokens) if t in self.eos_ids), tokens)
 
 
 class TokenizerVocabulary(Vocabulary):
@@ -63,11 +68,14 @@ class TokenizerVocabulary(Vocabulary):
             if file.is_file():
                 self.files.append(file)
                 data = read_json_object(file)
-                settings.update({k: (token_id(v, file, k, vocab), file) for k, v in data.items()
-                                 if k in ("eos_token_id", "pad_token_id") and v is not None})
-        self.eos_id = settings.get("eos_token_id", (None,))[0]
-        pad = settings.get("pad_token_id", (None,))[0]
-        self.pad_id = pad if pad is not None else (self.eos_id if self.eos_id is not None else 0)
+                if data.get("eos_token_id") is not None:
+                    settings["eos_token_id"] = token_ids(data["eos_token_id"], file, "eos_token_id", vocab)
+                if data.get("pad_token_id") is not None:
+                    settings["pad_token_id"] = token_id(data["pad_token_id"], file, "pad_token_id", vocab)
+        self.eos_ids = settings.get("eos_token_id", ())
+        pad = settings.get("pad_token_id")
+        self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)  # as transformers pads
+
 
     def encode(self, text: str) -> list[int]:
         utf8(text)  # refused here: the tokenizer would fail on it with its own traceback

@@ -247,10 +247,9 @@ def choose(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> 
 
 
 def generate_steps(decoder: CachedDecoder, prompts: list, max_new_tokens: int, temperature: float = 0.0,
-                   seed: int = 0, max_context: int | None = DEFAULT_MAX_CONTEXT, eos_id: int | None = None,
-                   pad_id: int = 0):
+                   seed: int = 0, max_context: int | None = DEFAULT_MAX_CONTEXT, eos_ids=(), pad_id: int = 0):
     """Yields the next token of every prompt (bytes or token id lists), [B] int64, one step at a
-    time (for streaming). With eos_id a row that produced it yields pad_id from then on, and the
+    time (for streaming). A row that produced any of eos_ids yields pad_id from then on, and the
     steps end once every row has (as transformers' generate)."""
     check_request(prompts, max_new_tokens, max_context, decoder.max_positions)
     check_temperature(temperature)
@@ -264,18 +263,16 @@ def generate_steps(decoder: CachedDecoder, prompts: list, max_new_tokens: int, t
         ids = chosen[:, None].astype(np.int64)  # [B, 1]
         mask = np.concatenate([mask, np.ones((len(prompts), 1), np.int64)], axis=1)
         yield ids[:, 0]
-        if eos_id is not None:
-            done |= chosen == eos_id
-            if done.all():
-                return
+        done |= np.isin(chosen, list(eos_ids))
+        if done.all():
+            return
 
 
 def generate(decoder: CachedDecoder, prompts: list, max_new_tokens: int, temperature: float = 0.0,
-             seed: int = 0, max_context: int | None = DEFAULT_MAX_CONTEXT, eos_id: int | None = None,
-             pad_id: int = 0) -> list:
+             seed: int = 0, max_context: int | None = DEFAULT_MAX_CONTEXT, eos_ids=(), pad_id: int = 0) -> list:
     """New tokens per prompt (the prompt itself not included): bytes for byte prompts, else
     lists of token ids."""
-    steps = list(generate_steps(decoder, prompts, max_new_tokens, temperature, seed, max_context, eos_id, pad_id))
+    steps = list(generate_steps(decoder, prompts, max_new_tokens, temperature, seed, max_context, eos_ids, pad_id))
     new_tokens = np.stack(steps, axis=1) if steps else np.zeros((len(prompts), 0), np.int64)  # [B, T]
     if all(isinstance(p, (bytes, bytearray)) for p in prompts):
         return [bytes(row.astype(np.uint8).tolist()) for row in new_tokens]
@@ -345,13 +342,13 @@ def main(argv=None) -> int:
             prompts.append(data if vocab.is_bytes else vocab.encode_bytes(data))
         check_request(prompts, args.max_new_tokens, args.max_context, None)
         steps = generate_steps(decoder, prompts, args.max_new_tokens, args.temperature, args.seed, args.max_context,
-                               vocab.eos_id, vocab.pad_id)
+                               vocab.eos_ids, vocab.pad_id)
         outputs = _stream(prompts[0], steps, vocab) if len(prompts) == 1 else generate_rows(steps, len(prompts))
         if len(prompts) > 1:
             for prompt, out in zip(prompts, outputs):
-                print(vocab.decode(list(prompt) + _until_eos(out, vocab)))
+                print(vocab.decode(list(prompt) + vocab.until_eos(out)))
         if args.output:
-            first = _until_eos(outputs[0], vocab)
+            first = vocab.until_eos(outputs[0])
             write_bytes(args.output, bytes(first) if vocab.is_bytes else vocab.decode(first))
     except RunnerError as err:
         print(f"generate: error: {err}", file=sys.stderr)
@@ -364,11 +361,6 @@ def main(argv=None) -> int:
         print(f"\ngenerate: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
     return 0
-
-
-def _until_eos(tokens: list[int], vocab: Vocabulary) -> list[int]:
-    tokens = list(tokens)
-    return tokens[: tokens.index(vocab.eos_id) + 1] if vocab.eos_id in tokens else tokens
 
 
 def _stream(prompt, steps, vocab: Vocabulary) -> list[list[int]]:
@@ -387,7 +379,7 @@ def _stream(prompt, steps, vocab: Vocabulary) -> list[list[int]]:
     print(shown, end="", flush=True)
     for token in steps:
         out.append(int(token[0]))
-        text = vocab.decode(list(prompt) + _until_eos(out, vocab))
+        text = vocab.decode(list(prompt) + vocab.until_eos(out))
         if text.startswith(shown):  # tokenizers may rewrite the tail once more tokens come: print only what holds
             print(text[len(shown):], end="", flush=True)
             shown = text

@@ -75,11 +75,11 @@ def _decoder_caches(decoder, decoder_path: str):
 
 
 def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray, attention_mask: np.ndarray,
-                    max_new_tokens: int, start_token: int = 0, min_new_tokens: int = 0, eos_token: int | None = None,
+                    max_new_tokens: int, start_token: int = 0, min_new_tokens: int = 0, eos_ids=(),
                     provider: str = "cpu", timings: dict | None = None) -> np.ndarray:
     """input_ids, attention_mask [B, Le] int64 -> generated tokens [B, n <= max_new_tokens] (greedy; it
-    stops once every row has produced `eos_token`, as transformers does, the ended rows repeating it;
-    `eos_token` is forbidden for the first `min_new_tokens` steps, as transformers does).
+    stops once every row has produced one of `eos_ids`, as transformers does, the ended rows repeating
+    it; they are forbidden for the first `min_new_tokens` steps, as transformers does).
     timings: a dict to receive encoder_s and steps_ms (each decoder step's wall time)."""
     _check_request(input_ids, attention_mask, max_new_tokens, None)
     if provider == "cuda":  # before either session: the decoder's If decides for the process
@@ -102,7 +102,7 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
     states = _run(encoder, None, {"input_ids": input_ids, "attention_mask": attention_mask}, encoder_path)[0]
     timings["encoder_s"], timings["steps_ms"] = time.perf_counter() - started, []
     steps = _Steps(decoder, decoder_path, layout, cross, first, states, attention_mask)
-    return steps.greedy(max_new_tokens, start_token, min_new_tokens, eos_token, timings["steps_ms"])
+    return steps.greedy(max_new_tokens, start_token, min_new_tokens, tuple(eos_ids), timings["steps_ms"])
 
 
 class _Steps:
@@ -136,20 +136,20 @@ class _Steps:
         self.past = past
         return logits
 
-    def greedy(self, max_new_tokens, start_token, min_new_tokens, eos_token, steps_ms: list) -> np.ndarray:
+    def greedy(self, max_new_tokens, start_token, min_new_tokens, eos_ids: tuple, steps_ms: list) -> np.ndarray:
         batch = self.states.shape[0]
         step = np.full((batch, 1), start_token, np.int64)
-        tokens, done = [], np.zeros(batch, bool)
+        tokens, done, ended = [], np.zeros(batch, bool), np.zeros(batch, np.int64)
         for index in range(max_new_tokens):
             started = time.perf_counter()
             last = self.logits(step, index)[:, -1]
             steps_ms.append(1e3 * (time.perf_counter() - started))
-            if eos_token is not None and index < min_new_tokens:
-                last[:, eos_token] = -np.inf
+            if eos_ids and index < min_new_tokens:
+                last[:, list(eos_ids)] = -np.inf
             step = last.argmax(-1)[:, None].astype(np.int64)
-            if eos_token is not None:  # a row that ended repeats its end token; all ended: stop (as transformers)
-                step[done, 0] = eos_token
-                done |= step[:, 0] == eos_token
+            step[done, 0] = ended[done]  # a row that ended repeats its end token; all ended: stop (as transformers)
+            ended = np.where(done, ended, step[:, 0])
+            done |= np.isin(step[:, 0], list(eos_ids))
             tokens.append(step)
             if done.all():
                 break
@@ -229,7 +229,7 @@ def main(argv=None) -> int:
         for row, tokens in enumerate(prompts):  # right padding, as T5 tokenizers pad
             ids[row, :len(tokens)], mask[row, :len(tokens)] = tokens, 1
         tokens = greedy_generate(str(encoder), str(decoder), ids, mask, args.max_new_tokens, start,
-                                 eos_token=vocab.eos_id, provider=args.provider)
+                                 eos_ids=vocab.eos_ids, provider=args.provider)
     except RunnerError as err:
         print(f"seq2seq: error: {err}", file=sys.stderr)
         return 2
@@ -238,9 +238,8 @@ def main(argv=None) -> int:
         print(f"seq2seq: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
     for row in tokens.tolist():
-        if vocab.eos_id in row:
-            row = row[: row.index(vocab.eos_id)]
-        print(vocab.decode(row))
+        row = vocab.until_eos(row)
+        print(vocab.decode(row[:-1] if row and row[-1] in vocab.eos_ids else row))
     return 0
 
 
