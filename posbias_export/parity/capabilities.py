@@ -32,7 +32,7 @@ def _partial_quantized_block(proto) -> bool:
 # a file's feature -> how to tell it from the file (a parity.reference.ModelFile)
 FEATURES: dict[str, Callable] = {
     "quantized weights": lambda file: bool(file.scheme),
-    "in-place cache": lambda file: file.contract.inplace_cache,
+    "in-place cache": lambda file: file.inplace_cache,
     "com.microsoft.GroupQueryAttention": lambda file: _has_op(file.proto, "GroupQueryAttention", "com.microsoft"),
     "an int4 table wider than a whole number of blocks": lambda file: _partial_quantized_block(file.proto),
 }

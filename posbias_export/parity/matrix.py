@@ -30,7 +30,9 @@ def check_user_inputs(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> N
         dims = tuple(d.dim_param or (d.dim_value if d.HasField("dim_value") else None) for d in t.shape.dim)
         specs.append(InputSpec(value.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)), dims))
     try:
-        check_feeds(feeds, feeds_module.with_token_limit(specs, FileContract.of(proto)))
+        facts = runtimes_common("graph_facts")
+        check_feeds(feeds, feeds_module.with_token_limit(specs, facts.token_limit(facts.facts_of(proto),
+                                                                                 FileContract.of(proto))))
     except RunnerError as err:
         raise ParityInputError(str(err)) from None
 
@@ -81,7 +83,8 @@ def own_plan(file: ModelFile, lengths, batch: int, checkpoint: str | None, input
         check_user_inputs(file.proto, inputs)
         named = [("inputs", inputs)]
     else:
-        named = [(f"L={n} B={batch}", generated_inputs(contract, n, batch, seed=n)) for n in lengths]
+        named = [(f"L={n} B={batch}", generated_inputs(contract, n, batch, seed=n, inplace=file.inplace_cache))
+                 for n in lengths]
     model = reference_model(contract, checkpoint)
     if file.scheme and inputs is None:  # the policy's inputs: text the float model writes (parity/quantized.py)
         named = [(case, quantized_inputs(contract, model, feeds)) for case, feeds in named]

@@ -87,6 +87,14 @@ class ModelFile:
         return cls(Path(path), proto, contract, scheme)
 
     @property
+    def inplace_cache(self) -> bool:
+        """Whether the file writes its cache in place: from its graph (GroupQueryAttention), not its
+        label (runtimes/common/graph_facts.py)."""
+        from .runtimes import runtimes_common
+
+        return runtimes_common("graph_facts").facts_of(self.proto).inplace_cache
+
+    @property
     def seq2seq_role(self) -> str | None:
         """"decoder" for a file fed an encoder's states, "encoder" for one whose output is
         last_hidden_state, else None."""
@@ -146,7 +154,9 @@ class CachedLogits(torch.nn.Module):
 CACHE_LEN = 5  # a --kv-cache file is validated on a step with this many cached positions before it
 
 
-def generated_inputs(contract: FileContract, length: int, batch: int, seed: int) -> dict[str, np.ndarray]:
+def generated_inputs(contract: FileContract, length: int, batch: int, seed: int,
+                     inplace: bool = False) -> dict[str, np.ndarray]:
+    """inplace: the file writes its cache in place (ModelFile.inplace_cache, from its graph)."""
     cfg, arch = model_config(contract), contract.arch
     gen = torch.Generator().manual_seed(seed)
     dtype = np.float16 if contract.dtype == "float16" else np.float32
@@ -160,7 +170,7 @@ def generated_inputs(contract: FileContract, length: int, batch: int, seed: int)
     if contract.kv_cache:  # a decode step after CACHE_LEN cached positions (random keys and values)
         # an in-place file as its clients run it: a prompt into an empty cache, or one token after
         # cached ones (GroupQueryAttention's CPU kernel takes several new tokens after a cache at batch 1 only)
-        cached = CACHE_LEN if length == 1 or not contract.inplace_cache else 0
+        cached = CACHE_LEN if length == 1 or not inplace else 0
         feeds["attention_mask"] = np.ones((batch, cached + length), dtype=np.int64)
         shape = (batch, cfg.num_heads, cached, cfg.head_dim)
         for layer in range(cfg.num_layers):

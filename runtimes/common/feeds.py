@@ -20,11 +20,10 @@ class InputSpec:
 TOKEN_INPUT = "input_ids"
 
 
-def with_token_limit(specs: list[InputSpec], contract) -> list[InputSpec]:
-    """The token input bounded by the vocabulary a language model's FileContract records (an
+def with_token_limit(specs: list[InputSpec], limit: int | None) -> list[InputSpec]:
+    """The token input bounded by the rows of the model's table (graph_facts.token_limit: an
     Embedding lookup with an id outside it is an error in PyTorch, but runtimes silently wrap -1
     to the last row or return garbage)."""
-    limit = contract.token_limit
     return [replace(s, id_limit=limit) if s.name == TOKEN_INPUT and limit else s for s in specs]
 
 

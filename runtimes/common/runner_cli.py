@@ -76,6 +76,7 @@ def run_all(args, load, specs_of, run, name: str, metadata_of=None) -> int:
     creates nothing."""
     from .atomic import clashing_input, on_sigterm_raise
     from .feeds import check_feeds, with_token_limit
+    from .graph_facts import read_graph_facts, token_limit
 
     on_sigterm_raise()
     try:
@@ -88,7 +89,8 @@ def run_all(args, load, specs_of, run, name: str, metadata_of=None) -> int:
         handle = load(str(model))
         fresh = getattr(args, "fresh_sessions", False)
         metadata = metadata_of(handle) if metadata_of else onnx_metadata(args.model)
-        specs = with_token_limit(specs_of(handle), contract_of(metadata, args.model))
+        limit = token_limit(read_graph_facts(args.model), contract_of(metadata, args.model))
+        specs = with_token_limit(specs_of(handle), limit)
         feeds = [read_tensors(location, "input", [s.name for s in specs]) for _, location in sets]
         for fed in feeds:
             check_feeds(fed, specs)

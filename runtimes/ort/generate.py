@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 from common.atomic import Terminated, clashing_input, on_sigterm_raise, write_bytes  # noqa: E402
 from common.cache import cache_layout  # noqa: E402
 from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
+from common.graph_facts import inplace_cache, read_graph_facts, token_limit  # noqa: E402
 from common.runner_cli import contract_of  # noqa: E402
 from common.loading import load_runner  # noqa: E402
 from common.runner_cli import OneLineParser  # noqa: E402
@@ -64,9 +65,10 @@ class CachedDecoder:
         # the rows of the embedding: an id past them is refused (an int4 file's GatherBlockQuantized
         # reads past the table unchecked; a tokenizer may know more tokens than the model has rows)
         logits_dim = self.session.get_outputs()[0].shape[-1]
-        self.vocab = contract.token_limit or (logits_dim if isinstance(logits_dim, int) else None)
+        facts = read_graph_facts(model_path)  # what the file is comes from its graph, where it can be read
+        self.vocab = token_limit(facts, contract) or (logits_dim if isinstance(logits_dim, int) else None)
         # --target ort: the cache is written in place, so one buffer per tensor serves every step
-        self.inplace = contract.inplace_cache
+        self.inplace = inplace_cache(facts, contract)
 
     def check_ids(self, input_ids: np.ndarray) -> None:
         """Token ids in [0, vocab): what an embedding row exists for."""

@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 from common.atomic import Terminated, on_sigterm_raise  # noqa: E402
 from common.cache import cache_layout, cross_cache_layout  # noqa: E402
 from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
+from common.graph_facts import read_graph_facts, token_limit  # noqa: E402
 from common.json_files import read_json_object, token_id  # noqa: E402
 from common.loading import load_runner  # noqa: E402
 from common.runner_cli import contract_of  # noqa: E402
@@ -85,7 +86,7 @@ def greedy_generate(encoder_path: str, decoder_path: str, input_ids: np.ndarray,
     if provider == "cuda":  # before either session: the decoder's If decides for the process
         host_synchronous_cuda(encoder_path, decoder_path)
     encoder, decoder = create_session(encoder_path, provider), create_session(decoder_path, provider)
-    vocab = contract_of(encoder.get_modelmeta().custom_metadata_map, encoder_path).vocab_size
+    vocab = token_limit(read_graph_facts(encoder_path), contract_of(encoder.get_modelmeta().custom_metadata_map, encoder_path))
     ids = _check_request(input_ids, attention_mask, max_new_tokens, vocab)
     layout, cross, first = _decoder_caches(decoder, decoder_path)
     _check_pair(encoder, {i.name: i for i in decoder.get_inputs()}["encoder_hidden_states"], encoder_path, decoder_path)

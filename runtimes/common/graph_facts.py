@@ -1,0 +1,58 @@
+"""What a file is, read from its graph rather than from its labels (metadata a tool may strip and a
+person may edit): whether its cache is written in place (GroupQueryAttention, which writes the new
+rows into the buffer it is given, is in the graph), and how many token ids it has rows for (the
+rows of the table input_ids is looked up in: Gather, or int4's GatherBlockQuantized, which reads
+past its table unchecked). Needs the onnx package; without it `read_graph_facts` gives None and the
+caller falls back to the labels. The graph is read without external data: a large model's .onnx
+file holds its graph only."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TOKEN_INPUT = "input_ids"
+LOOKUPS = ("Gather", "GatherBlockQuantized")
+
+
+@dataclass(frozen=True)
+class GraphFacts:
+    op_types: frozenset[str]
+    embedding_rows: int | None  # None: input_ids feeds no table lookup (an encoder of features)
+
+    @property
+    def inplace_cache(self) -> bool:
+        return "GroupQueryAttention" in self.op_types
+
+
+def facts_of(proto) -> GraphFacts:
+    """The facts of an onnx ModelProto (its functions' nodes included)."""
+    nodes = [*proto.graph.node, *(n for f in proto.functions for n in f.node)]
+    rows = {t.name: t.dims[0] for t in proto.graph.initializer if len(t.dims) == 2}
+    lookup = next((n for n in proto.graph.node if n.op_type in LOOKUPS and len(n.input) > 1
+                   and n.input[1] == TOKEN_INPUT and n.input[0] in rows), None)
+    return GraphFacts(frozenset(n.op_type for n in nodes), int(rows[lookup.input[0]]) if lookup is not None else None)
+
+
+def read_graph_facts(model_path) -> GraphFacts | None:
+    """The file's facts, or None where the onnx package is missing or cannot read it (the
+    runtime's own load then says what is wrong with the file)."""
+    try:
+        import onnx
+    except ImportError:
+        return None
+    try:
+        return facts_of(onnx.load(str(model_path), load_external_data=False))
+    except Exception:  # noqa: BLE001 - a broken file is the runtime's to report, in its words
+        return None
+
+
+def token_limit(facts: GraphFacts | None, contract) -> int | None:
+    """How many token ids the file has rows for: the graph's table when it can be read, else the
+    file's label."""
+    if facts is not None and facts.embedding_rows is not None:
+        return facts.embedding_rows
+    return contract.token_limit
+
+
+def inplace_cache(facts: GraphFacts | None, contract) -> bool:
+    """Whether the file writes its cache in place: the graph when it can be read, else the label."""
+    return facts.inplace_cache if facts is not None else contract.inplace_cache
