@@ -114,9 +114,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {err}{disk_full_target(err, argv)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:  # atomic writes and temporary folders are gone by now
-        terminated = type(stop).__name__ == "Terminated"
-        print(f"{PROG}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
-        return 143 if terminated else 130
+        return stopped(stop)
+    except ImportError as err:  # a stop during an extension's first import arrives wrapped (atomic.stop_behind)
+        stop = atomic().stop_behind(err)
+        if stop is None:
+            raise
+        return stopped(stop)
+
+
+def stopped(stop: KeyboardInterrupt) -> int:
+    terminated = type(stop).__name__ == "Terminated"
+    print(f"{PROG}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+    return 143 if terminated else 130
 
 
 if __name__ == "__main__":

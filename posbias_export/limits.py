@@ -13,13 +13,10 @@ class TooBig(ValueError):
 
 
 def available_bytes() -> int:
-    """Memory a run may use: MemAvailable (Linux), else 8 GiB."""
-    try:
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f)
-        return int(info["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return 8 << 30
+    """Memory a run may use: MemAvailable (Linux), else 8 GiB (the runners' rule, runtimes/common/memory.py)."""
+    from .runners import runtimes_common
+
+    return runtimes_common("memory").available_bytes()
 
 
 def gigabytes(n: float) -> str:

@@ -74,6 +74,14 @@ def _snapshot(root: Path) -> dict[str, str]:
 # (id, argv for python -m posbias_export, words the error line must contain); {d} is the folder
 CLI_CASES = [
     ("unknown-bias", ["--bias", "alibx", "--out", "{d}/x.onnx"], "unknown bias 'alibx'"),
+    # sizes that become tensors are bounded before anything is built (a 16 TB T5 offset table, 10^5 panels)
+    ("show-bias-heads", ["show-bias", "alibi", "--heads", "100000", "--out", "{d}/b.png"], "--heads must be at most 128"),
+    ("show-bias-t5-distance", ["show-bias", "t5", "--bias-param", "max_distance=1000000000000", "--out", "{d}/b.png"],
+     "max_distance must be <= 1048576"),
+    ("show-bias-sandwich-dim", ["show-bias", "sandwich", "--bias-param", "sin_dim=100000000", "--out", "{d}/b.png"],
+     "sin_dim must be <= 8192"),
+    ("t5-buckets-huge", ["--bias", "t5", "--bias-param", "num_buckets=1000000", "--bias-param", "max_distance=1048576",
+                         "--out", "{d}/x.onnx"], "num_buckets must be <= 65536"),
     ("zero-heads", ["--bias", "alibi", "--heads", "0", "--out", "{d}/x.onnx"], "expected a positive integer"),
     ("param-of-other-family", ["--bias", "alibi", "--bias-param", "window=5", "--out", "{d}/x.onnx"], "window"),
     ("param-below-minimum", ["--bias", "window", "--bias-param", "window=0", "--out", "{d}/x.onnx"], "window"),

@@ -47,12 +47,19 @@ def mask_value(dtype: torch.dtype = torch.float32) -> float:
     return torch.finfo(dtype).min
 
 
-def hyper_parameter(default: int, help: str, *, minimum: int = 1, even: bool = False, alias: str | None = None,
-                    legacy_key: str | None = None):
-    """A family hyper-parameter: an integer with a default and a lower bound. `alias` is a CLI
-    flag kept for compatibility (e.g. --window); `legacy_key` the ModelConfig field that held
-    it before hyper-parameters moved into their family (old checkpoints and files carry it)."""
-    meta = {"help": help, "minimum": minimum, "even": even, "alias": alias, "legacy_key": legacy_key}
+# the largest value a hyper-parameter takes unless its family says less: sizes that become
+# tensors (T5's offset table, 2 * max_distance + 1 entries) stay far below memory
+HYPER_MAXIMUM = 1 << 20
+
+
+def hyper_parameter(default: int, help: str, *, minimum: int = 1, maximum: int = HYPER_MAXIMUM, even: bool = False,
+                    alias: str | None = None, legacy_key: str | None = None):
+    """A family hyper-parameter: an integer with a default and bounds (`maximum`: what its
+    tensors can hold). `alias` is a CLI flag kept for compatibility (e.g. --window);
+    `legacy_key` the ModelConfig field that held it before hyper-parameters moved into their
+    family (old checkpoints and files carry it)."""
+    meta = {"help": help, "minimum": minimum, "maximum": maximum, "even": even, "alias": alias,
+            "legacy_key": legacy_key}
     return field(default=default, metadata=meta)
 
 
@@ -68,6 +75,8 @@ class BiasParams:
                 raise ValueError(f"{f.name} must be an integer, got {value!r}")
             if value < f.metadata.get("minimum", 1):
                 raise ValueError(f"{f.name} must be >= {f.metadata.get('minimum', 1)}, got {value}")
+            if value > f.metadata.get("maximum", HYPER_MAXIMUM):
+                raise ValueError(f"{f.name} must be <= {f.metadata.get('maximum', HYPER_MAXIMUM)}, got {value}")
             if f.metadata.get("even") and value % 2:
                 raise ValueError(f"{f.name} must be even, got {value}")
         self.check()

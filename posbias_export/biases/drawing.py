@@ -15,6 +15,7 @@ import numpy as np
 from .base import MASK_PENALTY, AttentionBias
 
 MAX_LENGTH = 1024  # L x L cells per head: a picture, not a benchmark
+MAX_HEADS = 128  # one panel each: BLOOM-176B's 112 heads fit
 MASKED_COLOR = "lightgrey"
 
 

@@ -27,8 +27,9 @@ from .onnx_domain import posbias
 
 @dataclass(frozen=True)
 class SandwichParams(BiasParams):
-    sin_dim: int = hyper_parameter(128, "sinusoid dimension d'", minimum=2, even=True, alias="--sandwich-dim",
-                                   legacy_key="sandwich_dim")
+    # features [positions, sin_dim / 2] at every length: 8192 is 32x the largest head size in use
+    sin_dim: int = hyper_parameter(128, "sinusoid dimension d'", minimum=2, maximum=8192, even=True,
+                                   alias="--sandwich-dim", legacy_key="sandwich_dim")
 
 
 def sandwich_frequencies(sin_dim: int) -> torch.Tensor:

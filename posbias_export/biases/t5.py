@@ -33,7 +33,8 @@ from .onnx_domain import posbias
 
 @dataclass(frozen=True)
 class T5Params(BiasParams):
-    num_buckets: int = hyper_parameter(32, "number of buckets", minimum=4, alias="--t5-buckets",
+    # the table is [num_buckets, heads]: 65536 buckets are 2048x T5's 32
+    num_buckets: int = hyper_parameter(32, "number of buckets", minimum=4, maximum=1 << 16, alias="--t5-buckets",
                                        legacy_key="t5_num_buckets")
     max_distance: int = hyper_parameter(128, "distance of the last bucket", alias="--t5-max-distance",
                                         legacy_key="t5_max_distance")

@@ -36,6 +36,19 @@ def on_sigterm_raise() -> None:
         pass
 
 
+def stop_behind(err: BaseException | None) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM an exception stands for, if any: one that arrives while an extension
+    module initialises (the first `import onnxruntime`) reaches us as pybind11's
+    ImportError("initialization failed") raised from it."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def default_file_mode() -> int:
     """What open() would give a new file: 0666 minus the umask (mkstemp makes 0600)."""
     umask = os.umask(0)

@@ -25,6 +25,7 @@ from common.atomic import Terminated, clashing_input, on_sigterm_raise, write_by
 from common.cache import cache_layout  # noqa: E402
 from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
 from common.graph_facts import inplace_cache, read_graph_facts, token_limit  # noqa: E402
+from common.memory import check_allocation  # noqa: E402
 from common.runner_cli import contract_of  # noqa: E402
 from common.loading import load_runner  # noqa: E402
 from common.runner_cli import OneLineParser  # noqa: E402
@@ -143,8 +144,16 @@ class CachedDecoder:
         import onnxruntime as ort
 
         shape = (batch, self.heads, capacity, self.head_dim)
-        return [ort.OrtValue.ortvalue_from_shape_and_type(shape, self.dtype, self.device, 0)
-                for _ in range(2 * self.layers)]
+        if self.device == "cpu":  # all of it at once, before the first step: asked first, refused in one line
+            need = 2 * self.layers * batch * self.heads * capacity * self.head_dim * self.dtype.itemsize
+            check_allocation(need, f"the in-place cache ({batch} rows of {capacity} tokens)",
+                             "lower --max-new-tokens, the prompts' length or their number")
+        try:
+            return [ort.OrtValue.ortvalue_from_shape_and_type(shape, self.dtype, self.device, 0)
+                    for _ in range(2 * self.layers)]
+        except (MemoryError, RuntimeError) as err:  # the device's allocator: std::bad_alloc, out of memory
+            raise RunnerError(f"cannot allocate the in-place cache ({batch} rows of {capacity} tokens): "
+                              f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from None
 
     def step_shared(self, input_ids: np.ndarray, attention_mask: np.ndarray, buffers: list) -> np.ndarray:
         """One step of an in-place file into `buffers` (shared_cache): rows [T - L, T) of each

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from common.atomic import stop_behind  # noqa: E402
 from common.cache import cache_layout  # noqa: E402
 from common.feeds import ONNX_TYPE_TO_NUMPY, InputSpec  # noqa: E402
 from common.runner_cli import parse, run_all  # noqa: E402
@@ -87,7 +88,10 @@ def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf3
     """An InferenceSession on exactly the requested provider, or RunnerError naming the cause."""
     try:
         import onnxruntime as ort
-    except ImportError:
+    except ImportError as err:
+        stop = stop_behind(err)  # Ctrl-C or SIGTERM while it loaded: a stop, not a missing package
+        if stop is not None:
+            raise stop from None
         raise RunnerError("onnxruntime is not installed") from None
     wanted = PROVIDERS[provider]
     if provider == "cuda":
