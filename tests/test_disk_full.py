@@ -72,3 +72,16 @@ def test_t5_int8_out_dir_on_a_full_disk_is_one_line(small_disk, tmp_path):
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"writing {out} (--out-dir)" in lines[0]
     assert list(small_disk.iterdir()) == []
+
+
+def test_a_full_disk_while_the_weights_stream_is_the_documented_line(small_disk):
+    """Weights above the streamed size are written piece by piece into the data file; a full disk
+    there is ENOSPC naming --out (before: numpy's "9216 requested and 0 written", no errno)."""
+    out = small_disk / "model.onnx"
+    proc = subprocess.run([sys.executable, "-m", "posbias_export", "--bias", "alibi", "--dim", "512", "--heads", "8",
+                           "--layers", "2", "--skip-growth-check", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "No space left on device" in lines[0] and f"writing {out} (--out)" in lines[0], lines
+    assert list(small_disk.iterdir()) == []

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from ..runners import atomic
@@ -135,8 +136,8 @@ def _write_external(proto: onnx.ModelProto, data, data_name: str, pending: list[
         ref = refs[pending_index(t)]
         offset = -(-offset // 4096) * 4096
         data.seek(offset)
-        for chunk in ref.chunks():
-            chunk.tofile(data)
+        for chunk in ref.chunks():  # a file write, not ndarray.tofile: a full disk is then ENOSPC, with its errno
+            data.write(memoryview(np.ascontiguousarray(chunk)).cast("B"))
         del t.external_data[:]
         for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(ref.nbytes))):
             t.external_data.add(key=key, value=value)
