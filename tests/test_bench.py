@@ -387,6 +387,27 @@ def test_a_work_folder_of_other_files_is_refused_before_anything_is_written(tmp_
     assert work_folder(ours, PUBLISHED) == ours  # marked: it is the bench's folder now
 
 
+@pytest.mark.parametrize("command, results", [(["bench-serving", "--models", "bloom-560m"], "serving.json"),
+                                              (["bench-quant", "--models", "", "--real", "bloom-560m"], "quantized.json")],
+                         ids=["serving", "quant"])
+@pytest.mark.parametrize("problem", ["foreign-results", "other-configuration"])
+def test_a_refused_bench_run_makes_nothing(tmp_path, capsys, command, results, problem):
+    """A foreign results file in --out-dir, or another model's folder under the published name in
+    WORK, is refused before WORK or --out-dir is made or marked (before: both were, then refused)."""
+    work, out = tmp_path / "w", tmp_path / "o"
+    if problem == "foreign-results":
+        out.mkdir()
+        (out / results).write_text("not ours")
+    else:
+        (work / "bloom-560m").mkdir(parents=True)
+        (work / "bloom-560m" / "config.json").write_text('{"n_layer": 2}')
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert cli_main([*command, "--work", str(work), "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ("move it away" in err[0] or "not the published bloom-560m" in err[0]), err
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
 def test_client_results_name_no_path_of_this_machine(tmp_path, monkeypatch):
     """clients.md once embedded a client's temporary folder in an error cell: every absolute path
     in a row's text is cut to its last part before the results are written."""

@@ -128,3 +128,24 @@ def test_a_last_logits_folder_does_not_name_onnxruntime_genai(tmp_path):
     assert any("no genai_config.json" in n for n in report.notes)
     ship(source, tmp_path / "all", check_growth=False)
     assert (tmp_path / "all" / "genai_config.json").is_file()
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--quantize", "int4", "--inline-functions"],
+     "standard ops + com.microsoft.GatherBlockQuantized, MatMulNBits (ONNX Runtime only)"),
+    (["--inline-functions"], "standard domain only"),
+    (["--kv-cache", "--target", "ort"], "standard ops + posbias local functions + com.microsoft.GroupQueryAttention"),
+])
+def test_the_summary_says_what_the_final_file_holds(tmp_path, capsys, argv, line):
+    """The domains line is read from the file as written (before: an int4 --inline-functions file,
+    which needs com.microsoft ops, was summed up as "standard domain only")."""
+    import onnx
+
+    out = tmp_path / "q.onnx"
+    assert cli_main(["--bias", "alibi", "--out", str(out), "--heads", "2", "--dim", "32", "--layers", "1",
+                     "--skip-growth-check", *argv]) == 0
+    summary = capsys.readouterr().out
+    assert line in summary, summary
+    model = onnx.load(str(out))
+    held = {n.domain for n in model.graph.node} | {n.domain for f in model.functions for n in f.node}
+    assert ("com.microsoft" in held) == ("com.microsoft" in line)

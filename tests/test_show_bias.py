@@ -83,3 +83,16 @@ def test_a_trained_checkpoint_is_drawn_from_its_learned_values(tmp_path):
     trained = next(m for m in load_checkpoint(ckpt).modules() if isinstance(m, AttentionBias))
     fresh = pbe.create_bias("kerple_log", trained.num_heads, seed=0)
     assert not np.allclose(bias_grid(trained, 16), bias_grid(fresh, 16), equal_nan=True)
+
+
+def test_the_format_follows_the_suffix(tmp_path, capsys):
+    """SVG and PDF are written as what their names say; a suffix with no format is refused, not
+    given PNG bytes (before: bias.svg held a PNG)."""
+    for name, magic in (("b.svg", b"<?xml"), ("b.pdf", b"%PDF"), ("b.PNG", b"\x89PNG")):
+        assert cli_main(["show-bias", "alibi", "--length", "8", "--out", str(tmp_path / name)]) == 0
+        assert (tmp_path / name).read_bytes().startswith(magic), name
+    capsys.readouterr()
+    assert cli_main(["show-bias", "alibi", "--out", str(tmp_path / "b.jpg")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "format comes from its suffix" in err[0], err
+    assert not (tmp_path / "b.jpg").exists()

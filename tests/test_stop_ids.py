@@ -85,3 +85,16 @@ def test_the_t5_runner_stops_at_any_stop_id(tmp_path):
         str(tmp_path / "out" / "encoder_model.onnx"), str(tmp_path / "out" / "decoder_model_merged.onnx"), ids,
         np.ones_like(ids), NEW, PAD, eos_ids=vocab.eos_ids)[0].tolist()
     assert got == want
+
+
+def test_the_t5_runner_takes_zero_new_tokens_as_generate_does(tmp_path, capsys):
+    from posbias_export.hf.ship import ship
+
+    source = save_tiny_folder("t5", tmp_path / "t5", client=True, encoder_decoder=True)
+    save_tokenizer(source)
+    ship(source, tmp_path / "out", check_growth=False)
+    capsys.readouterr()
+    runner = load_runner("ort/seq2seq.py")
+    assert runner.main([str(tmp_path / "out"), "--prompt", "To be", "--prompt", "or not", "--max-new-tokens", "0"]) == 0
+    assert capsys.readouterr().out == "\n\n"  # nothing generated for either prompt
+    assert runner.main([str(tmp_path / "out"), "--prompt", "To be", "--max-new-tokens", "-1"]) == 2

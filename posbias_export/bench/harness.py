@@ -141,6 +141,14 @@ def work_folder(path: Path, own_names=()) -> Path:
     "_", the published models' folders and files). Anything else, `/` or a home folder say, is
     refused in one line before anything is written there: a bench writes only in a folder it
     made or verified."""
+    path = check_work_folder(path, own_names)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / WORK_MARK).touch()
+    return path
+
+
+def check_work_folder(path: Path, own_names=()) -> Path:
+    """work_folder's refusals, with nothing made: a bench checks everything before it writes."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ValueError(f"--work {path} is a file, not a folder")
@@ -151,8 +159,6 @@ def work_folder(path: Path, own_names=()) -> Path:
         if foreign:
             raise ValueError(f"--work {path} holds files no benchmark made ({foreign[0]!r} among them); give a new or "
                              "empty folder")
-    path.mkdir(parents=True, exist_ok=True)
-    (path / WORK_MARK).touch()
     return path
 
 

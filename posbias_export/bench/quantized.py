@@ -469,8 +469,8 @@ def plot(r: QuantResults, path: Path) -> None:
 
 def run_and_write(models_dir: Path, corpus: Path, real_names: list[str], work: Path, out_dir: Path, threads: int,
                   max_tokens: int, command: str, progress=print) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
     results = previous_results(out_dir / "quantized.json")  # other runs' rows: a real-size run takes minutes
+    out_dir.mkdir(parents=True, exist_ok=True)
     if models_dir is not None:
         rows, variants, lengths = checkpoint_perplexity(models_dir, corpus, max_tokens, progress)
         results.checkpoints = {k: {s: {str(n): p for n, p in v.items()} for s, v in got.items()} for k, got in rows.items()}

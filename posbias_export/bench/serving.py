@@ -14,8 +14,9 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .harness import copy_bandwidth_gbs, kept_rows, measured_python, median, scratch, work_folder, write_results
-from ..hf.published import PUBLISHED, published_folder
+from .harness import (check_work_folder, copy_bandwidth_gbs, kept_rows, measured_python, median, scratch, work_folder,
+                      write_results)
+from ..hf.published import PUBLISHED, check_published_folder, published_folder
 from .real_models import SEQ2SEQ, folder_weight_bytes, weight_bytes
 
 FILES = {"concat": ["--target", "portable"], "in place": ["--target", "ort"],
@@ -210,9 +211,11 @@ def run_and_write(names, work: Path, out_dir: Path, contexts=CONTEXTS, schemes=t
     wrong = [s for s in schemes if s not in SCHEMES]
     if wrong:
         raise ValueError(f"unknown scheme(s) {', '.join(wrong)}; choose from {', '.join(SCHEMES)}")
-    work = work_folder(work, PUBLISHED)  # after the names were checked: a refused run makes nothing
-    out_dir.mkdir(parents=True, exist_ok=True)
     kept = [ServingRow(**r) for r in kept_rows(out_dir / "serving.json", set(names))]  # rows of other runs
+    for name in names if check_work_folder(work, PUBLISHED).is_dir() else ():  # every refusal before anything is made
+        check_published_folder(name, work)
+    work = work_folder(work, PUBLISHED)
+    out_dir.mkdir(parents=True, exist_ok=True)
     earlier = {r["name"]: ServingRow(**r) for r in kept_rows(out_dir / "serving.json", set())}
     rows = []
     for name in names:

@@ -44,14 +44,29 @@ def color_scale(grid: np.ndarray):
     return colormaps["viridis"].with_extremes(bad=MASKED_COLOR), Normalize(low, high)
 
 
+PICTURE_FORMATS = ("png", "svg", "pdf")  # by the output's suffix
+
+
+def picture_format(path: str | Path) -> str:
+    """The format the output's suffix names; ValueError for any other (bytes of one format under
+    another's name open nowhere)."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in PICTURE_FORMATS:
+        raise ValueError(f"{path}: the picture's format comes from its suffix: "
+                         f"{', '.join('.' + f for f in PICTURE_FORMATS)}")
+    return suffix
+
+
 def draw_bias(bias: AttentionBias, length: int, path: str | Path, title: str = ""):
-    """Write the picture to `path` (PNG, atomically); returns (figure, axes per head, grid).
-    ValueError for a length outside [2, MAX_LENGTH] or without matplotlib."""
+    """Write the picture to `path` (PNG, SVG or PDF by its suffix, atomically); returns (figure,
+    axes per head, grid). ValueError for a length outside [2, MAX_LENGTH], another suffix, or
+    without matplotlib."""
     from ..plots import pyplot_for
     from ..runners import atomic
 
     if isinstance(length, bool) or not isinstance(length, int) or not 2 <= length <= MAX_LENGTH:
         raise ValueError(f"length must be an integer in [2, {MAX_LENGTH}] (a picture of L x L cells), got {length!r}")
+    picture_format(path)  # before anything is drawn
     plt = pyplot_for(Path(path))
     if plt is None:
         raise ValueError("show-bias draws with matplotlib: pip install matplotlib")
@@ -73,5 +88,5 @@ def draw_bias(bias: AttentionBias, length: int, path: str | Path, title: str = "
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="added to the score (grey: masked)")
     fig.suptitle(title or f"{bias.name}, {'causal' if bias.causal else 'bidirectional'}, {length} positions",
                  fontsize=10)
-    atomic().write_with(Path(path), lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    atomic().write_with(Path(path), lambda tmp: fig.savefig(tmp, dpi=100, format=picture_format(path)))
     return fig, axes.ravel()[:heads], grid

@@ -187,8 +187,9 @@ def run_bench_quant(args) -> int:
     from pathlib import Path
 
     from ..bench import quantized
-    from ..bench.harness import work_folder
+    from ..bench.harness import check_work_folder, work_folder
     from ..bench.real_models import PUBLISHED
+    from ..hf.published import check_published_folder
 
     wrong = [m for m in args.real if m not in PUBLISHED]
     if wrong:
@@ -199,7 +200,11 @@ def run_bench_quant(args) -> int:
         raise ValueError("the checkpoints' perplexity needs --corpus (or --models '' to skip them)")
     command = "python -m posbias_export bench-quant" + (f" --models {args.models} --corpus CORPUS" if args.models else
                                                         " --models ''") + (f" --real {','.join(args.real)}" if args.real else "")
-    work = work_folder(Path(args.work), PUBLISHED) if args.work else None  # before anything is written there
+    quantized.previous_results(Path(args.out_dir) / "quantized.json")  # every refusal before anything is made
+    if args.work and check_work_folder(Path(args.work), PUBLISHED).is_dir():
+        for name in args.real:
+            check_published_folder(name, Path(args.work))
+    work = work_folder(Path(args.work), PUBLISHED) if args.work else None
     paths = quantized.run_and_write(Path(args.models) if args.models else None, Path(args.corpus) if args.corpus else None,
                                     args.real, work, Path(args.out_dir), args.threads,
                                     args.max_tokens, command, progress=lambda m: print(m, file=sys.stderr, flush=True))

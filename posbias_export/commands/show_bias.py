@@ -21,7 +21,7 @@ def build_show_bias_parser() -> argparse.ArgumentParser:
     p = parser("show-bias", "Draw a bias family's values per head, from its float64 reference (the paper's "
                "formula): query i down, key j across, one colour scale, masked positions grey.", SHOW_BIAS_EXAMPLES)
     p.add_argument("name", metavar="NAME", help=f"a bias family: {', '.join(BIASES)}")
-    p.add_argument("--out", required=True, help="the PNG to write (atomically)")
+    p.add_argument("--out", required=True, help="the picture to write (atomically): PNG, SVG or PDF by its suffix")
     p.add_argument("--length", type=positive_int, default=64, help=f"positions (2..{MAX_LENGTH}; default 64)")
     p.add_argument("--heads", type=positive_int, default=4, help=f"attention heads, one panel each (1..{MAX_HEADS}; "
                    "default 4)")
@@ -35,12 +35,11 @@ def build_show_bias_parser() -> argparse.ArgumentParser:
 
 def run_show_bias(args) -> int:
     from ..biases import AttentionBias, bias_class, create_bias
-    from ..biases.drawing import draw_bias
+    from ..biases.drawing import MAX_HEADS, draw_bias, picture_format
     from ..export import check_outputs
 
-    from ..biases.drawing import MAX_HEADS
-
     bias_class(args.name)  # an unknown family: one line, before anything else
+    picture_format(args.out)
     if args.heads > MAX_HEADS:  # each head is a panel of L x L cells: bounded before anything is built
         raise UsageError(f"--heads must be at most {MAX_HEADS} (one panel each), got {args.heads}")
     check_outputs([args.out], [args.checkpoint])

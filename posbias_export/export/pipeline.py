@@ -222,12 +222,22 @@ def check_exported(state: ExportState) -> None:
     checks.check_symbolic_axes(state.proto, state.sig.dynamic_axes)
     inplace = state.request.settings.cache == "inplace" and state.request.spec.kv_cache
     checks.check_domains(state.proto, ORT_OPS if inplace else ())
-    domains = "standard domain only" if state.request.options.inline_functions else "standard ops + posbias local functions"
-    if target(state.request.target).fused_op == "ort":
-        domains += " + com.microsoft.MultiHeadAttention (ONNX Runtime only)"
-    if inplace:
-        domains += " + com.microsoft.GroupQueryAttention (an in-place cache; ONNX Runtime only)"
-    state.done += ["symbolic batch/seq axes", domains]
+    state.done += ["symbolic batch/seq axes", domains_line(state.proto)]
+
+
+def domains_line(proto: onnx.ModelProto) -> str:
+    """What the file holds, by domain, read from its graph (a later pass that adds contrib ops,
+    the quantizers, rewrites the line from the final graph)."""
+    nodes = [*proto.graph.node, *(n for f in proto.functions for n in f.node)]
+    contrib = sorted({n.op_type for n in nodes if n.domain == "com.microsoft"})
+    if not proto.functions and not contrib:
+        return "standard domain only"
+    return "standard ops" + (" + posbias local functions" if proto.functions else "") + \
+        (f" + com.microsoft.{', '.join(contrib)} (ONNX Runtime only)" if contrib else "")
+
+
+def with_domains_line(done: list[str], proto: onnx.ModelProto) -> list[str]:
+    return [domains_line(proto) if d.startswith("standard ") else d for d in done]
 
 
 def check_trace_growth(state: ExportState) -> None:
@@ -293,10 +303,7 @@ def recorded(state: ExportState, spec) -> None:
     state.contract = with_fields(state.contract, opset=opset, **spec.contract_fields(count))
     write_contract(state.proto, state.contract)
     state.proto.producer_name = "posbias_export"
-    contrib = sorted({n.op_type for n in state.proto.graph.node if n.domain == "com.microsoft"})
-    if contrib:  # the summary's list of what the file needs: these run on ONNX Runtime only
-        state.done = [f"{d} + com.microsoft.{', '.join(contrib)} (ONNX Runtime only)" if d.startswith("standard ops")
-                      else d for d in state.done]
+    state.done = with_domains_line(state.done, state.proto)  # the quantizer's contrib ops: ONNX Runtime only
     state.done.append(f"{spec.name} weights ({count} nodes by ONNX Runtime's quantizer)")
 
 
@@ -319,6 +326,7 @@ def int8_cache(state: ExportState) -> None:
     layers = kv_int8.to_int8_cache(state.proto, absmax)
     state.contract = with_fields(state.contract, kv_dtype="int8", kv_calibration=kv_int8.CALIBRATION_NOTE)
     write_contract(state.proto, state.contract)
+    state.done = with_domains_line(state.done, state.proto)
     state.done.append(f"int8 KV cache ({layers} layers, scales calibrated on {kv_int8.CALIBRATION_TOKENS} tokens)")
 
 

@@ -45,6 +45,17 @@ def published_folder(name: str, work: Path, dtype: str = "float32", progress=pri
     """WORK/<name>: written with random weights for the published configuration if absent; if
     present, checked to BE that configuration (its config.json's fields), so a figure reported for
     a published size was measured on it. ValueError (one line) names the first field that differs."""
+    folder = work / name
+    if not check_published_folder(name, work):
+        progress(f"{name}: writing a random-weight folder ({SHARDED.get(name, dtype)})")
+        return write_folder(name, folder, dtype)
+    return folder
+
+
+def check_published_folder(name: str, work: Path) -> bool:
+    """True when WORK/<name> is the published configuration, False when it is absent (or empty);
+    ValueError (one line) for anything else. Writes nothing: a bench checks every model before it
+    makes any folder."""
     from .folder import FolderError, read_json_object
 
     folder = work / name
@@ -52,8 +63,7 @@ def published_folder(name: str, work: Path, dtype: str = "float32", progress=pri
         if folder.exists() and any(folder.iterdir()):
             raise ValueError(f"{folder} holds files but no config.json: not a model folder this bench made; "
                              "give another --work")
-        progress(f"{name}: writing a random-weight folder ({SHARDED.get(name, dtype)})")
-        return write_folder(name, folder, dtype)
+        return False
     try:
         config = read_json_object(folder / "config.json")
     except FolderError as err:
@@ -62,4 +72,4 @@ def published_folder(name: str, work: Path, dtype: str = "float32", progress=pri
         if config.get(key) != value:
             raise ValueError(f"{folder} is not the published {name} configuration ({key} is {config.get(key)!r}, "
                              f"not {value!r}); give another --work")
-    return folder
+    return True

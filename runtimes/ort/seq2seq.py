@@ -207,14 +207,14 @@ def main(argv=None) -> int:
     p.add_argument("model", help="a folder written with --out-dir, or the encoder file")
     p.add_argument("decoder", nargs="?", help="the decoder file (when the first argument is the encoder)")
     p.add_argument("--prompt", action="append", required=True, help="source text; repeat for a batch")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt (>= 0; default 32)")
     p.add_argument("--tokenizer", help="tokenizer.json (default: the folder's)")
     p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
     args = p.parse_args(argv)
     on_sigterm_raise()
     try:
-        if args.max_new_tokens < 1:
-            raise RunnerError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+        if args.max_new_tokens < 0:  # 0, as for generate: the prompts read and checked, nothing generated
+            raise RunnerError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
         encoder, decoder, folder = _files(args.model, args.decoder)
         tokenizer = Path(args.tokenizer) if args.tokenizer else folder / "tokenizer.json"
         if not tokenizer.is_file():
