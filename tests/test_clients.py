@@ -380,14 +380,20 @@ def test_out_dir_refusals_are_one_line_and_touch_nothing(shipped, tmp_path):
 
 
 @pytest.mark.parametrize("kind", [k for k in CLIENT_KINDS if k != "t5"])
-def test_validate_judges_the_shipped_decoder(shipped, kind):
-    """validate FILE --model DIR on a cached decoder (Hugging Face names): an empty cache is a
+def test_validate_judges_the_shipped_decoder(shipped, kind, tmp_path):
+    """validate FILE --model DIR on a cached decoder (Hugging Face names): the folder's default
+    in-place file on every runtime that runs it (ONNX Runtime bound to one buffer and not, Node);
+    the --target portable folder on OpenVINO and the reference evaluator too. An empty cache is a
     prefill, which every runner accepts (only the past axis may be 0; OpenVINO keeps no axis
     names, so its runner reads them from the file)."""
     from posbias_export.hf.validate import run_hf_matrix
 
     source, folder = shipped[kind]
-    matrix = run_hf_matrix(folder / "model.onnx", source, ("ort-cpu", "openvino", "reference", "node"), (1, 17))
+    matrix = run_hf_matrix(folder / "model.onnx", source, ("ort-cpu", "ort-cpu-shared", "node"), (1, 17))
+    assert matrix.ok, [(c.runtime, c.case, c.verdict) for c in matrix.cells if not c.ok]
+    ship(source, tmp_path / "portable", check_growth=False, target="portable")
+    matrix = run_hf_matrix(tmp_path / "portable" / "model.onnx", source, ("ort-cpu", "openvino", "reference", "node"),
+                           (1, 17))
     assert matrix.ok, [(c.runtime, c.case, c.verdict) for c in matrix.cells if not c.ok]
 
 

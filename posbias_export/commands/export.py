@@ -82,8 +82,9 @@ def _file_flags(p) -> None:
 
     p.add_argument("--opset", type=int, choices=OPSETS, default=None,
                    help="18 (portable; the default) or 23 (ONNX Attention op; the default for --target cuda)")
-    p.add_argument("--target", choices=tuple(TARGETS), default="portable",
-                   help="; ".join(f"{t.name}: {t.help}" for t in TARGETS.values()))
+    p.add_argument("--target", choices=tuple(TARGETS), default=None,
+                   help="; ".join(f"{t.name}: {t.help}" for t in TARGETS.values()) + " (default portable; "
+                   "--out-dir of a causal LM: ort, which every client the folder names runs)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
                    help="weights and activations; float16 keeps scores, bias and softmax in float32")
     p.add_argument("--trace-len", type=positive_int, default=16, help="sequence length used to trace (default 16)")
@@ -168,7 +169,7 @@ def export_options(args):
     """The one ExportOptions value the command line asks for."""
     from ..export.options import ExportOptions
 
-    return ExportOptions(opset=args.opset, dtype=args.dtype, trace_len=args.trace_len, target=args.target,
+    return ExportOptions(opset=args.opset, dtype=args.dtype, trace_len=args.trace_len, target=args.target or "portable",
                          attention=args.attention, block=args.block, inline_functions=args.inline_functions,
                          check_growth=not args.skip_growth_check, attention_mask=bool(args.attention_mask),
                          kv_cache=args.kv_cache, logits=args.logits or "all", quantize=quantize_spec(args),
@@ -231,7 +232,7 @@ def run_export_folder(args) -> int:
                                    ("--validate", args.validate), ("--kv-dtype int8", args.kv_dtype == "int8")) if on]
         if refused:
             raise UsageError(f"--out-dir decides what each client needs; drop {', '.join(refused)}")
-        print(ship(args.model, args.out_dir, options).summary())
+        print(ship(args.model, args.out_dir, options if args.target else options.replace(target=None)).summary())
         return 0
     report = export_model(args.model, args.out, options)
     print(report.summary())

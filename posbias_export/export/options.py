@@ -19,7 +19,7 @@ class ExportOptions:
     opset: int | None = None  # None: the target's (targets.py)
     dtype: str = "float32"  # weights and activations; float16 keeps scores, bias and softmax in float32
     trace_len: int = 16
-    target: str = "portable"  # portable, cuda, cuda-ort (targets.py)
+    target: str | None = "portable"  # portable, cuda, cuda-ort, ort (targets/); None: ship's default (hf/ship.py)
     attention: str | None = None  # blocked or plain; None: the opset's and target's default
     block: int | None = None  # blocked form: query rows per block
     inline_functions: bool = False  # the posbias.* functions expanded into standard ops

@@ -43,6 +43,11 @@ COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_
 # table and extrapolating past the training length is what they are for.
 DEFAULT_CONTEXT = 8192
 MAX_CONTEXT = 2 ** 31 - 1  # onnxruntime-genai keeps it in an int32
+# a causal LM's folder unless a target is asked for: the in-place cache file, which every client
+# the folder names runs (genai with one buffer; Optimum, transformers.js, Triton, onnxruntime-web
+# growing it as the portable file does: docs/serving.md); --target portable for OpenVINO / the
+# reference evaluator, which have no GroupQueryAttention
+LM_TARGET = "ort"
 NO_GENAI_NOTE = ("no genai_config.json: onnxruntime-genai reads each row's last real token of a right-padded batch, "
                  "which a --logits last file does not give (its rows' last positions); ship without --logits last "
                  "for onnxruntime-genai")
@@ -191,7 +196,10 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
     export_model's; a GPU target makes the folder GPU-ready (onnxruntime-genai on the CUDA
     provider, Triton instances KIND_GPU). quantize: a schemes.Scheme for the folder's files.
     context_length: genai_config's (default DEFAULT_CONTEXT, not the config's position limit).
-    Everything the folder supplies is checked before the first export starts."""
+    target: a causal LM's folder is LM_TARGET's unless `options` (its target not None) or a
+    `target` keyword says otherwise. Everything the folder supplies is checked before the first
+    export starts."""
+    chosen = "target" in option_fields or (options is not None and options.target is not None)
     options = options_from(options, option_fields)
     decided = [name for name, on in (("kv_cache", options.kv_cache), ("part", options.part != "encoder"),
                                      ("attention_mask", options.attention_mask)) if on]
@@ -205,6 +213,8 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
                                 or not 0 < context <= MAX_CONTEXT):
         raise ValueError(f"context_length must be an integer in [1, {MAX_CONTEXT}], got {context!r}")
     model = load_model(source, lazy=True)
+    if not chosen:
+        options = options.replace(target=LM_TARGET if model.arch == "lm" else "portable")
     if model.arch != "lm":
         dropped = [f for f, on in (("--logits last", options.logits == "last"),
                                    ("--context-length", context is not None)) if on]

@@ -98,7 +98,7 @@ def vocabulary_for(model_path: str, contract, tokenizer: str | None = None) -> V
     if tokenizer:
         path = Path(tokenizer)
         if not path.is_file():
-            raise RunnerError(f"tokenizer {tokenizer} does not exist")
+            raise RunnerError(f"tokenizer {tokenizer} " + ("is not a file" if path.exists() else "does not exist"))
         return TokenizerVocabulary(path)
     vocab = contract.vocab_size
     imported = contract.imported or (vocab is not None and vocab != BYTE_VOCABULARY)
