@@ -149,3 +149,23 @@ def test_the_summary_says_what_the_final_file_holds(tmp_path, capsys, argv, line
     model = onnx.load(str(out))
     held = {n.domain for n in model.graph.node} | {n.domain for f in model.functions for n in f.node}
     assert ("com.microsoft" in held) == ("com.microsoft" in line)
+
+
+def test_a_causal_lm_folder_holds_the_inplace_file_unless_asked_otherwise(tmp_path, capsys):
+    """--out-dir's default for a causal LM: the in-place cache, which genai binds to one buffer
+    (before: the Concat file, so genai copied its whole cache every step); --target portable
+    still writes the portable file (OpenVINO, the reference evaluator)."""
+    import json
+
+    pytest.importorskip("transformers")
+    from posbias_export.hf.tiny import save_tiny_folder
+    from posbias_export.runners import runtimes_common
+
+    source = save_tiny_folder("bloom", tmp_path / "bloom", client=True)
+    facts = runtimes_common("graph_facts")
+    for argv, inplace in (([], True), (["--target", "portable"], False)):
+        out = tmp_path / f"out{len(argv)}"
+        assert cli_main(["--model", str(source), "--out-dir", str(out), "--skip-growth-check", *argv]) == 0
+        assert facts.read_graph_facts(out / "model.onnx").inplace_cache == inplace
+        genai = json.loads((out / "genai_config.json").read_text())["search"]
+        assert genai["past_present_share_buffer"] == inplace
