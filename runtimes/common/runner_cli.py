@@ -86,10 +86,11 @@ def run_all(args, load, specs_of, run, name: str, metadata_of=None) -> int:
         clash = clashing_input(targets, [model, Path(args.inputs), *(location for _, location in sets)])
         if clash:
             raise RunnerError(f"refusing to write {clash[0]}: it is also an input ({clash[1].name})")
+        facts = read_graph_facts(args.model)  # before the session: its parse is freed before the weights load
         handle = load(str(model))
         fresh = getattr(args, "fresh_sessions", False)
         metadata = metadata_of(handle) if metadata_of else onnx_metadata(args.model)
-        limit = token_limit(read_graph_facts(args.model), contract_of(metadata, args.model))
+        limit = token_limit(facts, contract_of(metadata, args.model))
         specs = with_token_limit(specs_of(handle), limit)
         feeds = [read_tensors(location, "input", [s.name for s in specs]) for _, location in sets]
         for fed in feeds:

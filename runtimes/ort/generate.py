@@ -40,6 +40,9 @@ class CachedDecoder:
 
     def __init__(self, model_path: str, provider: str = "cpu", threads: int = 0, tf32: bool = False,
                  lean: bool = False):
+        # what the file is comes from its graph, read before the session exists: a file with its
+        # tensors inside is parsed whole, and that copy is gone before ONNX Runtime holds the weights
+        facts = read_graph_facts(model_path)
         self.session = create_session(model_path, provider, threads, tf32, lean)
         self.device = "cuda" if provider == "cuda" else "cpu"  # where the cache lives between steps
         inputs = {i.name: i for i in self.session.get_inputs()}
@@ -66,7 +69,6 @@ class CachedDecoder:
         # the rows of the embedding: an id past them is refused (an int4 file's GatherBlockQuantized
         # reads past the table unchecked; a tokenizer may know more tokens than the model has rows)
         logits_dim = self.session.get_outputs()[0].shape[-1]
-        facts = read_graph_facts(model_path)  # what the file is comes from its graph, where it can be read
         self.vocab = token_limit(facts, contract) or (logits_dim if isinstance(logits_dim, int) else None)
         # --target ort: the cache is written in place, so one buffer per tensor serves every step
         self.inplace = inplace_cache(facts, contract)
