@@ -279,15 +279,16 @@ def test_a_bench_writes_only_what_it_made(tmp_path, monkeypatch):
         path.write_text("a user's file")
     made = []
 
-    def fake_row(name, label, spec, folder, path, *rest):
-        path.write_text("export")
-        made.append(path)
+    def fake_row(name, label, spec, folder, place, *rest):
+        (place / f"{name}.onnx").write_text("export")
+        made.append(place / f"{name}.onnx")
         return {"model": name, "scheme": label, "tokens": [1]}
 
-    monkeypatch.setattr(quantized, "_real_row", fake_row)
+    monkeypatch.setattr(quantized, "_decoder_row", fake_row)
     monkeypatch.setattr(real_models, "optimum_cli", lambda: None)  # Optimum's row: its own test
     monkeypatch.setattr(quantized, "copy_bandwidth_gbs", lambda: 40.0)
-    monkeypatch.setattr(quantized, "measured_python", lambda *a, **k: (0.0, 0.0, json.dumps({"decode_ms": [1.0]})))
+    for module in (quantized, real_models):  # the exports, and the runs (real_models.worker_run)
+        monkeypatch.setattr(module, "measured_python", lambda *a, **k: (0.0, 0.0, json.dumps({"decode_ms": [1.0]})))
     rows = quantized.real_rows("bloom-560m", work, 1, 2, progress=lambda m: None)
     assert len(rows) == 4 and all(p.parent != work for p in made)
     assert all(p.read_text() == "a user's file" for p in mine)
@@ -318,6 +319,7 @@ def test_bench_quant_measures_optimums_quantizer_in_its_scratch_and_judges_the_e
 
     monkeypatch.setattr(real_models, "optimum_cli", lambda: tmp_path / "optimum-cli")
     monkeypatch.setattr(quantized, "measured_python", fake_child)
+    monkeypatch.setattr(real_models, "measured_python", fake_child)
     row = quantized._optimum_int8_row("bloom-560m", tmp_path / "folder", tmp_path, 2, 2, 40.0, lambda m: None)
     assert row["export_s"] == 90.0 and row["export_peak_gb"] == 9.5 and row["optimum"]["quantize_peak_gb"] == 9.5
     assert row["decode_ms"] == 21.0 and row["file_gb"] == 1e-6

@@ -26,81 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run by path from a checkout
 
 
-def prompt(length: int, vocab: int) -> np.ndarray:
-    return np.random.default_rng(0).integers(10, vocab - 1, (1, length)).astype(np.int64)
-
-
-def ort_worker(model: str, device: str, ids: np.ndarray, new: int) -> dict:
-    from posbias_export.parity.runtimes import load_runner
-
-    decoder = load_runner("ort/generate.py").CachedDecoder(model, device)
-    mask = np.ones_like(ids)
-    decoder.step_on_device(ids[:, :8], mask[:, :8], decoder.empty_cache(1))  # warm-up: kernels, arena
-    start = time.perf_counter()
-    logits, past = decoder.step_on_device(ids, mask, decoder.empty_cache(1))
-    prefill = time.perf_counter() - start
-    tokens, times = [], []
-    token = logits[:, -1].argmax(-1)[:, None]
-    for _ in range(new):
-        tokens.append(int(token[0, 0]))
-        mask = np.concatenate([mask, np.ones((1, 1), np.int64)], 1)
-        start = time.perf_counter()
-        logits, past = decoder.step_on_device(token, mask, past)  # logits come back to the host: a sync
-        times.append(time.perf_counter() - start)
-        token = logits[:, -1].argmax(-1)[:, None]
-    return {"prefill_s": prefill, "decode_ms": [1e3 * t for t in times], "tokens": tokens,
-            "provider": decoder.session.get_providers()[0]}
-
-
-def load_model(folder: str, device: str, dtype: str):
-    import torch
-    import transformers as tf
-
-    return tf.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device).eval()
-
-
-def eager_worker(folder: str, device: str, dtype: str, ids: np.ndarray, new: int) -> dict:
-    import torch
-
-    model = load_model(folder, device, dtype)
-    x = torch.from_numpy(ids).to(device)
-    with torch.no_grad():
-        model(input_ids=x[:, :8], use_cache=True)  # warm-up
-        start = time.perf_counter()
-        out = model(input_ids=x, use_cache=True)
-        token = out.logits[:, -1].argmax(-1)[:, None]
-        int(token[0, 0])  # a sync
-        prefill = time.perf_counter() - start
-        past, mask, tokens, times = out.past_key_values, torch.ones_like(x), [], []
-        for _ in range(new):
-            tokens.append(int(token[0, 0]))
-            mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype, device=device)], 1)
-            start = time.perf_counter()
-            out = model(input_ids=token, attention_mask=mask, past_key_values=past, use_cache=True)
-            past, token = out.past_key_values, out.logits[:, -1].argmax(-1)[:, None]
-            int(token[0, 0])
-            times.append(time.perf_counter() - start)
-    return {"prefill_s": prefill, "decode_ms": [1e3 * t for t in times], "tokens": tokens}
-
-
-def generate_worker(folder: str, device: str, dtype: str, ids: np.ndarray, new: int) -> dict:
-    import torch
-
-    model = load_model(folder, device, dtype)
-    x = torch.from_numpy(ids).to(device)
-    kwargs = dict(do_sample=False, use_cache=True, pad_token_id=0)
-    with torch.no_grad():
-        model.generate(x[:, :8], max_new_tokens=4, min_new_tokens=4, **kwargs)  # warm-up
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = model.generate(x, max_new_tokens=new, min_new_tokens=new, **kwargs)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-    return {"generate_s": seconds, "tokens": [int(t) for t in out[0, ids.shape[1]:]]}
-
-
 def prepare(out: Path, name: str, device: str, small: bool) -> tuple[Path, Path, str]:
     """The folder (published configuration, random weights) and our --kv-cache file: CPU work,
     done in the background while the lease's first calls carry onnxruntime-gpu over."""
@@ -133,10 +58,12 @@ def run(out: Path, name: str, device: str, small: bool, prompt_len: int, new: in
     rows = {"name": folder.name, "device": device, "dtype": dtype, "prompt": prompt_len, "new_tokens": new,
             "machine": gpu_environment(), "file": onnx_file.name}
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
-    for kind in ("ort", "eager", "generate"):
-        proc = subprocess.run([sys.executable, __file__, "worker", kind, str(onnx_file if kind == "ort" else folder),
-                               device, dtype, str(prompt_len), str(new), str(vocab)],
-                              capture_output=True, text=True, timeout=900)
+    for kind, worker in (("ort", "ort"), ("eager", "transformers"), ("generate", "generate")):
+        # bench-real's workers (posbias_export/bench/real_models.py), on this device and dtype
+        proc = subprocess.run([sys.executable, "-m", "posbias_export.bench.real_models", worker,
+                               str(onnx_file if kind == "ort" else folder), str(prompt_len), str(new), "0",
+                               "--device", device, "--dtype", dtype, "--vocab", str(vocab)],
+                              capture_output=True, text=True, timeout=900, cwd=ROOT)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         rows[kind] = json.loads(lines[-1]) if lines else {"error": (proc.stderr.strip().splitlines() or ["?"])[-1][:300]}
         print(kind, json.dumps(rows[kind])[:300], flush=True)
@@ -194,14 +121,6 @@ def main(argv=None) -> int:
     w = sub.add_parser("write")
     w.add_argument("out", type=Path)
     w.add_argument("--dest", type=Path, default=ROOT / "benchmarks" / "gpu_decode_real.md")
-    k = sub.add_parser("worker")
-    k.add_argument("kind", choices=("ort", "eager", "generate"))
-    k.add_argument("path")
-    k.add_argument("device")
-    k.add_argument("dtype")
-    k.add_argument("prompt", type=int)
-    k.add_argument("new", type=int)
-    k.add_argument("vocab", type=int)
     args = p.parse_args(argv)
     if args.part == "run":
         args.out.mkdir(parents=True, exist_ok=True)
@@ -209,14 +128,8 @@ def main(argv=None) -> int:
             prepare(args.out, args.name, args.device, args.small)
         else:
             run(args.out, args.name, args.device, args.small, args.prompt, args.new_tokens)
-    elif args.part == "write":
-        write(args.out, args.dest)
     else:
-        ids = prompt(args.prompt, args.vocab)
-        fn = {"ort": lambda: ort_worker(args.path, args.device, ids, args.new),
-              "eager": lambda: eager_worker(args.path, args.device, args.dtype, ids, args.new),
-              "generate": lambda: generate_worker(args.path, args.device, args.dtype, ids, args.new)}[args.kind]
-        print(json.dumps(fn()), flush=True)
+        write(args.out, args.dest)
     return 0
 
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..environment import describe, environment
-from .harness import ChildFailed, Measured, measured_python, run_child, write_results
+from .harness import ChildFailed, Measured, measured_python, run_child, targets_section, write_results
 
 COMMAND = "python -m posbias_export bench-embed"
 # jina-embeddings-v2-base-en's configuration (its config.json); random weights here
@@ -23,7 +23,7 @@ BASE = dict(vocab=30528, hidden=768, heads=12, layers=12, max_len=8192)
 LENGTHS = (512, 2048, 8192)
 SHORT_BATCH = (32, 128)  # 32 texts of at most 128 tokens, right-padded: what embedding servers batch all day
 FORMS = ("ours", "dense", "eager")
-WORKER = Path(__file__).with_name("model_worker.py")
+WORKER = Path(__file__).with_name("worker.py")
 PEAK_TARGET_GB = 1.5  # 8192 tokens, the whole process, float32
 TIME_TARGET = {"single": 1.0, "batch": 1.1}  # ours / dense at 2048 (batch 1), and on the short batch
 
@@ -55,8 +55,8 @@ def make_files(work: Path, progress) -> tuple[Path, dict[str, Path]]:
 
 
 def run_onnx(cell: EmbedCell, path: Path, timeout: float) -> None:
-    cmd = [sys.executable, str(WORKER), "--model", str(path), "--length", str(cell.length), "--vocab",
-           str(BASE["vocab"]), "--repeats", "1", "--batch", str(cell.batch)]
+    cmd = [sys.executable, str(WORKER), "--runner", "ort", "--variant", "model", "--model", str(path), "--length",
+           str(cell.length), "--vocab", str(BASE["vocab"]), "--repeats", "1", "--batch", str(cell.batch)]
     try:
         got = run_child(cmd, timeout)
         cell.times, cell.peak_rss = got["times"], got["peak_rss"]
@@ -154,10 +154,8 @@ def markdown(cells, env: dict) -> str:
         ratio = f"{ours.min / dense.min:.2f}" if ours and dense and ours.min and dense.min else "-"
         lines.append(f"| {length} | {batch} | " + " | ".join(_cell(c) for c in row) + f" | {ratio} |")
     lines += ["", "llama.cpp: " + ("measured beside" if llama_cpp_available() else
-                                   "not measured: llama_cpp is not importable here"), "",
-              "## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
-    lines += [f"| {t} | {m} | {'met' if ok else 'NOT met'} |" for t, m, ok in targets(cells)]
-    return "\n".join(lines) + "\n"
+                                   "not measured: llama_cpp is not importable here")]
+    return "\n".join(lines + targets_section(targets(cells))) + "\n"
 
 
 def llama_cpp_available() -> bool:

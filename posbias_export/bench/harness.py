@@ -132,6 +132,19 @@ def read_bandwidth_gbs(megabytes: int = 1024, repeats: int = 5) -> float:
     return a.nbytes / best / 1e9
 
 
+def md_table(header: list[str], rows) -> list[str]:
+    """A markdown table's lines: the header, its rule, one line per row of cells."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+        ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+
+
+def targets_section(verdicts) -> list[str]:
+    """The "## Targets" table: rows of (target, measured, met) or (model, target, measured, met)."""
+    model = ["model"] if verdicts and len(verdicts[0]) == 4 else []
+    return ["", "## Targets", ""] + md_table(model + ["target", "measured", "verdict"],
+                                           [[*v[:-1], "met" if v[-1] else "NOT met"] for v in verdicts])
+
+
 WORK_MARK = ".posbias-bench-work"  # in every --work folder a bench made
 
 

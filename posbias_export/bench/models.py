@@ -1,6 +1,6 @@
 """benchmarks/models.md: imported models (BLOOM, MPT, Falcon with ALiBi, the T5 encoder) as our
 blocked export, a plain dynamo export and Optimum's (where it installs), each on ONNX Runtime
-CPU in its own process (model_worker.py) at 2048 / 8192 / 16384 tokens: time per forward,
+CPU in its own process (worker.py) at 2048 / 8192 / 16384 tokens: time per forward,
 peak RSS, and the error of the output against PyTorch (transformers float32, one run).
 
 The models are random-weight transformers models of the issue's size (hidden 256, 4 heads,
@@ -23,7 +23,7 @@ from .harness import ChildFailed, Measured, run_child, write_results
 
 LENGTHS = (2048, 8192, 16384)
 EXPORTERS = ("posbias", "dynamo", "optimum")
-WORKER = Path(__file__).with_name("model_worker.py")
+WORKER = Path(__file__).with_name("worker.py")
 VOCAB = 1000
 COMMAND = "python -m posbias_export bench-models"
 
@@ -79,8 +79,8 @@ def torch_reference(kind: str, folder: Path, length: int) -> np.ndarray:
 
 def run_cell(cell: ModelCell, model: Path, work: Path, repeats: int, timeout: float) -> np.ndarray | None:
     saved = work / f"out_{cell.kind}_{cell.exporter}_{cell.length}.npy"
-    cmd = [sys.executable, str(WORKER), "--model", str(model), "--length", str(cell.length), "--vocab", str(VOCAB),
-           "--repeats", str(repeats), "--save", str(saved)]
+    cmd = [sys.executable, str(WORKER), "--runner", "ort", "--variant", "model", "--model", str(model), "--length",
+           str(cell.length), "--vocab", str(VOCAB), "--repeats", str(repeats), "--save", str(saved)]
     try:
         result = run_child(cmd, timeout)
     except ChildFailed as err:

@@ -22,7 +22,7 @@ from ..export.quantize.schemes import scheme as quant_scheme
 from ..hf.published import published_folder
 from ..parity.tokens import agreeing
 from . import real_models as real
-from .harness import copy_bandwidth_gbs, measured_python, median, scratch, write_results
+from .harness import copy_bandwidth_gbs, md_table, measured_python, scratch, targets_section, write_results
 
 TRAIN_LENGTH_FACTOR = 16  # extrapolation: 16x the training length, as the issue asks
 # (scheme, options) of the checkpoint table; the variants run on the ALiBi checkpoint only
@@ -80,51 +80,46 @@ def checkpoint_perplexity(models_dir: Path, corpus: Path, max_tokens: int, progr
 
 
 def real_rows(name: str, work: Path, threads: int, new_tokens: int, progress=print) -> list[dict]:
-    """float32 / int8 / int4 / int4 at accuracy level 0 files of a published configuration:
-    export (own process, peak RSS), prefill 512, decode, tokens vs the float file's, and where a
-    decode step's time goes (ONNX Runtime's profiler, per operator type). A scheme whose export or
-    run fails is a row with its error (an export killed for memory is a result)."""
-    folder = published_folder(name, work, progress=progress)
+    """float32 / int8 / int4 (/ int4 at accuracy level 0, decoders) files of a published
+    configuration: export (own process, peak RSS), prefill 512, decode, tokens vs the float file's,
+    and where a decode step's time goes (ONNX Runtime's profiler, per operator type), beside
+    transformers eager. A scheme whose export or run fails is a row with its error (an export
+    killed for memory is a result)."""
+    import shutil
+
+    folder, seq2seq = published_folder(name, work, progress=progress), name in real.SEQ2SEQ
+    bandwidth, out, float_tokens = copy_bandwidth_gbs(), [], None
+    schemes = [("float32", None), ("int8", SCHEMES["int8"]), ("int4", SCHEMES["int4"])]
+    schemes += [] if seq2seq else [("int4 accuracy level 0", VARIANTS["int4 accuracy level 0 (unset: float32 compute)"])]
     with scratch(work) as files:  # every file made goes here, never over one of the user's in WORK
-        if name in real.SEQ2SEQ:
-            return seq2seq_rows(name, folder, Path(files), threads, new_tokens, progress)
-        return _decoder_rows(name, folder, Path(files), threads, new_tokens, progress)
-
-
-def _decoder_rows(name: str, folder: Path, work: Path, threads: int, new_tokens: int, progress) -> list[dict]:
-    bandwidth = copy_bandwidth_gbs()
-    out = []
-    float_tokens = None
-    for label, spec in (("float32", None), ("int8", SCHEMES["int8"]), ("int4", SCHEMES["int4"]),
-                        ("int4 accuracy level 0", VARIANTS["int4 accuracy level 0 (unset: float32 compute)"])):
-        path = work / f"{name}_{label.replace(' ', '_')}.onnx"
-        try:
-            out.append(_real_row(name, label, spec, folder, path, threads, new_tokens, bandwidth, progress))
-        except Exception as err:  # noqa: BLE001 - an export killed for memory, a run that fails: a row
-            out.append({"model": name, "scheme": label, "error": (str(err).strip().splitlines() or [repr(err)])[-1][:300]})
-        finally:
-            path.unlink(missing_ok=True)
-            Path(str(path) + ".data").unlink(missing_ok=True)
-        float_tokens = out[-1].get("tokens") if spec is None else float_tokens
-    optimum = _optimum_int8_row(name, folder, work, threads, new_tokens, bandwidth, progress)
+        for label, spec in schemes:
+            place = Path(files) / label.replace(" ", "_")
+            try:
+                place.mkdir()
+                measure = _seq2seq_row if seq2seq else _decoder_row
+                out.append(measure(name, label, spec, folder, place, threads, new_tokens, bandwidth, progress))
+            except Exception as err:  # noqa: BLE001 - an export killed for memory, a run that fails: a row
+                out.append({"model": name, "scheme": label, "error": (str(err).strip().splitlines() or [repr(err)])[-1][:300]})
+            finally:
+                shutil.rmtree(place, ignore_errors=True)
+            float_tokens = out[-1].get("tokens") if spec is None else float_tokens
+        optimum = _optimum_int8_row(name, folder, Path(files), threads, new_tokens, bandwidth, progress)
     out += [optimum] if optimum is not None else []
     for row in out:
         if "tokens" in row:
             row["tokens_equal_float"] = agreeing(row["tokens"], float_tokens or [])
     progress(f"{name}: transformers eager")
-    _, _, text = measured_python(["-m", "posbias_export.bench.real_models", "transformers", str(folder), "512",
-                                       str(new_tokens), str(threads)])
-    eager = median(json.loads(text.strip().splitlines()[-1])["decode_ms"])
-    for row in out:
-        row["eager_ms"] = eager
-    return out
+    eager = real.worker_run("transformers-seq2seq" if seq2seq else "transformers", folder, 512, new_tokens,
+                            threads)["decode_ms"]
+    return [{**row, "eager_ms": eager} for row in out]
 
 
-def _real_row(name, label, spec, folder, path, threads, new_tokens, bandwidth, progress) -> dict:
+def _decoder_row(name, label, spec, folder, place, threads, new_tokens, bandwidth, progress) -> dict:
+    path = place / f"{name}.onnx"
     progress(f"{name}: export {label}")
     seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--kv-cache",
-                                             "--logits", "last", "--out", str(path), "--skip-growth-check",
-                                             *(spec.flags() if spec else [])])
+                                        "--logits", "last", "--out", str(path), "--skip-growth-check",
+                                        *(spec.flags() if spec else [])])
     progress(f"{name}: run {label}")
     return {"model": name, "scheme": label, "export_s": seconds, "export_peak_gb": peak,
             **_run_figures(path, real.weight_bytes(path), threads, new_tokens, bandwidth),
@@ -133,11 +128,9 @@ def _real_row(name, label, spec, folder, path, threads, new_tokens, bandwidth, p
 
 def _run_figures(path: Path, size: int, threads: int, new_tokens: int, bandwidth: float) -> dict:
     """A decoder file's prefill of 512 tokens and greedy steps (own process), beside its floor."""
-    _, run_peak, text = measured_python(["-m", "posbias_export.bench.real_models", "ort", str(path), "512",
-                                         str(new_tokens), str(threads)])
-    got = json.loads(text.strip().splitlines()[-1])
-    return {"file_gb": size / 1e9, "prefill_s": got["prefill_s"], "run_peak_gb": run_peak,
-            "decode_ms": median(got["decode_ms"]), "floor_ms": size / (bandwidth * 1e9) * 1e3,
+    got = real.worker_run("ort", path, 512, new_tokens, threads)
+    return {"file_gb": size / 1e9, "prefill_s": got["prefill_s"], "run_peak_gb": got["peak_gb"],
+            "decode_ms": got["decode_ms"], "floor_ms": size / (bandwidth * 1e9) * 1e3,
             "bandwidth_gbs": bandwidth, "tokens": got["tokens"]}
 
 
@@ -164,7 +157,7 @@ def _optimum_int8_row(name, folder, work, threads, new_tokens, bandwidth, progre
         quant_s, quant_peak, _ = measured_python(["onnxruntime", "quantize", "--onnx_model", str(exported), "--avx2",
                                                   "--per_channel", "-o", str(quantized)], program=str(cli))
         path = next(quantized.glob("*.onnx"))
-        size = sum(f.stat().st_size for f in quantized.iterdir() if f.is_file() and f.suffix != ".json")
+        size = real.folder_bytes(quantized)
         progress(f"{name}: run {OPTIMUM_INT8}")
         return {"model": name, "scheme": OPTIMUM_INT8, "export_s": export_s + quant_s,
                 "export_peak_gb": max(export_peak, quant_peak),
@@ -180,58 +173,31 @@ def _optimum_int8_row(name, folder, work, threads, new_tokens, bandwidth, progre
         shutil.rmtree(quantized, ignore_errors=True)
 
 
-def seq2seq_rows(name: str, folder: Path, work: Path, threads: int, new_tokens: int, progress=print) -> list[dict]:
-    """A T5 folder shipped (--out-dir: encoder and cached decoder) float32 / int8 / int4:
-    export, the encoder over 512 tokens, decoder steps, the quantized policy on the pair at 64
-    and 512 tokens (validate's seq2seq matrix, ORT CPU), beside transformers eager."""
-    import shutil
-
+def _seq2seq_row(name, label, spec, folder, place, threads, new_tokens, bandwidth, progress) -> dict:
+    """A T5 folder shipped (--out-dir: encoder and cached decoder): export, the encoder over 512
+    tokens, decoder steps, and for a quantized pair validate's policy at 64 and 512 tokens (its
+    seq2seq matrix, ORT CPU)."""
     from ..hf.validate_seq2seq import run_seq2seq_matrix
 
-    bandwidth = copy_bandwidth_gbs()
-    out, float_tokens = [], None
-    for label, spec in (("float32", None), ("int8", SCHEMES["int8"]), ("int4", SCHEMES["int4"])):
-        ship_dir = work / f"{name}_{label}"
-        shutil.rmtree(ship_dir, ignore_errors=True)
-        try:
-            progress(f"{name}: export {label}")
-            seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--out-dir",
-                                                     str(ship_dir), "--skip-growth-check", *(spec.flags() if spec else [])])
-            files = ship_dir / "encoder_model.onnx", ship_dir / "decoder_model_merged.onnx"
-            progress(f"{name}: run {label}")
-            _, run_peak, text = measured_python(["-m", "posbias_export.bench.real_models", "seq2seq", str(ship_dir),
-                                                      "512", str(new_tokens), str(threads)])
-            got = json.loads(text.strip().splitlines()[-1])
-            row = {"model": name, "scheme": label, "file_gb": sum(real.weight_bytes(f) for f in files) / 1e9,
-                   "decoder_gb": real.weight_bytes(files[1]) / 1e9, "export_s": seconds, "export_peak_gb": peak,
-                   "prefill_s": got["prefill_s"], "run_peak_gb": run_peak, "decode_ms": median(got["decode_ms"]),
-                   "floor_ms": real.weight_bytes(files[1]) / (bandwidth * 1e9) * 1e3, "bandwidth_gbs": bandwidth,
-                   "tokens": got["tokens"], "step_profile": decode_step_profile(files[1], threads, past=16, source=512)}
-            if spec is not None:
-                progress(f"{name}: policy {label}")
-                matrix = run_seq2seq_matrix(*files, folder, ("ort-cpu",), (64, 512), batch=1, order=False)
-                row["policy"] = {c.case: {"verdict": c.verdict, "kl_mean": c.parity["kl_mean"],
-                                          "top1_decided": c.parity["top1_decided"],
-                                          "decided": c.parity["decided_positions"]}
-                                 for c in matrix.cells if c.runtime == "ort-cpu"}
-            out.append(row)
-        except Exception as err:  # noqa: BLE001 - an export killed for memory, a run that fails: a row
-            out.append({"model": name, "scheme": label, "error": (str(err).strip().splitlines() or [repr(err)])[-1][:300]})
-        finally:
-            shutil.rmtree(ship_dir, ignore_errors=True)
-        float_tokens = out[-1].get("tokens") if spec is None else float_tokens
-    optimum = _optimum_int8_row(name, folder, work, threads, new_tokens, bandwidth, progress)
-    out += [optimum] if optimum is not None else []
-    for row in out:
-        if "tokens" in row:
-            row["tokens_equal_float"] = agreeing(row["tokens"], float_tokens or [])
-    progress(f"{name}: transformers eager")
-    _, _, text = measured_python(["-m", "posbias_export.bench.real_models", "transformers-seq2seq", str(folder),
-                                       "512", str(new_tokens), str(threads)])
-    eager = median(json.loads(text.strip().splitlines()[-1])["decode_ms"])
-    for row in out:
-        row["eager_ms"] = eager
-    return out
+    ship_dir = place / "shipped"
+    progress(f"{name}: export {label}")
+    seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--out-dir", str(ship_dir),
+                                        "--skip-growth-check", *(spec.flags() if spec else [])])
+    files = ship_dir / "encoder_model.onnx", ship_dir / "decoder_model_merged.onnx"
+    progress(f"{name}: run {label}")
+    got = real.worker_run("seq2seq", ship_dir, 512, new_tokens, threads)
+    row = {"model": name, "scheme": label, "file_gb": sum(real.weight_bytes(f) for f in files) / 1e9,
+           "decoder_gb": real.weight_bytes(files[1]) / 1e9, "export_s": seconds, "export_peak_gb": peak,
+           "prefill_s": got["prefill_s"], "run_peak_gb": got["peak_gb"], "decode_ms": got["decode_ms"],
+           "floor_ms": real.weight_bytes(files[1]) / (bandwidth * 1e9) * 1e3, "bandwidth_gbs": bandwidth,
+           "tokens": got["tokens"], "step_profile": decode_step_profile(files[1], threads, past=16, source=512)}
+    if spec is not None:
+        progress(f"{name}: policy {label}")
+        matrix = run_seq2seq_matrix(*files, folder, ("ort-cpu",), (64, 512), batch=1, order=False)
+        row["policy"] = {c.case: {"verdict": c.verdict, "kl_mean": c.parity["kl_mean"],
+                                  "top1_decided": c.parity["top1_decided"], "decided": c.parity["decided_positions"]}
+                         for c in matrix.cells if c.runtime == "ort-cpu"}
+    return row
 
 
 def decode_step_profile(path: Path, threads: int, past: int, source: int | None = None) -> dict:
@@ -271,13 +237,9 @@ def render(r: QuantResults) -> str:
              "asymmetric, accuracy level 4: int8 compute): every linear layer and the token embedding (a tied LM head gets its own transposed "
              "copy, quantized); attention, the positional bias, norms and softmax stay float32. Machine: 2 CPU "
              "cores, ONNX Runtime CPU, 2 threads.", ""]
-    lines += _checkpoint_lines(r) + _variant_lines(r) + _real_lines(r.real)
-    lines += _profile_lines(r.real)
-    lines += _seq2seq_lines(r.real)
-    lines += ["", "## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
-    verdicts = targets(r)
-    lines += [f"| {t} | {v} | {'met' if ok else 'NOT met'} |" for t, v, ok in verdicts]
-    return "\n".join(lines) + "\n"
+    lines += _checkpoint_lines(r) + _variant_lines(r) + _real_lines(r.real, False) + _profile_lines(r.real)
+    lines += _real_lines(r.real, True)
+    return "\n".join(lines + targets_section(targets(r))) + "\n"
 
 
 def _checkpoint_lines(r: QuantResults) -> list[str]:
@@ -314,32 +276,49 @@ def _variant_lines(r: QuantResults) -> list[str]:
     return lines
 
 
-def _real_lines(rows: list[dict]) -> list[str]:
-    if not rows:
+REAL_HEADERS = {
+    False: ["model", "weights", "file GB", "export s", "export peak GB", "prefill 512 s", "run peak GB", "decode ms/token",
+            "vs float32", "floor ms", "decode / floor", "eager ms/token", "eager / ours", "tokens agreeing with float32"],
+    True: ["model", "weights", "files GB", "export s", "export peak GB", "encoder 512 s", "run peak GB", "decoder ms/step",
+           "vs float32", "floor ms", "step / floor", "eager ms/step", "eager / ours", "policy @64", "policy @512",
+           "tokens agreeing with float32"]}
+REAL_INTROS = {
+    False: ["## Real size: ONNX Runtime CPU, prompt 512, 16 greedy steps",
+            "Files exported with `--model DIR --kv-cache --logits last [--quantize ...]` (quantized weight by weight as "
+            "the export streams: no float file); the floor is the file's bytes over the measured copy bandwidth; tokens "
+            "compared with the float32 file's, up to the first that differs (random weights: near-uniform predictions, so "
+            "a flipped token says little; see the checkpoints above for accuracy)."],
+    True: ["## Real size, encoder-decoder: ONNX Runtime CPU, source 512, 16 greedy steps",
+           "Folders written with `--model DIR --out-dir OUT [--quantize ...]` (encoder_model.onnx and the cached "
+           "decoder_model_merged.onnx, both quantized); the floor is the decoder file's bytes over the measured copy "
+           "bandwidth; the policy is validate's on the pair (the quantized encoder's output into the quantized decoder, "
+           "on text the float model writes from a random source; KL budget int8 0.00995, int4 0.0296 nats)."]}
+
+
+def _real_cells(x: dict, base: dict, seq2seq: bool) -> list[str]:
+    """A real-size row's cells past model and weights; base: its float32 row."""
+    cells = [f"{x['file_gb']:.2f}", f"{x['export_s']:.0f}", f"{x['export_peak_gb']:.2f}", f"{x['prefill_s']:.2f}",
+             f"{x['run_peak_gb']:.2f}", f"{x['decode_ms']:.1f}", f"{x['decode_ms'] / base['decode_ms']:.2f}",
+             f"{x['floor_ms']:.1f}", f"{x['decode_ms'] / x['floor_ms']:.2f}", f"{x['eager_ms']:.1f}",
+             f"{x['eager_ms'] / x['decode_ms']:.2f}"]
+    policies = [x.get("policy", {}).get(f"L={n} B=1") for n in (64, 512)] if seq2seq else []
+    cells += [f"KL {p['kl_mean']:.4f}, {p['verdict'].split()[0]}" if p else "-" for p in policies]
+    return cells + [f"{x['tokens_equal_float']}/{len(x['tokens']) if seq2seq else 16}"]
+
+
+def _real_lines(rows: list[dict], seq2seq: bool) -> list[str]:
+    """The real-size rows of one kind (decoders, or encoder-decoder pairs), each beside its float32 row."""
+    got = [x for x in rows if (x["model"] in real.SEQ2SEQ) == seq2seq]
+    if not got:
         return []
-    lines = ["", "## Real size: ONNX Runtime CPU, prompt 512, 16 greedy steps", "",
-             "Files exported with `--model DIR --kv-cache --logits last [--quantize ...]` (quantized weight "
-             "by weight as the export streams: no float file); the floor is the "
-             "file's bytes over the measured copy bandwidth; tokens compared with the float32 file's, up to the "
-             "first that differs (random weights: near-uniform predictions, so a flipped token says little; see the "
-             "checkpoints above for accuracy).", "",
-             "| model | weights | file GB | export s | export peak GB | prefill 512 s | run peak GB | "
-             "decode ms/token | vs float32 | floor ms | decode / floor | eager ms/token | eager / ours | "
-             "tokens agreeing with float32 |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    floats = {x["model"]: x for x in rows if x["scheme"] == "float32" and "error" not in x}
-    for x in rows:
-        if x["model"] in real.SEQ2SEQ:
-            continue  # its own table below
-        if "error" in x or x["model"] not in floats:
-            lines.append(f"| {x['model']} | {x['scheme']} | failed: {x.get('error', 'no float32 row').replace('|', '/')} |"
-                         + " |" * 11)
-            continue
-        ratio = x["decode_ms"] / floats[x["model"]]["decode_ms"]
-        lines.append(f"| {x['model']} | {x['scheme']} | {x['file_gb']:.2f} | {x['export_s']:.0f} | "
-                     f"{x['export_peak_gb']:.2f} | {x['prefill_s']:.2f} | {x['run_peak_gb']:.2f} | "
-                     f"{x['decode_ms']:.1f} | {ratio:.2f} | {x['floor_ms']:.1f} | {x['decode_ms'] / x['floor_ms']:.2f} | "
-                     f"{x['eager_ms']:.1f} | {x['eager_ms'] / x['decode_ms']:.2f} | {x['tokens_equal_float']}/16 |")
-    theirs = [x for x in rows if "optimum" in x]
+    header = REAL_HEADERS[seq2seq]
+    floats = {x["model"]: x for x in got if x["scheme"] == "float32" and "error" not in x}
+    body = [[x["model"], x["scheme"], f"failed: {x.get('error', 'no float32 row').replace('|', '/')}"]
+            + [""] * (len(header) - 3) if "error" in x or x["model"] not in floats else
+            [x["model"], x["scheme"], *_real_cells(x, floats[x["model"]], seq2seq)] for x in got]
+    title, intro = REAL_INTROS[seq2seq]
+    lines = ["", title, "", intro, ""] + md_table(header, body)
+    theirs = [x for x in got if "optimum" in x]
     if theirs:
         lines += ["", f"{OPTIMUM_INT8}: its export s and peak are Optimum's float32 export and then its "
                   "quantizer (ORTQuantizer, `--avx2 --per_channel`: quantize_dynamic on the whole file), "
@@ -347,37 +326,6 @@ def _real_lines(rows: list[dict]) -> list[str]:
         lines += [f"- {x['model']}: export {x['optimum']['export_s']:.0f} s at {x['optimum']['export_peak_gb']:.2f} GB, "
                   f"quantizer {x['optimum']['quantize_s']:.0f} s at {x['optimum']['quantize_peak_gb']:.2f} GB"
                   for x in theirs]
-    return lines
-
-
-def _seq2seq_lines(rows: list[dict]) -> list[str]:
-    """The encoder-decoder rows: both files, the encoder over 512 tokens, decoder steps, and the
-    quantized policy on the pair (KL in nats against its budget) at 64 and 512 tokens."""
-    got = [x for x in rows if x["model"] in real.SEQ2SEQ]
-    if not got:
-        return []
-    lines = ["", "## Real size, encoder-decoder: ONNX Runtime CPU, source 512, 16 greedy steps", "",
-             "Folders written with `--model DIR --out-dir OUT [--quantize ...]` (encoder_model.onnx and the cached "
-             "decoder_model_merged.onnx, both quantized); the floor is the decoder file's bytes over the measured copy "
-             "bandwidth; the policy is validate's on the pair (the quantized encoder's output into the quantized "
-             "decoder, on text the float model writes from a random source; KL budget int8 0.00995, int4 0.0296 "
-             "nats).", "",
-             "| model | weights | files GB | export s | export peak GB | encoder 512 s | run peak GB | decoder ms/step | "
-             "vs float32 | floor ms | step / floor | eager ms/step | eager / ours | policy @64 | policy @512 | "
-             "tokens agreeing with float32 |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    floats = {x["model"]: x for x in got if x["scheme"] == "float32" and "error" not in x}
-    for x in got:
-        if "error" in x or x["model"] not in floats:
-            lines.append(f"| {x['model']} | {x['scheme']} | failed: {x.get('error', 'no float32 row').replace('|', '/')} |"
-                         + " |" * 13)
-            continue
-        policy = [x.get("policy", {}).get(f"L={n} B=1") for n in (64, 512)]
-        cells = [f"KL {p['kl_mean']:.4f}, {p['verdict'].split()[0]}" if p else "-" for p in policy]
-        lines.append(f"| {x['model']} | {x['scheme']} | {x['file_gb']:.2f} | {x['export_s']:.0f} | "
-                     f"{x['export_peak_gb']:.2f} | {x['prefill_s']:.2f} | {x['run_peak_gb']:.2f} | {x['decode_ms']:.1f} | "
-                     f"{x['decode_ms'] / floats[x['model']]['decode_ms']:.2f} | {x['floor_ms']:.1f} | "
-                     f"{x['decode_ms'] / x['floor_ms']:.2f} | {x['eager_ms']:.1f} | {x['eager_ms'] / x['decode_ms']:.2f} | "
-                     f"{' | '.join(cells)} | {x['tokens_equal_float']}/{len(x['tokens'])} |")
     return lines
 
 

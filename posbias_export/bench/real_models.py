@@ -10,7 +10,6 @@ greedy tokens compared with transformers'. `python -m posbias_export bench-real`
 from __future__ import annotations
 
 import json
-import resource
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -18,8 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..hf import eager_runs
+from ..hf.eager_runs import prompt_ids
 from ..hf.published import PUBLISHED, SHARDED, published_folder
-from .harness import copy_bandwidth_gbs, kept_rows, measured_python, median, scratch, write_results
+from .harness import copy_bandwidth_gbs, kept_rows, measured_python, median, scratch, targets_section, write_results
 
 SEQ2SEQ = {"t5-base"}  # an encoder file and a cached decoder file; the encoder's prefill is run
 # What an export's process holds whatever the model (Python, torch, onnx, onnxscript, transformers):
@@ -38,7 +39,7 @@ def folder_weight_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
 
-def _folder_bytes(folder: Path) -> int:
+def folder_bytes(folder: Path) -> int:
     """An exported folder's model files (Optimum writes model.onnx_data, or one file per tensor)."""
     return sum(f.stat().st_size for f in folder.iterdir() if f.is_file() and f.suffix != ".json")
 
@@ -62,59 +63,25 @@ class RealRow:
     command: str = ""  # the bench-real command that measured this row
 
 
-def worker(model_path: str, prompt: int, new_tokens: int, threads: int, lean: bool) -> dict:
-    """In its own process: a prefill of `prompt` tokens, then greedy decode steps, on ORT CPU,
-    the cache kept as `generate` keeps it (runtimes/ort/generate.py stepper: an in-place file's
-    in one buffer written where it lies, another's as ONNX Runtime values between steps)."""
+def worker_run(kind: str, target, prompt: int, new_tokens: int, threads: int, *extra: str, warm: int = 0) -> dict:
+    """One of main_worker's runs in its own process: its JSON, with `peak_gb` (that process's peak
+    RSS; also the prefill's where the run has no decode) and `decode_ms` the median of the steps
+    after the first `warm` (a new session's first steps allocate)."""
+    _, peak, text = measured_python(["-m", "posbias_export.bench.real_models", kind, str(target), str(prompt),
+                                     str(new_tokens), str(threads), *extra])
+    got = {"prefill_peak_gb": peak, **json.loads(text.strip().splitlines()[-1]), "peak_gb": peak}
+    return {**got, "decode_ms": median(got["decode_ms"][warm:])} if "decode_ms" in got else got
+
+
+def ort_steps(model_path: str, capacity: int, threads: int = 0, lean: bool = False, device: str = "cpu"):
+    """make_step (eager_runs.timed_greedy) for our file on ONNX Runtime, the cache kept as
+    `generate` keeps it (runtimes/ort/generate.py stepper: an in-place file's in one buffer
+    written where it lies, another's as ONNX Runtime values between steps)."""
     from ..parity.runtimes import load_runner
 
     runner = load_runner("ort/generate.py")
-    decoder = runner.CachedDecoder(model_path, "cpu", threads, lean=lean)
-    step = runner.stepper(decoder, 1, prompt + new_tokens)
-    ids = _prompt(prompt)
-    mask = np.ones_like(ids)
-    start = time.perf_counter()
-    logits = step(ids, mask)
-    prefill = time.perf_counter() - start
-    prefill_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # GB, before any decode step
-    tokens, times = [], []
-    token = logits[:, -1].argmax(-1)[:, None]
-    for _ in range(new_tokens):
-        tokens.append(int(token[0, 0]))
-        mask = np.concatenate([mask, np.ones((1, 1), np.int64)], 1)
-        start = time.perf_counter()
-        logits = step(token, mask)
-        times.append(time.perf_counter() - start)
-        token = logits[:, -1].argmax(-1)[:, None]
-    return {"prefill_s": prefill, "prefill_peak_gb": prefill_peak, "decode_ms": [1e3 * t for t in times],
-            "tokens": tokens}
-
-
-def _prompt(length: int) -> np.ndarray:
-    return np.random.default_rng(0).integers(10, 30000, (1, length)).astype(np.int64)
-
-
-def transformers_worker(folder: str, prompt: int, new_tokens: int, threads: int) -> dict:
-    import torch
-    import transformers as tf
-
-    torch.set_num_threads(threads)
-    model = tf.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
-    ids = torch.from_numpy(_prompt(prompt))
-    with torch.no_grad():
-        start = time.perf_counter()
-        out = model(input_ids=ids, use_cache=True)
-        prefill = time.perf_counter() - start
-        past, token, tokens, times = out.past_key_values, out.logits[:, -1].argmax(-1)[:, None], [], []
-        mask = torch.ones_like(ids)
-        for _ in range(new_tokens):
-            tokens.append(int(token[0, 0]))
-            mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
-            start = time.perf_counter()
-            out = model(input_ids=token, attention_mask=mask, past_key_values=past, use_cache=True)
-            times.append(time.perf_counter() - start)
-            past, token = out.past_key_values, out.logits[:, -1].argmax(-1)[:, None]
-    return {"prefill_s": prefill, "decode_ms": [1e3 * t for t in times], "tokens": tokens}
+    decoder = runner.CachedDecoder(model_path, device, threads, lean=lean)
+    return lambda: runner.stepper(decoder, 1, capacity)
 
 
 def encoder_worker(model_path: str, prompt: int, threads: int) -> dict:
@@ -122,7 +89,7 @@ def encoder_worker(model_path: str, prompt: int, threads: int) -> dict:
     from ..parity.runtimes import load_runner
 
     session = load_runner("ort/run.py").create_session(model_path, "cpu", threads)
-    ids = _prompt(prompt) % 32000
+    ids = prompt_ids(prompt, 32000)
     start = time.perf_counter()
     session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
     return {"prefill_s": time.perf_counter() - start}
@@ -134,49 +101,13 @@ def seq2seq_worker(folder: str, prompt: int, new_tokens: int) -> dict:
     from ..parity.runtimes import load_runner
 
     config = json.loads((Path(folder) / "config.json").read_text())
-    ids = _prompt(prompt) % min(32000, config["vocab_size"])
+    ids = prompt_ids(prompt, min(32000, config["vocab_size"]))
     timings: dict = {}
     tokens = load_runner("ort/seq2seq.py").greedy_generate(
         str(Path(folder) / "encoder_model.onnx"), str(Path(folder) / "decoder_model_merged.onnx"), ids,
         np.ones_like(ids), new_tokens, timings=timings)
     return {"prefill_s": timings["encoder_s"], "decode_ms": timings["steps_ms"][1:],  # the first step: no cache yet
             "tokens": tokens[0].tolist()}
-
-
-def transformers_seq2seq_worker(folder: str, prompt: int, new_tokens: int, threads: int) -> dict:
-    """transformers' T5ForConditionalGeneration, eager, the same steps as seq2seq_worker."""
-    import torch
-    import transformers as tf
-
-    torch.set_num_threads(threads)
-    model = tf.T5ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = torch.from_numpy(_prompt(prompt) % min(32000, model.config.vocab_size))
-    mask = torch.ones_like(ids)
-    with torch.no_grad():
-        start = time.perf_counter()
-        states = model.get_encoder()(input_ids=ids, attention_mask=mask)
-        prefill = time.perf_counter() - start
-        token, past, times = torch.zeros(1, 1, dtype=torch.int64), None, []
-        for _ in range(new_tokens):
-            start = time.perf_counter()
-            out = model(encoder_outputs=states, attention_mask=mask, decoder_input_ids=token, past_key_values=past,
-                        use_cache=True)
-            times.append(time.perf_counter() - start)
-            past, token = out.past_key_values, out.logits[:, -1].argmax(-1)[:, None]
-    return {"prefill_s": prefill, "decode_ms": [1e3 * t for t in times[1:]]}
-
-
-def transformers_encoder_worker(folder: str, prompt: int, threads: int) -> dict:
-    import torch
-    import transformers as tf
-
-    torch.set_num_threads(threads)
-    model = tf.T5EncoderModel.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = torch.from_numpy(_prompt(prompt) % 32000)
-    with torch.no_grad():
-        start = time.perf_counter()
-        model(input_ids=ids, attention_mask=torch.ones_like(ids))
-    return {"prefill_s": time.perf_counter() - start}
 
 
 def _optimum_export(row: RealRow, folder: Path, out: Path, task: str, label: str, size, progress) -> bool:
@@ -209,15 +140,13 @@ def _encoder_runs(row: RealRow, folder: Path, work: Path, threads: int, progress
     for prompt in (512, 4096):
         for label, path in files.items():
             progress(f"{row.name}: encoder prefill {prompt} ({label})")
-            _, peak, text = measured_python(["-m", "posbias_export.bench.real_models", "encoder", str(path),
-                                             str(prompt), "0", str(threads)])
-            row.runs.append({"prompt": prompt, "encoder": label, "prefill_s": json.loads(text.splitlines()[-1])["prefill_s"],
-                             "peak_gb": peak, "weights_gb": weight_bytes(path) / 1e9})
+            got = worker_run("encoder", path, prompt, 0, threads)
+            row.runs.append({"prompt": prompt, "encoder": label, "prefill_s": got["prefill_s"], "peak_gb": got["peak_gb"],
+                             "weights_gb": weight_bytes(path) / 1e9})
         progress(f"{row.name}: transformers encoder prefill {prompt}")
-        _, peak, text = measured_python(["-m", "posbias_export.bench.real_models", "transformers-encoder", str(folder),
-                                         str(prompt), "0", str(threads)])
-        row.runs.append({"prompt": prompt, "encoder": "transformers eager",
-                         "prefill_s": json.loads(text.splitlines()[-1])["prefill_s"], "peak_gb": peak})
+        got = worker_run("transformers-encoder", folder, prompt, 0, threads)
+        row.runs.append({"prompt": prompt, "encoder": "transformers eager", "prefill_s": got["prefill_s"],
+                         "peak_gb": got["peak_gb"]})
     return row
 
 
@@ -250,29 +179,30 @@ def measure(name: str, work: Path, files: Path, dtypes: tuple[str, ...], run: bo
     return row
 
 
+def _decode_entry(got: dict, keys: dict, floor_ms: float, bandwidth: float, weights: int) -> dict:
+    """A run's row of the prefill-and-decode table."""
+    return {**keys, **{k: got[k] for k in ("prefill_s", "peak_gb", "prefill_peak_gb", "decode_ms", "tokens")},
+            "floor_ms": floor_ms, "bandwidth_gbs": bandwidth, "weights_gb": weights / 1e9}
+
+
 def _optimum_runs(row: RealRow, folder: Path, work: Path, bandwidth: float, threads: int, new_tokens: int,
                   progress) -> None:
     """Optimum's export of the folder (if its side environment exists), prefill and decode."""
     name = row.name
     floor_ms = 1e3 * weight_bytes(work / f"{name}_float32.onnx") / 1e9 / bandwidth  # bytes a token must read
     out = work / f"{name}_optimum"
-    if not _optimum_export(row, folder, out, "text-generation-with-past", "float32 (Optimum)", lambda: _folder_bytes(out),
+    if not _optimum_export(row, folder, out, "text-generation-with-past", "float32 (Optimum)", lambda: folder_bytes(out),
                            progress):
         return
     for prompt in (512, 4096) if (out / "model.onnx").is_file() else ():
         progress(f"{name}: Optimum's file, prefill {prompt} + decode")
         try:
-            _, peak, text = measured_python(["-m", "posbias_export.bench.real_models", "ort", str(out / "model.onnx"),
-                                             str(prompt), str(new_tokens), str(threads)])
+            got = worker_run("ort", out / "model.onnx", prompt, new_tokens, threads)
         except RuntimeError as err:  # a failed child (harness.ChildFailed)
             row.runs.append({"prompt": prompt, "optimum": True, "error": _short(err)})
             continue
-        theirs = json.loads(text.strip().splitlines()[-1])
-        row.runs.append({"prompt": prompt, "lean": False, "optimum": True, "prefill_s": theirs["prefill_s"],
-                         "peak_gb": peak, "prefill_peak_gb": theirs.get("prefill_peak_gb", peak),
-                         "decode_ms": median(theirs["decode_ms"]), "floor_ms": floor_ms,
-                         "bandwidth_gbs": bandwidth, "tokens": theirs["tokens"],
-                         "weights_gb": _folder_bytes(out) / 1e9})
+        row.runs.append(_decode_entry(got, {"prompt": prompt, "lean": False, "optimum": True}, floor_ms, bandwidth,
+                                      folder_bytes(out)))
 
 
 def _our_runs(row: RealRow, folder: Path, work: Path, bandwidth: float, threads: int, new_tokens: int,
@@ -281,20 +211,14 @@ def _our_runs(row: RealRow, folder: Path, work: Path, bandwidth: float, threads:
     name, path = row.name, work / f"{row.name}_float32.onnx"
     for prompt, lean in ((512, False), (4096, False), (4096, True)):
         progress(f"{name}: ORT prefill {prompt} + decode{' (lean session)' if lean else ''}")
-        seconds, peak, out = measured_python(["-m", "posbias_export.bench.real_models", "ort", str(path), str(prompt),
-                                              str(new_tokens), str(threads), *(["lean"] if lean else [])])
-        ours = json.loads(out.strip().splitlines()[-1])
-        entry = {"prompt": prompt, "lean": lean, "prefill_s": ours["prefill_s"], "peak_gb": peak,
-                 "prefill_peak_gb": ours.get("prefill_peak_gb", peak),
-                 "decode_ms": median(ours["decode_ms"]), "floor_ms": 1e3 * weight_bytes(path) / 1e9 / bandwidth,
-                 "bandwidth_gbs": bandwidth, "tokens": ours["tokens"], "weights_gb": weight_bytes(path) / 1e9}
+        ours = worker_run("ort", path, prompt, new_tokens, threads, *(["lean"] if lean else []))
+        entry = _decode_entry(ours, {"prompt": prompt, "lean": lean}, 1e3 * weight_bytes(path) / 1e9 / bandwidth,
+                              bandwidth, weight_bytes(path))
         if prompt == 512:
             progress(f"{name}: transformers eager prefill {prompt} + decode")
-            _, their_peak, out = measured_python(["-m", "posbias_export.bench.real_models", "transformers",
-                                                  str(folder), str(prompt), str(new_tokens), str(threads)])
-            theirs = json.loads(out.strip().splitlines()[-1])
-            entry.update(transformers_decode_ms=median(theirs["decode_ms"]), transformers_prefill_s=theirs["prefill_s"],
-                         transformers_peak_gb=their_peak, tokens_equal=theirs["tokens"] == ours["tokens"])
+            theirs = worker_run("transformers", folder, prompt, new_tokens, threads)
+            entry.update(transformers_decode_ms=theirs["decode_ms"], transformers_prefill_s=theirs["prefill_s"],
+                         transformers_peak_gb=theirs["peak_gb"], tokens_equal=theirs["tokens"] == ours["tokens"])
         row.runs.append(entry)
 
 
@@ -345,10 +269,7 @@ def render(rows: list[RealRow], command: str) -> str:
                   "| model | prompt | file | prefill s | peak RSS GB |", "|---|---|---|---|---|"]
         lines += [f"| {r.name} | {x['prompt']} | {x['encoder']} | {x['prefill_s']:.2f} | {x['peak_gb']:.2f} |"
                   for r, x in encoder_runs]
-    lines += ["", "## Targets", "", "| model | target | measured | verdict |", "|---|---|---|---|"]
-    verdicts = targets(rows)
-    lines += [f"| {m} | {t} | {v} | {'met' if ok else 'NOT met'} |" for m, t, v, ok in verdicts]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + targets_section(targets(rows))) + "\n"
 
 
 def targets(rows: list[RealRow]) -> list[tuple[str, str, str, bool]]:
@@ -435,19 +356,24 @@ def run_and_write(names: list[str], work: Path, out_dir: Path, run_names: set[st
 
 
 def main_worker(argv: list[str]) -> None:
-    kind, target, prompt, new, threads, *lean = argv
-    if kind == "ort":
-        print(json.dumps(worker(target, int(prompt), int(new), int(threads), lean == ["lean"])))
-    elif kind == "encoder":
-        print(json.dumps(encoder_worker(target, int(prompt), int(threads))))
-    elif kind == "seq2seq":
-        print(json.dumps(seq2seq_worker(target, int(prompt), int(new))))
-    elif kind == "transformers-seq2seq":
-        print(json.dumps(transformers_seq2seq_worker(target, int(prompt), int(new), int(threads))))
-    elif kind == "transformers-encoder":
-        print(json.dumps(transformers_encoder_worker(target, int(prompt), int(threads))))
+    """python -m posbias_export.bench.real_models KIND FILE|FOLDER PROMPT NEW THREADS [lean]
+    [--device D] [--dtype T] [--vocab V]"""
+    kind, target, prompt, new, threads, *rest = argv
+    prompt, new, threads = int(prompt), int(new), int(threads)
+    device, dtype, vocab = (rest[rest.index(flag) + 1] if flag in rest else default
+                            for flag, default in (("--device", "cpu"), ("--dtype", "float32"), ("--vocab", "30000")))
+    ids = prompt_ids(prompt, int(vocab))
+    steps = {"ort": lambda: ort_steps(target, prompt + new, threads, "lean" in rest, device),
+             "transformers": lambda: eager_runs.causal_lm_steps(target, device, dtype, threads)}
+    runs = {"encoder": lambda: encoder_worker(target, prompt, threads),
+            "seq2seq": lambda: seq2seq_worker(target, prompt, new),
+            "transformers-seq2seq": lambda: eager_runs.t5_greedy(target, prompt, new, threads),
+            "transformers-encoder": lambda: eager_runs.t5_encoder_forward(target, prompt, threads),
+            "generate": lambda: eager_runs.generate_timed(target, ids, new, device, dtype)}
+    if kind in steps:
+        print(json.dumps(eager_runs.timed_greedy(steps[kind](), ids, new, warmup=device != "cpu")))
     else:
-        print(json.dumps(transformers_worker(target, int(prompt), int(new), int(threads))))
+        print(json.dumps(runs[kind]()))
 
 
 if __name__ == "__main__":

@@ -9,15 +9,14 @@ must read, weights plus the cache at that length, over the measured copy bandwid
 """
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .harness import (check_work_folder, copy_bandwidth_gbs, kept_rows, measured_python, median, scratch, work_folder,
-                      write_results)
+from .harness import (check_work_folder, copy_bandwidth_gbs, kept_rows, measured_python, scratch, targets_section,
+                      work_folder, write_results)
 from ..hf.published import PUBLISHED, check_published_folder, published_folder
-from .real_models import SEQ2SEQ, folder_weight_bytes, weight_bytes
+from .real_models import SEQ2SEQ, folder_bytes, folder_weight_bytes, weight_bytes, worker_run
 
 FILES = {"concat": ["--target", "portable"], "in place": ["--target", "ort"],
          "in place, int8 cache": ["--target", "ort", "--kv-dtype", "int8"]}
@@ -65,17 +64,14 @@ def _timed_runs(row: ServingRow, scheme: str, label: str, argv: list[str], weigh
     for context in contexts:
         progress(f"{row.name}: {scheme}, {label}, prompt {context} + {new_tokens} steps")
         try:
-            _, peak, out = measured_python(["-m", "posbias_export.bench.real_models", *argv, str(context),
-                                            str(new_tokens + WARM_STEPS), str(threads)])
+            got = worker_run(*argv, context, new_tokens + WARM_STEPS, threads, warm=WARM_STEPS)
         except RuntimeError as err:  # a client that cannot serve this prompt: a row saying why, the rest still run
             lines = [line for line in str(err).splitlines() if line.strip()]
             row.runs.append({"scheme": scheme, "file": label, "context": context,
                              "error": (lines[-1] if lines else type(err).__name__)[-300:]})
             continue
-        got = json.loads(out.strip().splitlines()[-1])
         row.runs.append({"scheme": scheme, "file": label, "context": context, "prefill_s": got["prefill_s"],
-                         "prefill_peak_gb": got.get("prefill_peak_gb", peak), "peak_gb": peak,
-                         "decode_ms": median(got["decode_ms"][WARM_STEPS:]),
+                         "prefill_peak_gb": got["prefill_peak_gb"], "peak_gb": got["peak_gb"], "decode_ms": got["decode_ms"],
                          "floor_ms": 1e3 * (weights + per_token * context) / 1e9 / row.bandwidth_gbs,
                          "tokens": got["tokens"]})
 
@@ -92,7 +88,7 @@ def _optimum(row: ServingRow, folder: Path, files: Path, contexts, new_tokens: i
     progress(f"{row.name}: export float32, {OPTIMUM}")
     seconds, peak, _ = measured_python(["export", "onnx", "--model", str(folder), "--task", "text-generation-with-past",
                                         str(out)], program=str(cli))
-    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file() and f.suffix != ".json")
+    size = folder_bytes(out)
     row.exports.append({"scheme": "float32", "file": OPTIMUM, "seconds": seconds, "peak_gb": peak, "file_gb": size / 1e9})
     # its floor: the model's float32 weights, as ours (it may store a tied embedding twice, but a
     # step gathers only one row of the copy that is not the head)
@@ -180,10 +176,8 @@ def render(rows: list[ServingRow], command: str) -> str:
     lines += [f"| {row.name} | {e['scheme']} | {e['file']} | {e['seconds']:.0f} | {e['peak_gb']:.2f} | {e['file_gb']:.2f} |"
               for row in rows for e in row.exports]
     bandwidth = ", ".join(f"{row.name} {row.bandwidth_gbs:.1f} GB/s" for row in rows)
-    lines += ["", f"Copy bandwidth measured beside each model: {bandwidth}.", "", "## Targets", "",
-              "| model | target | measured | verdict |", "|---|---|---|---|"]
-    lines += [f"| {m} | {t} | {v} | {'met' if ok else 'NOT met'} |" for m, t, v, ok in targets(rows)]
-    return "\n".join(lines) + "\n"
+    lines += ["", f"Copy bandwidth measured beside each model: {bandwidth}."]
+    return "\n".join(lines + targets_section(targets(rows))) + "\n"
 
 
 def merged(earlier: ServingRow | None, row: ServingRow) -> ServingRow:

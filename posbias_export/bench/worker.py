@@ -24,7 +24,8 @@ PACKAGE = Path(__file__).resolve().parents[1]
 # the runners: inside the package when installed from a wheel, beside it in a source checkout
 RUNTIMES_DIR = PACKAGE / "runtimes" if (PACKAGE / "runtimes").is_dir() else PACKAGE.parent / "runtimes"
 RUNNERS = ("ort", "openvino", "torch-eager", "torch-sdpa")
-VARIANTS = ("causal", "bidirectional", "block")  # attention alone either way, or a whole transformer block
+# attention alone either way, a whole transformer block, or a whole model (its inputs made by name)
+VARIANTS = ("causal", "bidirectional", "block", "model")
 INPUT_NAMES = {"causal": ("query", "key", "value"), "bidirectional": ("query", "key", "value"),
                "block": ("hidden_states",)}
 
@@ -65,6 +66,22 @@ def make_inputs(heads: int, head_dim: int, length: int, seed: int = 0, variant: 
     return [rng.standard_normal((1, heads, length, head_dim), dtype=np.float32).astype(dtype) for _ in range(3)]
 
 
+def model_feeds(session, length: int, vocab: int, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+    """A whole model's inputs: `batch` rows of `length` random tokens, each input made by its name's
+    generator (runtimes/common/inputs.py; an empty cache: a prefill); rows after the first
+    right-padded to lengths down to half (texts of different lengths, as embedding servers batch)."""
+    sys.path.insert(0, str(RUNTIMES_DIR))
+    from common.inputs import Case, feeds_for
+
+    ids = np.random.default_rng(seed).integers(0, vocab, (batch, length), dtype=np.int64)
+    mask = np.ones_like(ids)
+    for row in range(1, batch):
+        mask[row, length - row * length // (2 * batch):] = 0
+    dtypes = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+    declared = [(v.name, v.shape, dtypes.get(v.type, np.int64)) for v in session.get_inputs()]
+    return feeds_for(declared, Case(ids, mask))
+
+
 def ort_runner():
     sys.path.insert(0, str(RUNTIMES_DIR))
     from common.loading import load_runner
@@ -99,11 +116,10 @@ def ort_session(model: str, provider: str = "cpu"):
     return session
 
 
-def ort_forward(session, inputs, variant: str):
+def ort_forward(session, feeds: dict):
     """CPU: session.run; CUDA: inputs and output bound on the GPU, synchronised after each run."""
     import onnxruntime as ort
 
-    feeds = dict(zip(INPUT_NAMES[variant], inputs))
     if session.get_providers()[0] != "CUDAExecutionProvider":
         return lambda: session.run(None, feeds)
     binding = session.io_binding()
@@ -168,27 +184,34 @@ def fused_block_forward(block, x):
     return x + block.mlp(block.ln_mlp(x))
 
 
-def timed(forward, repeats: int) -> list[float]:
+def timed(forward, repeats: int) -> tuple[list[float], object]:
+    """Seconds of each of `repeats` forwards after a warm-up, and the last forward's result."""
     forward()  # warm-up: allocator pools, thread pools, lazy initialisation, kernel selection
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        forward()
+        out = forward()
         times.append(time.perf_counter() - start)
-    return times
+    return times, out
 
 
 def one_length(args, session, length: int) -> dict:
     dtype = np.float16 if args.dtype == "float16" else np.float32
-    inputs = make_inputs(args.heads, args.head_dim, length, variant=args.variant, dtype=dtype)
-    if args.runner == "ort":
-        forward = ort_forward(session, inputs, args.variant)
-    elif args.runner == "openvino":
-        forward = openvino_forward(args.model, inputs, args.variant)
+    if args.variant == "model":
+        forward = ort_forward(session, model_feeds(session, length, args.vocab, args.batch))
     else:
-        forward = torch_forward(args.runner, args.bias, inputs, args.variant, args.heads, args.head_dim)
+        inputs = make_inputs(args.heads, args.head_dim, length, variant=args.variant, dtype=dtype)
+        if args.runner == "ort":
+            forward = ort_forward(session, dict(zip(INPUT_NAMES[args.variant], inputs)))
+        elif args.runner == "openvino":
+            forward = openvino_forward(args.model, inputs, args.variant)
+        else:
+            forward = torch_forward(args.runner, args.bias, inputs, args.variant, args.heads, args.head_dim)
     loaded_rss = rss_now()
-    return {"length": length, "times": timed(forward, args.repeats), "peak_rss": peak_rss(), "loaded_rss": loaded_rss}
+    times, out = timed(forward, args.repeats)
+    if args.save:  # the first output of the last run, for an error column
+        np.save(args.save, out[0].astype(np.float32))
+    return {"length": length, "times": times, "peak_rss": peak_rss(), "loaded_rss": loaded_rss}
 
 
 def main(argv=None) -> int:
@@ -201,12 +224,15 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--variant", choices=VARIANTS, default="causal")
+    p.add_argument("--vocab", type=int, default=1000, help="model: the token ids' range")
+    p.add_argument("--batch", type=int, default=1, help="model: rows, right-padded to lengths down to half")
+    p.add_argument("--save", help="where to save the first output of the last run (.npy)")
     p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ort: the execution provider")
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="the inputs' dtype")
     args = p.parse_args(argv)
     session = ort_session(args.model, args.provider) if args.runner == "ort" else None
     before = process_gpu_bytes() if args.provider == "cuda" else None
-    several = len(args.length) > 1
+    several = len(args.length) > 1 or args.variant == "model"  # a model that fails to run: its row says why
     for length in args.length:
         try:
             row = one_length(args, session, length)

@@ -1,0 +1,122 @@
+"""transformers eager on a model folder, the baseline our files are timed against (bench-real,
+bench-quant, bench-serving, the GPU decode lease): greedy decoding with its own cache, a T5
+encoder forward, T5 greedy with its cache. One timed loop (`timed_greedy`) runs these and our
+files alike, so both sides are measured the same way.
+"""
+from __future__ import annotations
+
+import resource
+import time
+
+import numpy as np
+
+
+def prompt_ids(length: int, vocab: int = 30000) -> np.ndarray:
+    """The prompt every runner gets: random ids of a vocabulary's common range, seed 0."""
+    return np.random.default_rng(0).integers(10, 30000, (1, length)).astype(np.int64) % vocab
+
+
+def timed_greedy(make_step, ids: np.ndarray, new_tokens: int, warmup: bool = False) -> dict:
+    """make_step() -> step(ids [1, n], mask [1, total]) -> logits [1, n | 1, V] (numpy or torch),
+    its cache kept inside. A prefill of `ids`, then `new_tokens` greedy steps, each timed up to its
+    token on the host (a GPU step is finished then). warmup: a fresh step's 8-token prefill first."""
+    if warmup:
+        make_step()(ids[:, :8], np.ones_like(ids[:, :8]))
+    step, mask = make_step(), np.ones_like(ids)
+    start = time.perf_counter()
+    token = int(step(ids, mask)[0, -1].argmax())
+    prefill = time.perf_counter() - start
+    prefill_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # GB, before any decode step
+    tokens, times = [], []
+    for _ in range(new_tokens):
+        tokens.append(token)
+        mask = np.concatenate([mask, np.ones((1, 1), np.int64)], 1)
+        start = time.perf_counter()
+        token = int(step(np.array([[token]], np.int64), mask)[0, -1].argmax())
+        times.append(time.perf_counter() - start)
+    return {"prefill_s": prefill, "prefill_peak_gb": prefill_peak, "decode_ms": [1e3 * t for t in times],
+            "tokens": tokens}
+
+
+def _torch(threads: int | None):
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    return torch
+
+
+def _causal_lm(folder: str, device: str, dtype: str):
+    import torch
+    import transformers as tf
+
+    return tf.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device).eval()
+
+
+def causal_lm_steps(folder: str, device: str = "cpu", dtype: str = "float32", threads: int | None = None):
+    """make_step for timed_greedy: AutoModelForCausalLM with its cache (DynamicCache)."""
+    torch = _torch(threads)
+    model = _causal_lm(folder, device, dtype)
+
+    def make_step():
+        past = [None]
+
+        @torch.no_grad()
+        def step(ids, mask):
+            out = model(input_ids=torch.from_numpy(ids).to(device), attention_mask=torch.from_numpy(mask).to(device),
+                        past_key_values=past[0], use_cache=True)
+            past[0] = out.past_key_values
+            return out.logits[:, -1:]
+        return step
+    return make_step
+
+
+def generate_timed(folder: str, ids: np.ndarray, new_tokens: int, device: str = "cpu", dtype: str = "float32") -> dict:
+    """`model.generate` (greedy, its cache), prefill included, after a short warm-up."""
+    torch = _torch(None)
+    model = _causal_lm(folder, device, dtype)
+    x, kwargs = torch.from_numpy(ids).to(device), dict(do_sample=False, use_cache=True, pad_token_id=0)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    with torch.no_grad():
+        model.generate(x[:, :8], max_new_tokens=4, min_new_tokens=4, **kwargs)
+        sync()
+        start = time.perf_counter()
+        out = model.generate(x, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs)
+        sync()
+    return {"generate_s": time.perf_counter() - start, "tokens": [int(t) for t in out[0, ids.shape[1]:]]}
+
+
+def t5_encoder_forward(folder: str, length: int, threads: int) -> dict:
+    """T5EncoderModel over `length` tokens, one timed forward."""
+    import transformers as tf
+
+    torch = _torch(threads)
+    model = tf.T5EncoderModel.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.from_numpy(prompt_ids(length, min(32000, model.config.vocab_size)))
+    with torch.no_grad():
+        start = time.perf_counter()
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    return {"prefill_s": time.perf_counter() - start}
+
+
+def t5_greedy(folder: str, length: int, new_tokens: int, threads: int) -> dict:
+    """T5ForConditionalGeneration: the encoder over `length` tokens, then greedy decoder steps with
+    its cache (the first, without a cache yet, not kept: as our seq2seq runner's)."""
+    import transformers as tf
+
+    torch = _torch(threads)
+    model = tf.T5ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.from_numpy(prompt_ids(length, min(32000, model.config.vocab_size)))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        start = time.perf_counter()
+        states = model.get_encoder()(input_ids=ids, attention_mask=mask)
+        prefill = time.perf_counter() - start
+        token, past, times = torch.zeros(1, 1, dtype=torch.int64), None, []
+        for _ in range(new_tokens):
+            start = time.perf_counter()
+            out = model(encoder_outputs=states, attention_mask=mask, decoder_input_ids=token, past_key_values=past,
+                        use_cache=True)
+            times.append(time.perf_counter() - start)
+            past, token = out.past_key_values, out.logits[:, -1].argmax(-1)[:, None]
+    return {"prefill_s": prefill, "decode_ms": [1e3 * t for t in times[1:]]}
