@@ -299,10 +299,10 @@ def test_gpu_big_writes_exports_and_decodes_a_tiny_mpt_on_the_cpu(tmp_path):
     stages = json.loads((tmp_path / "out" / "big.json").read_text())["stages"]
     assert stages["export"]["file_gb"] > 0 and stages["bandwidth"]["read_gbs"] > 0
     assert all(ms > 0 for ms in stages["bandwidth"]["floor_ms"].values())  # weights + that context's cache
+    warm = load_tool("gpu_big").WARM_STEPS  # steps run before the timed ones, their tokens compared too
     for context in (64, 2100):
         assert stages[f"ort {context}"]["ran_on"] == "CPUExecutionProvider"
-        assert len(stages[f"ort {context}"]["decode_ms"]) == 3
-    warm = load_tool("gpu_big").WARM_STEPS  # steps run before the timed ones, their tokens compared too
+        assert len(stages[f"ort {context}"]["tokens"]) == 3 + warm and stages[f"ort {context}"]["decode_median_ms"] > 0
     assert len(stages["eager 64"]["tokens"]) == 3 + warm and "max_seq_len" in stages["eager 2100"]["error"]
     load_tool("gpu_big").write(tmp_path / "out", tmp_path)
     table = (tmp_path / "gpu_big.md").read_text()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ TINY = ("MptForCausalLM", "MptConfig", dict(vocab_size=1000, d_model=128, n_laye
 
 def run(out: Path, work: Path, provider: str, contexts: list[int], steps: int, tiny: bool) -> int:
     from posbias_export.bench.harness import ChildFailed, measured_python
+    from posbias_export.bench.real_models import worker_run
     from posbias_export.hf.published import PUBLISHED
     from posbias_export.hf.shards import write_sharded
 
@@ -58,21 +58,21 @@ def run(out: Path, work: Path, provider: str, contexts: list[int], steps: int, t
     stage("export", {"seconds": seconds, "peak_gb": peak, "file_gb": file_bytes / 1e9})
     bandwidth = read_bandwidth(provider)
     config = (TINY if tiny else PUBLISHED[MODEL])[2]
+    device, dtype = ("cuda", "float16") if provider == "cuda" else ("cpu", "float32")
     stage("bandwidth", {"read_gbs": bandwidth, "file_gb": file_bytes / 1e9,
                         "floor_ms": {c: (file_bytes + cache_bytes(config, c)) / 1e9 / bandwidth * 1e3 for c in contexts}})
     for context in contexts:
-        for who, args in (("ort", [str(path), provider]), ("eager", [str(folder), provider])):
+        for who, args in (("ort", ["ort", path]), ("eager", ["transformers", folder])):
             if who == "eager" and context + steps + WARM_STEPS > (TINY if tiny else PUBLISHED[MODEL])[2]["max_seq_len"]:
                 stage(f"{who} {context}", {"error": "past MPT's max_seq_len (2048): transformers refuses it"})
                 continue
-            try:
-                _, peak, text = measured_python([str(Path(__file__)), who, *args, str(context), str(steps)],
-                                                timeout=400)
+            try:  # bench-real's workers: prefill, then greedy steps, the first WARM_STEPS not timed
+                got = worker_run(*args, context, steps + WARM_STEPS, 0, "--device", device, "--dtype", dtype,
+                                 "--vocab", str(config["vocab_size"]), warm=WARM_STEPS)
             except ChildFailed as err:
                 stage(f"{who} {context}", {"error": err.reason[-300:]})
                 continue
-            got = json.loads(text.strip().splitlines()[-1])
-            stage(f"{who} {context}", {**got, "host_peak_gb": peak, "decode_median_ms": statistics.median(got["decode_ms"])})
+            stage(f"{who} {context}", {**got, "host_peak_gb": got["peak_gb"], "decode_median_ms": got["decode_ms"]})
     return 0
 
 
@@ -107,69 +107,6 @@ def read_bandwidth(provider: str) -> float:
 def cache_bytes(config: dict, context: int) -> int:
     """The float16 key and value rows a step reads at `context` tokens (MPT: every head has its own)."""
     return 2 * config["n_layers"] * config["d_model"] * 2 * context
-
-
-def ort_decode(path: str, provider: str, context: int, steps: int) -> dict:
-    """ONNX Runtime: a prefill of `context` tokens, then greedy steps, the cache in one buffer."""
-    import numpy as np
-
-    from posbias_export.parity.runtimes import load_runner
-
-    runner = load_runner("ort/generate.py")
-    start = time.perf_counter()
-    decoder = runner.CachedDecoder(path, provider)
-    load_s = time.perf_counter() - start
-    step = runner.stepper(decoder, 1, context + steps + WARM_STEPS)
-    ids = np.random.default_rng(0).integers(10, 900, (1, context)).astype(np.int64)
-    mask = np.ones_like(ids)
-    start = time.perf_counter()
-    logits = step(ids, mask)
-    prefill = time.perf_counter() - start
-    token, tokens, times = logits[:, -1].argmax(-1)[:, None], [], []
-    for i in range(steps + WARM_STEPS):
-        tokens.append(int(token[0, 0]))
-        mask = np.concatenate([mask, np.ones((1, 1), np.int64)], 1)
-        start = time.perf_counter()
-        logits = step(token, mask)  # logits come back to the host: the step is complete when it returns
-        if i >= WARM_STEPS:  # steady state: a session's first steps allocate
-            times.append(time.perf_counter() - start)
-        token = logits[:, -1].argmax(-1)[:, None]
-    return {"ran_on": decoder.session.get_providers()[0], "load_s": load_s, "prefill_s": prefill,
-            "decode_ms": [1e3 * t for t in times], "tokens": tokens}
-
-
-def eager_decode(folder: str, provider: str, context: int, steps: int) -> dict:
-    """transformers eager, float16 on the GPU (float32 on the CPU rehearsal), the same prompt."""
-    import numpy as np
-    import torch
-    import transformers as tf
-
-    device = "cuda" if provider == "cuda" else "cpu"
-    dtype = torch.float16 if device == "cuda" else torch.float32
-    model = tf.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype).to(device).eval()
-    ids = torch.from_numpy(np.random.default_rng(0).integers(10, 900, (1, context)).astype(np.int64)).to(device)
-
-    def synced():
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    with torch.no_grad():
-        start = synced()
-        out = model(input_ids=ids, use_cache=True)
-        prefill = synced() - start
-        past, token, tokens, times = out.past_key_values, out.logits[:, -1].argmax(-1)[:, None], [], []
-        mask = torch.ones_like(ids)
-        for i in range(steps + WARM_STEPS):
-            tokens.append(int(token[0, 0]))
-            mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype, device=device)], 1)
-            start = synced()
-            out = model(input_ids=token, attention_mask=mask, past_key_values=past, use_cache=True)
-            if i >= WARM_STEPS:
-                times.append(synced() - start)
-            past, token = out.past_key_values, out.logits[:, -1].argmax(-1)[:, None]
-    peak = torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else None
-    return {"prefill_s": prefill, "decode_ms": [1e3 * t for t in times], "tokens": tokens, "device_peak_gb": peak}
 
 
 def write(folder: Path, dest: Path = ROOT / "benchmarks") -> None:
@@ -215,11 +152,6 @@ def write(folder: Path, dest: Path = ROOT / "benchmarks") -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] in (["ort"], ["eager"]):  # a stage's child process
-        who, target, provider, context, steps = argv
-        got = (ort_decode if who == "ort" else eager_decode)(target, provider, int(context), int(steps))
-        print(json.dumps(got))
-        return 0
     p = argparse.ArgumentParser(prog="gpu_big.py")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run")

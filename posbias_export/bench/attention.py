@@ -19,7 +19,7 @@ from ..environment import describe, environment
 from ..export.files import write_text_atomic
 from ..plots import pyplot_for
 from ..runners import atomic
-from .harness import ChildFailed, Measured, run_child, write_results
+from .harness import Measured, run_into, write_results
 
 LENGTHS = (512, 2048, 8192, 16384)
 CONFIGS = ("ort-blocked", "ort-plain", "openvino", "torch-eager", "torch-sdpa")
@@ -90,14 +90,8 @@ def run_cell(cell: Timing, model: Path | None, heads: int, head_dim: int, repeat
     runner = {"ort-blocked": "ort", "ort-plain": "ort"}.get(cell.config, cell.config)
     cmd = [sys.executable, str(WORKER), "--runner", runner, "--bias", cell.bias, "--length", str(cell.length),
            "--heads", str(heads), "--head-dim", str(head_dim), "--repeats", str(repeats), "--variant", cell.variant]
-    if model is not None:
-        cmd += ["--model", str(model)]
-    try:
-        result = run_child(cmd, timeout)
-    except ChildFailed as err:
-        cell.skipped = str(err)
-        return cell
-    cell.times, cell.peak_rss, cell.loaded_rss = result["times"], result["peak_rss"], result["loaded_rss"]
+    got = run_into(cell, cmd + (["--model", str(model)] if model is not None else []), timeout)
+    cell.loaded_rss = got and got["loaded_rss"]
     return cell
 
 

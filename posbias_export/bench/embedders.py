@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..environment import describe, environment
-from .harness import ChildFailed, Measured, measured_python, run_child, targets_section, write_results
+from .harness import ChildFailed, Measured, measured_python, run_into, targets_section, write_results
 
 COMMAND = "python -m posbias_export bench-embed"
 # jina-embeddings-v2-base-en's configuration (its config.json); random weights here
@@ -57,11 +57,7 @@ def make_files(work: Path, progress) -> tuple[Path, dict[str, Path]]:
 def run_onnx(cell: EmbedCell, path: Path, timeout: float) -> None:
     cmd = [sys.executable, str(WORKER), "--runner", "ort", "--variant", "model", "--model", str(path), "--length",
            str(cell.length), "--vocab", str(BASE["vocab"]), "--repeats", "1", "--batch", str(cell.batch)]
-    try:
-        got = run_child(cmd, timeout)
-        cell.times, cell.peak_rss = got["times"], got["peak_rss"]
-    except ChildFailed as err:  # the dense form at length: killed for memory is its row
-        cell.skipped = err.reason[:200]
+    run_into(cell, cmd, timeout)  # the dense form at length: killed for memory is its row
 
 
 def run_eager(cell: EmbedCell, folder: Path, timeout: float) -> None:

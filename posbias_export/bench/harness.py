@@ -103,6 +103,18 @@ class Measured:
         return median(self.times)
 
 
+def run_into(cell: Measured, cmd: list, timeout: float) -> dict | None:
+    """A worker (bench/worker.py) in its own process, its times and peak RSS into `cell`; a failure
+    (killed for memory, an error) is the cell's `skipped`. Returns the worker's row, or None."""
+    try:
+        got = run_child(cmd, timeout)
+    except ChildFailed as err:
+        cell.skipped = err.reason[:300]
+        return None
+    cell.times, cell.peak_rss = got["times"], got["peak_rss"]
+    return got
+
+
 def copy_bandwidth_gbs(megabytes: int = 512, repeats: int = 5) -> float:
     """Memory bandwidth as a numpy copy moves it: the bytes read plus the bytes written, per second."""
     a = np.ones(megabytes * (1 << 20) // 4, np.float32)

@@ -19,7 +19,7 @@ import torch
 from ..environment import describe, environment
 from ..hf.models import SUPPORTED as KINDS
 from .attention import memory_budget
-from .harness import ChildFailed, Measured, run_child, write_results
+from .harness import Measured, run_into, write_results
 
 LENGTHS = (2048, 8192, 16384)
 EXPORTERS = ("posbias", "dynamo", "optimum")
@@ -81,12 +81,8 @@ def run_cell(cell: ModelCell, model: Path, work: Path, repeats: int, timeout: fl
     saved = work / f"out_{cell.kind}_{cell.exporter}_{cell.length}.npy"
     cmd = [sys.executable, str(WORKER), "--runner", "ort", "--variant", "model", "--model", str(model), "--length",
            str(cell.length), "--vocab", str(VOCAB), "--repeats", str(repeats), "--save", str(saved)]
-    try:
-        result = run_child(cmd, timeout)
-    except ChildFailed as err:
-        cell.skipped = str(err)
+    if run_into(cell, cmd, timeout) is None:
         return None
-    cell.times, cell.peak_rss = result["times"], result["peak_rss"]
     output = np.load(saved)
     saved.unlink()
     return output

@@ -38,6 +38,16 @@ def timed_greedy(make_step, ids: np.ndarray, new_tokens: int, warmup: bool = Fal
             "tokens": tokens}
 
 
+def device_peak(device: str) -> dict:
+    """{"device_peak_gb": what PyTorch allocated at most on the GPU} where it ran there, else {}."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if device != "cuda" or torch is None or not torch.cuda.is_initialized():
+        return {}
+    return {"device_peak_gb": torch.cuda.max_memory_allocated() / 1e9}
+
+
 def _torch(threads: int | None):
     import torch
 

@@ -201,32 +201,19 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
     export starts."""
     chosen = "target" in option_fields or (options is not None and options.target is not None)
     options = options_from(options, option_fields)
-    decided = [name for name, on in (("kv_cache", options.kv_cache), ("part", options.part != "encoder"),
-                                     ("attention_mask", options.attention_mask)) if on]
-    if decided:
-        raise ValueError(f"a serving folder decides its files' {', '.join(decided)}; drop it")
     source, out = Path(model_dir), Path(out_dir)
     source = source.resolve() if source.name in ("", ".", "..") else source  # its name names Triton's entry
-    _check_out_dir(out, source)
-    context = options.context_length
-    if context is not None and (isinstance(context, bool) or not isinstance(context, int)
-                                or not 0 < context <= MAX_CONTEXT):
-        raise ValueError(f"context_length must be an integer in [1, {MAX_CONTEXT}], got {context!r}")
+    _check_request(options, out, source)
     model = load_model(source, lazy=True)
     if not chosen:
         options = options.replace(target=LM_TARGET if model.arch == "lm" else "portable")
-    if model.arch != "lm":
-        dropped = [f for f, on in (("--logits last", options.logits == "last"),
-                                   ("--context-length", context is not None)) if on]
-        if dropped:
-            raise ValueError(f"{', '.join(dropped)} apply to a causal LM's folder (a generation file and "
-                             f"genai_config.json); {model.model_type}'s folder has neither")
+    _check_lm_options(model, options)
     config = read_json_object(source / "config.json")
     generation_file = source / "generation_config.json"
     generation = read_json_object(generation_file) if generation_file.is_file() else {}
     check_token_ids(generation, generation_file, model.vocab_size)
     copied = copied_files(source)
-    gpu = target(options.target).gpu  # the GPU targets; ort's in-place cache runs on either
+    gpu, context = target(options.target).gpu, options.context_length  # the GPU targets; ort's in-place cache runs on either
     # a --logits last file gives each row's last position, and genai reads each row's last real token of a
     # right-padded batch there: a folder names only the clients that run it right
     genai = genai_config(model, config, generation, gpu=gpu, shared_buffer=target(options.target).inplace_cache,
@@ -243,12 +230,7 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
             (stage / "genai_config.json").write_text(json.dumps(genai, indent=1))
             report.notes.append(_context_note(genai["model"]["context_length"], context, config))
         _lay_out(stage, files, gpu=gpu, onnx_names=_transformers_js_names(source, model, options))
-        for path in copied:
-            shutil.copy2(path.resolve(), stage / path.name)
-        (stage / "config.json").write_text(json.dumps(model.shipped_config(config), indent=2))
-        for name, content in model.serving_files().items():  # e.g. sentence-transformers' pooling
-            (stage / name).parent.mkdir(parents=True, exist_ok=True)
-            (stage / name).write_text(json.dumps(content, indent=1))
+        _write_companions(stage, source, copied, model, config)
         if out.exists():
             out.rmdir()  # checked empty above
         os.replace(stage, out)
@@ -256,6 +238,42 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
     for r in report.exports:
         r.path = str(out / Path(r.path).name)
     return report
+
+
+def _check_request(options: ExportOptions, out: Path, source: Path) -> None:
+    """What a serving folder refuses before it reads the model: options the folder decides, an
+    output that exists or overlaps, a context length out of range."""
+    decided = [name for name, on in (("kv_cache", options.kv_cache), ("part", options.part != "encoder"),
+                                     ("attention_mask", options.attention_mask)) if on]
+    if decided:
+        raise ValueError(f"a serving folder decides its files' {', '.join(decided)}; drop it")
+    _check_out_dir(out, source)
+    context = options.context_length
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int)
+                                or not 0 < context <= MAX_CONTEXT):
+        raise ValueError(f"context_length must be an integer in [1, {MAX_CONTEXT}], got {context!r}")
+
+
+def _check_lm_options(model, options: ExportOptions) -> None:
+    """--logits last and --context-length name a causal LM's generation file and genai_config.json."""
+    if model.arch == "lm":
+        return
+    dropped = [f for f, on in (("--logits last", options.logits == "last"),
+                               ("--context-length", options.context_length is not None)) if on]
+    if dropped:
+        raise ValueError(f"{', '.join(dropped)} apply to a causal LM's folder (a generation file and "
+                         f"genai_config.json); {model.model_type}'s folder has neither")
+
+
+def _write_companions(stage: Path, source: Path, copied, model, config: dict) -> None:
+    """Beside the ONNX files: the tokenizer files copied, the config as shipped, the model's own
+    serving files (e.g. sentence-transformers' pooling)."""
+    for path in copied:
+        shutil.copy2(path.resolve(), stage / path.name)
+    (stage / "config.json").write_text(json.dumps(model.shipped_config(config), indent=2))
+    for name, content in model.serving_files().items():
+        (stage / name).parent.mkdir(parents=True, exist_ok=True)
+        (stage / name).write_text(json.dumps(content, indent=1))
 
 
 def _export_files(source: Path, stage: Path, model, options: ExportOptions, report: ShipReport) -> dict[str, str]:
