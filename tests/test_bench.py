@@ -435,6 +435,8 @@ def test_bench_embed_runs_every_form_and_judges_its_targets(tmp_path, monkeypatc
 
     monkeypatch.setattr(embedders, "BASE", dict(vocab=300, hidden=48, heads=6, layers=2, max_len=512))
     monkeypatch.setattr(embedders, "SHORT_BATCH", (4, 32))
+    monkeypatch.setattr(embedders, "COLD_FROM", 2048)  # the long lengths' one cold forward, each form
+    monkeypatch.setattr(embedders, "LENGTHS", (64, 2048))  # the longest: judged as "runs"
     paths = embedders.run_and_write((64, 2048), tmp_path, progress=lambda m: None)
     data = json.loads(paths[1].read_text())
     cells = {(c["form"], c["length"], c["batch"]): c for c in data["cells"]}
@@ -442,3 +444,16 @@ def test_bench_embed_runs_every_form_and_judges_its_targets(tmp_path, monkeypatc
     assert all(c["times"] and c["peak_rss"] for c in cells.values()), cells
     text = paths[0].read_text()
     assert "| 2048 | 1 |" in text and "ours <= 1.0x the dense form's time" in text
+    assert "| 2048 tokens run (our file) | ran | met |" in text
+
+
+def test_a_cold_measurement_times_the_first_forward_alone():
+    """bench/worker.py --cold (bench-embed's long lengths): no warm-up forward before the timed ones."""
+    from posbias_export.bench.worker import timed
+
+    calls = []
+    times, out = timed(lambda: calls.append(1) or len(calls), 2, warmup=False)
+    assert len(calls) == 2 and len(times) == 2 and out == 2
+    calls.clear()
+    times, out = timed(lambda: calls.append(1) or len(calls), 2)
+    assert len(calls) == 3 and len(times) == 2 and out == 3

@@ -103,13 +103,19 @@ class Measured:
         return median(self.times)
 
 
+def one_line(text: str, limit: int = 200) -> str:
+    """A failure's words for a table cell: the last non-empty line (a traceback's is the error)."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return (lines[-1] if lines else "no message")[:limit].replace("|", "/")
+
+
 def run_into(cell: Measured, cmd: list, timeout: float) -> dict | None:
     """A worker (bench/worker.py) in its own process, its times and peak RSS into `cell`; a failure
     (killed for memory, an error) is the cell's `skipped`. Returns the worker's row, or None."""
     try:
         got = run_child(cmd, timeout)
     except ChildFailed as err:
-        cell.skipped = err.reason[:300]
+        cell.skipped = one_line(err.reason, 300)
         return None
     cell.times, cell.peak_rss = got["times"], got["peak_rss"]
     return got

@@ -184,9 +184,10 @@ def fused_block_forward(block, x):
     return x + block.mlp(block.ln_mlp(x))
 
 
-def timed(forward, repeats: int) -> tuple[list[float], object]:
+def timed(forward, repeats: int, warmup: bool = True) -> tuple[list[float], object]:
     """Seconds of each of `repeats` forwards after a warm-up, and the last forward's result."""
-    forward()  # warm-up: allocator pools, thread pools, lazy initialisation, kernel selection
+    if warmup:  # allocator pools, thread pools, lazy initialisation, kernel selection
+        forward()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -208,7 +209,7 @@ def one_length(args, session, length: int) -> dict:
         else:
             forward = torch_forward(args.runner, args.bias, inputs, args.variant, args.heads, args.head_dim)
     loaded_rss = rss_now()
-    times, out = timed(forward, args.repeats)
+    times, out = timed(forward, args.repeats, not args.cold)
     if args.save:  # the first output of the last run, for an error column
         np.save(args.save, out[0].astype(np.float32))
     return {"length": length, "times": times, "peak_rss": peak_rss(), "loaded_rss": loaded_rss}
@@ -226,6 +227,7 @@ def main(argv=None) -> int:
     p.add_argument("--variant", choices=VARIANTS, default="causal")
     p.add_argument("--vocab", type=int, default=1000, help="model: the token ids' range")
     p.add_argument("--batch", type=int, default=1, help="model: rows, right-padded to lengths down to half")
+    p.add_argument("--cold", action="store_true", help="no warm-up: time the first forward (what a one-off call sees)")
     p.add_argument("--save", help="where to save the first output of the last run (.npy)")
     p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ort: the execution provider")
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="the inputs' dtype")
