@@ -127,6 +127,10 @@ def test_the_export_passes_validate_on_every_runtime_with_padding(folders, tmp_p
     graph = onnx.load(str(path), load_external_data=False).graph
     assert [i.name for i in graph.input] == ["input_ids", "attention_mask", "token_type_ids"]
     assert graph.output[0].name == "last_hidden_state"
+    # the checkpoint's one [2I, D] gated weight is two MatMul weights [D, I]: no [L, 2I] product
+    widths = {tuple(t.dims) for t in graph.initializer if len(t.dims) == 2}
+    hidden = json.loads((folders[layout] / "config.json").read_text())["hidden_size"]
+    assert (hidden, 4 * hidden) in widths and (hidden, 8 * hidden) not in widths, widths
     result = validate([path], None, (1, 17, 300), batch=3, model_dir=folders[layout], order=layout == "base")
     cells = result.matrices[0].cells
     assert result.ok, [(c.runtime, c.case, c.verdict) for c in cells if not c.ok]

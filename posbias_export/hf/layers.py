@@ -192,6 +192,11 @@ class ImportedModel(nn.Module):
         """The transformers key of our parameter `name` (the same unless a model renames)."""
         return name
 
+    def weight_rows(self, name: str) -> tuple[int, int, int] | None:
+        """(start, stop, rows of the whole): the rows of the folder tensor `weight_key(name)` that
+        parameter `name` takes, where one stored tensor fills several parameters; None: all of it."""
+        return None
+
     def empty_past(self, batch: int, dtype: torch.dtype = torch.float32) -> list:
         shape = (batch, self.num_kv_heads, 0, self.head_dim)
         return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(self.num_layers)]

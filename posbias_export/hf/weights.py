@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ..nn import non_finite_tensor
-from ..nn.lazy_weights import TensorReader, attach_readers, materialize
+from ..nn.lazy_weights import RowRange, TensorReader, attach_readers, materialize
 from .folder import FolderError
 from .layers import ImportedModel
 
@@ -17,14 +17,16 @@ def attach_weights(model: ImportedModel, state: dict[str, TensorReader], where: 
     used, readers = set(), {}
     with torch.no_grad():
         for name, param in model.named_parameters():
-            key = model.weight_key(name)
+            key, rows = model.weight_key(name), model.weight_rows(name)
             tensor = state.get(key)
             if tensor is None:
                 raise FolderError(f"{where}: weight {key} is missing (the config describes a {model.model_type} "
                                   f"with {model.num_layers} layers; the weights do not match it)")
-            if tuple(tensor.shape) != tuple(param.shape):
+            whole = tuple(param.shape) if rows is None else (rows[2], *param.shape[1:])
+            if tuple(tensor.shape) != whole:
                 raise FolderError(f"{where}: weight {key} has shape {list(tensor.shape)}, the config implies "
-                                  f"{list(param.shape)}")
+                                  f"{list(whole)}")
+            tensor = tensor if rows is None else RowRange(tensor, rows[0], rows[1])
             if not tensor.dtype.is_floating_point:
                 raise FolderError(f"{where}: weight {key} is {tensor.dtype}, not a floating-point tensor")
             readers[name] = tensor

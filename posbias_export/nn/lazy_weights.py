@@ -48,6 +48,31 @@ class MemoryReader:
         return self.tensor.detach()[start:stop] if self.tensor.dim() else self.tensor.detach()
 
 
+@dataclass(frozen=True)
+class RowRange:
+    """Rows [start, stop) of another reader: one stored tensor that fills several parameters
+    (a gated feed-forward's two halves), each read where it lies."""
+
+    source: TensorReader
+    start: int
+    stop: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.source.name}[{self.start}:{self.stop}]"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.stop - self.start, *self.source.shape[1:])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.source.dtype
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        return self.source.rows(self.start + start, self.start + min(stop, self.stop - self.start))
+
+
 def pieces(reader: TensorReader, max_elements: int | None = None):
     """The reader's tensor as consecutive row ranges of at most ~max_elements (default
     ROWS_PER_READ) each."""

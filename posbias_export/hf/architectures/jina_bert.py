@@ -77,35 +77,41 @@ class JinaAttention(nn.Module):
         return self.output.LayerNorm(self.output.dense(y) + x)
 
 
+# The checkpoints' one [2I, D] gated weight is two [I, D] parameters here (rows of the same
+# tensor, read where they lie): no [L, 2I] product is ever made, which at 8192 tokens was the
+# largest tensor of a layer (benchmarks/embedders.md), and each half is a MatMul weight the
+# quantizers take. (our parameter, the checkpoint's tensor, which half) per layout:
+SPLIT_WEIGHTS = {"base": {"mlp.gate.weight": ("mlp.gated_layers.weight", 0), "mlp.up.weight": ("mlp.gated_layers.weight", 1)},
+                 "code": {"mlp.up.weight": ("mlp.up_gated_layer.weight", 0), "mlp.gate.weight": ("mlp.up_gated_layer.weight", 1)}}
+
+
 class GatedMLP(nn.Module):
-    """base: act(first half) * second half, wo, LayerNorm over + residual."""
+    """base: act(gate) * up (the checkpoint's first and second halves), wo, LayerNorm over + residual."""
 
     def __init__(self, config):
         super().__init__()
         D, I = config.hidden_size, config.intermediate_size
-        self.intermediate, self.act = I, ACTIVATIONS[config.feed_forward_type]
-        self.gated_layers = nn.Linear(D, 2 * I, bias=False)
+        self.act = ACTIVATIONS[config.feed_forward_type]
+        self.gate, self.up = nn.Linear(D, I, bias=False), nn.Linear(D, I, bias=False)
         self.wo = nn.Linear(I, D)
         self.layernorm = nn.LayerNorm(D, eps=config.layer_norm_eps)
 
     def forward(self, x):
-        h = self.gated_layers(x)
-        return self.layernorm(self.wo(self.act(h[..., :self.intermediate]) * h[..., self.intermediate:]) + x)
+        return self.layernorm(self.wo(self.act(self.gate(x)) * self.up(x)) + x)
 
 
 class UpGatedMLP(nn.Module):
-    """code: up (first half) * act(second half), down_layer (no norm of its own)."""
+    """code: up (the first half) * act(gate, the second half), down_layer (no norm of its own)."""
 
     def __init__(self, config):
         super().__init__()
         D, I = config.hidden_size, config.intermediate_size
-        self.intermediate, self.act = I, ACTIVATIONS[config.feed_forward_type]
-        self.up_gated_layer = nn.Linear(D, 2 * I, bias=False)
+        self.act = ACTIVATIONS[config.feed_forward_type]
+        self.up, self.gate = nn.Linear(D, I, bias=False), nn.Linear(D, I, bias=False)
         self.down_layer = nn.Linear(I, D)
 
     def forward(self, x):
-        h = self.up_gated_layer(x)
-        return self.down_layer(h[..., :self.intermediate] * self.act(h[..., self.intermediate:]))
+        return self.down_layer(self.up(x) * self.act(self.gate(x)))
 
 
 class JinaLayer(nn.Module):
@@ -186,8 +192,22 @@ class JinaBert(ImportedModel):
     def from_folder(cls, source) -> "JinaBert":
         return cls(source.config, layout_of(source.state), cls.key_prefix(source.state))
 
+    def _split(self, name: str):
+        """(the checkpoint's tensor key, which half) for a half of a gated weight, else None."""
+        head, _, tail = name.rpartition(".mlp.")
+        found = SPLIT_WEIGHTS[self.layout].get("mlp." + tail) if head else None
+        return None if found is None else (f"{head}.{found[0]}", found[1])
+
     def weight_key(self, name: str) -> str:
-        return self.prefix + name
+        split = self._split(name)
+        return self.prefix + (name if split is None else split[0])
+
+    def weight_rows(self, name: str) -> tuple[int, int, int] | None:
+        split = self._split(name)
+        if split is None:
+            return None
+        half = self.config.intermediate_size
+        return split[1] * half, (split[1] + 1) * half, 2 * half
 
     def shipped_config(self, config: dict) -> dict:
         """The serving folder holds ONNX files, no code: its config maps to none (a client that
@@ -247,5 +267,9 @@ class TinyFolderModel(nn.Module):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(self.fields, indent=1))
-        state = {self.model.weight_key(n): p.detach().contiguous() for n, p in self.model.named_parameters()}
+        parts: dict[str, list] = {}  # a checkpoint tensor -> (first row, its rows), the halves of a gated weight too
+        for name, param in self.model.named_parameters():
+            rows = self.model.weight_rows(name)
+            parts.setdefault(self.model.weight_key(name), []).append((rows[0] if rows else 0, param.detach()))
+        state = {key: torch.cat([p for _, p in sorted(got, key=lambda x: x[0])]).contiguous() for key, got in parts.items()}
         save_file(state, str(folder / "model.safetensors"))
