@@ -1,10 +1,12 @@
 """The machine and library versions a results file was measured with (every results header
-uses this): CPU model and the instruction sets that change the numbers (AVX-512, bf16)."""
+uses this): CPU model and the instruction sets that change the numbers (AVX-512, bf16); and its
+memory bandwidth, the floor of a step that reads its weights."""
 from __future__ import annotations
 
 import os
 import re
 import platform
+import time
 
 
 def cpu_model() -> str:
@@ -82,3 +84,48 @@ def without_local_paths(row: dict) -> dict:
     """A results row as it may be committed: every absolute path in its text (an error naming the
     temporary folder it read) cut to its last part, so no machine's paths are published."""
     return {k: LOCAL_PATH.sub(r"…/\2", v) if isinstance(v, str) else v for k, v in row.items()}
+
+
+def copy_bandwidth_gbs(megabytes: int = 512, repeats: int = 5) -> float:
+    """Memory bandwidth as a numpy copy moves it: the bytes read plus the bytes written, per second."""
+    import numpy as np
+
+    a = np.ones(megabytes * (1 << 20) // 4, np.float32)
+    b = np.empty_like(a)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - start)
+    return 2 * a.nbytes / best / 1e9
+
+
+def read_bandwidth_gbs(megabytes: int = 1024, repeats: int = 5) -> float:
+    """Memory bandwidth as a read-only reduction moves it, every core summing its own slice of a
+    buffer far larger than the caches: what a decode step that reads its weights is bounded by."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    a = np.ones(megabytes * (1 << 20) // 4, np.float32)
+    parts = np.array_split(a, os.cpu_count() or 1)
+    best = float("inf")
+    with ThreadPoolExecutor(len(parts)) as pool:  # numpy's reduction releases the GIL
+        for _ in range(repeats):
+            start = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = min(best, time.perf_counter() - start)
+    return a.nbytes / best / 1e9
+
+
+def exporter_versions() -> dict[str, str]:
+    """The exporters a comparison ran beside ours (Optimum's, transformers')."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("transformers", "optimum", "optimum-onnx"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found

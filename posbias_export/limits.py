@@ -19,6 +19,13 @@ def available_bytes() -> int:
     return runtimes_common("memory").available_bytes()
 
 
+def total_memory_share(share: float = 0.7) -> int:
+    """What one benchmark configuration may use: 70% of this machine's memory."""
+    with open("/proc/meminfo") as f:
+        total_kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal"))
+    return int(share * total_kib * 1024)
+
+
 def gigabytes(n: float) -> str:
     return f"{n / 1e9:.3g} GB" if n < 1e12 else f"{n / 1e12:.3g} TB"
 

@@ -63,7 +63,7 @@ def test_bench_bad_arguments_exit_2_with_one_line(argv, message, capsys, tmp_pat
 
 
 def test_plain_forms_are_skipped_when_they_cannot_fit(monkeypatch, tmp_path):
-    monkeypatch.setattr(bench, "memory_budget", lambda: 10_000_000)  # 10 MB
+    monkeypatch.setattr(bench, "total_memory_share", lambda: 10_000_000)  # 10 MB
     cells = bench.run(["alibi"], [512], ("ort-plain", "torch-eager"), repeats=1, workdir=tmp_path)
     assert all(c.skipped and c.skipped.startswith("skipped: needs") for c in cells)
     assert bench.predicted_peak("ort-blocked", 8, 16384) == 0
@@ -130,7 +130,8 @@ def test_decode_steps_alternate_in_chunks_after_settling():
 def test_bench_real_renders_targets_from_measured_figures():
     """bench-real's table judges each figure against its target: export peak / file <= 1.5,
     decode / bandwidth floor <= 1.2, transformers eager / ours >= 2; tokens compared."""
-    from posbias_export.bench.real_models import RealRow, copy_bandwidth_gbs, render
+    from posbias_export.bench.real_models import RealRow, render
+    from posbias_export.environment import copy_bandwidth_gbs
 
     row = RealRow("bloom-560m", {"n_layer": 24}, 2.24, exports=[
         {"dtype": "float32", "seconds": 80.0, "peak_gb": 0.8, "file_gb": 2.24, "ratio": 0.8 / 2.24},
@@ -457,3 +458,26 @@ def test_a_cold_measurement_times_the_first_forward_alone():
     calls.clear()
     times, out = timed(lambda: calls.append(1) or len(calls), 2)
     assert len(calls) == 3 and len(times) == 2 and out == 3
+
+
+def test_the_profile_runner_profiles_a_decode_step(exports, tmp_path):
+    """runtimes/ort/profile.py: a cached decoder's steady step after --past tokens, every kernel
+    counted once (shares sum to 1, the containers apart), and a missing model as one line."""
+    import subprocess
+
+    from posbias_export.runners import RUNTIMES_DIR
+
+    model = exports.cli("alibi", extra=("--kv-cache",))
+    script = str(RUNTIMES_DIR / "ort" / "profile.py")
+    done = subprocess.run([sys.executable, script, str(model), "--past", "40", "--runs", "2", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["wall_us"] > 0 and got["ops"] and all(row["calls"] >= 1 for row in got["ops"])
+    assert sum(row["share"] for row in got["ops"]) == pytest.approx(1.0)
+    assert {row["op"] for row in got["ops"]} & {"MatMul", "Gemm", "FusedMatMul", "MultiHeadAttention",
+                                                "GroupQueryAttention"}
+    assert not {c["op"] for c in got["containers"]} - {"If", "Loop", "Scan"}
+    missing = subprocess.run([sys.executable, script, str(tmp_path / "none.onnx")], capture_output=True, text=True,
+                             timeout=300)
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1 and "error" in missing.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -113,7 +114,7 @@ def test_generate_checks_the_token_ids_a_folder_names(served, tmp_path, change, 
     _one_line(_run([*CLI, "generate", folder, "--prompt", "To be", "--max-new-tokens", "2"]), words)
 
 
-def test_seq2seq_refuses_what_does_not_fit(seq2seq_files, tmp_path):
+def test_seq2seq_refuses_what_does_not_fit(seq2seq_files, tmp_path, monkeypatch):
     """One test, so one worker builds the T5 folder: a prompt that is not UTF-8; a start token
     that is not an id (text, past the vocabulary); and the Python API as the round-3 cases
     called it: a BLOOM file as the encoder, an encoder of another width, max_new_tokens=0 (an
@@ -148,6 +149,10 @@ def test_seq2seq_refuses_what_does_not_fit(seq2seq_files, tmp_path):
     assert seq2seq.greedy_generate(encoder, decoder, ids, np.ones_like(ids), 0).shape == (1, 0)
     with pytest.raises(seq2seq.RunnerError, match="max_new_tokens"):
         seq2seq.greedy_generate(encoder, decoder, ids, np.ones_like(ids), -1)
+    if "CUDAExecutionProvider" not in ort.get_available_providers():  # a missing GPU is one line, not a NameError
+        monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")  # what the run would set, kept to this test
+        with pytest.raises(seq2seq.RunnerError, match="CUDA"):
+            seq2seq.greedy_generate(encoder, decoder, ids, np.ones_like(ids), 2, provider="cuda")
 
 
 def test_a_foreign_cached_decoder_with_symbolic_heads_is_one_line(served, tmp_path):

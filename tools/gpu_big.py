@@ -88,7 +88,7 @@ def read_bandwidth(provider: str) -> float:
     """GB/s the device READS (a sum over a buffer far larger than any cache): a decode step reads
     its weights and cache and writes little, so the floor divides by this, not by copy bandwidth."""
     if provider != "cuda":
-        from posbias_export.bench.harness import read_bandwidth_gbs
+        from posbias_export.environment import read_bandwidth_gbs
 
         return read_bandwidth_gbs()
     import torch

@@ -72,11 +72,10 @@ def profile_length(model: str, provider: str, length: int, heads: int, head_dim:
     """What one forward at this length ran: ORT's ops (ms per type) and, on CUDA, the kernels."""
     import onnxruntime as ort
 
-    from posbias_export.bench.profile import profile
-
     kernels = CudaKernels() if provider == "cuda" else contextlib.nullcontext()
-    result = profile(model, feeds(length, heads, head_dim, dtype), runs=1, providers=served_providers(model, provider),
-                     options=ort_runner().session_options(ort), during=kernels)
+    result = ort_runner("profile.py").profile(model, feeds(length, heads, head_dim, dtype), runs=1,
+                                              providers=served_providers(model, provider),
+                                              options=ort_runner().session_options(ort), during=kernels)
     row = {"length": length, "ort_ops_ms": {r["op"]: round(r["us"] / 1e3, 3) for r in result["ops"][:8]},
            "wall_ms": round(result["wall_us"] / 1e3, 3)}
     if provider == "cuda":

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -73,25 +72,12 @@ def run_eager(cell: EmbedCell, folder: Path, timeout: float) -> None:
 
 def eager_worker(folder: str, length: int, batch: int) -> None:
     """Our module in float32, plain attention, on the worker's inputs: one warm-up, one timed."""
-    import numpy as np
-    import torch
+    from ..hf.eager_runs import module_forward
+    from ..runners import runtimes_common
 
-    from ..hf.models import load_model
-    from ..nn import AttentionSettings
-
-    torch.set_num_threads(2)
-    model = load_model(folder)
-    ids = torch.from_numpy(np.random.default_rng(0).integers(0, model.vocab_size, (batch, length)))
-    mask = torch.ones_like(ids)
-    for row in range(1, batch):
-        mask[row, length - row * length // (2 * batch):] = 0
-    times = []
-    with torch.no_grad():
-        for _ in range(1 if length >= COLD_FROM else 2):
-            start = time.perf_counter()
-            model(ids, mask, settings=AttentionSettings(form="plain"))
-            times.append(time.perf_counter() - start)
-    print(json.dumps({"times": times[-1:]}))
+    vocab = json.loads((Path(folder) / "config.json").read_text())["vocab_size"]
+    case = runtimes_common("inputs").padded_batch(length, batch, vocab)
+    print(json.dumps(module_forward(folder, case.ids, case.mask, runs=1 if length >= COLD_FROM else 2)))
 
 
 def run(lengths=LENGTHS, forms=FORMS, timeout: float = 1800.0, progress=print) -> list[EmbedCell]:

@@ -3,7 +3,7 @@
 - a measurement in a child process (`run_child`): its peak RSS is its own, and its last line of
   stdout is one JSON object (or {"error": one line}); `measured_python` adds a wrapper that reads
   the child's peak by wait4 (a child forked from a large process counts its pages until exec);
-- the median of repeats, and the machine's copy bandwidth (the floor of a bandwidth-bound step);
+- the median of repeats;
 - the results written as markdown + JSON side by side (`write_results`), rows of an earlier run
   kept where a slow benchmark measures in parts (`kept_rows`), and the prose a person wrote about
   the results (below PROSE_MARK in the markdown) kept when the file is regenerated: what we know
@@ -15,11 +15,9 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 
 PROSE_MARK = "<!-- written by hand below this line: kept when the file is regenerated -->"
 
@@ -119,35 +117,6 @@ def run_into(cell: Measured, cmd: list, timeout: float) -> dict | None:
         return None
     cell.times, cell.peak_rss = got["times"], got["peak_rss"]
     return got
-
-
-def copy_bandwidth_gbs(megabytes: int = 512, repeats: int = 5) -> float:
-    """Memory bandwidth as a numpy copy moves it: the bytes read plus the bytes written, per second."""
-    a = np.ones(megabytes * (1 << 20) // 4, np.float32)
-    b = np.empty_like(a)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(b, a)
-        best = min(best, time.perf_counter() - start)
-    return 2 * a.nbytes / best / 1e9
-
-
-def read_bandwidth_gbs(megabytes: int = 1024, repeats: int = 5) -> float:
-    """Memory bandwidth as a read-only reduction moves it, every core summing its own slice of a
-    buffer far larger than the caches: what a decode step that reads its weights is bounded by."""
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
-    a = np.ones(megabytes * (1 << 20) // 4, np.float32)
-    parts = np.array_split(a, os.cpu_count() or 1)
-    best = float("inf")
-    with ThreadPoolExecutor(len(parts)) as pool:  # numpy's reduction releases the GIL
-        for _ in range(repeats):
-            start = time.perf_counter()
-            list(pool.map(np.sum, parts))
-            best = min(best, time.perf_counter() - start)
-    return a.nbytes / best / 1e9
 
 
 def md_table(header: list[str], rows) -> list[str]:

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..environment import describe, environment
+from ..environment import describe, environment, exporter_versions
+from ..limits import total_memory_share
 from ..hf.models import SUPPORTED as KINDS
-from .attention import memory_budget
 from .harness import Measured, run_into, write_results
 
 LENGTHS = (2048, 8192, 16384)
@@ -94,7 +94,7 @@ def run(kinds=KINDS, lengths=LENGTHS, exporters=EXPORTERS, repeats: int = 2, tim
     if unknown:
         raise ValueError(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(KINDS)}")
     cells = []
-    budget = memory_budget()
+    budget = total_memory_share()
     with tempfile.TemporaryDirectory(prefix="posbias-bench-models-") as tmp:
         work = Path(tmp)
         for kind in kinds:
@@ -162,18 +162,6 @@ def markdown(cells: list[ModelCell], env: dict) -> str:
             lines.append(f"| {length} | " + " | ".join(_fmt(find.get((kind, e, length))) for e in exporters) + " |")
         lines.append("")
     return "\n".join(lines)
-
-
-def exporter_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for name in ("transformers", "optimum", "optimum-onnx"):
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = "not installed"
-    return found
 
 
 def write(cells: list[ModelCell], out_dir: Path) -> list[Path]:

@@ -22,7 +22,8 @@ from ..export.quantize.schemes import scheme as quant_scheme
 from ..hf.published import published_folder
 from ..parity.tokens import agreeing
 from . import real_models as real
-from .harness import copy_bandwidth_gbs, md_table, measured_python, scratch, targets_section, write_results
+from ..environment import copy_bandwidth_gbs
+from .harness import md_table, measured_python, scratch, targets_section, write_results
 
 TRAIN_LENGTH_FACTOR = 16  # extrapolation: 16x the training length, as the issue asks
 # (scheme, options) of the checkpoint table; the variants run on the ALiBi checkpoint only
@@ -201,32 +202,15 @@ def _seq2seq_row(name, label, spec, folder, place, threads, new_tokens, bandwidt
 
 
 def decode_step_profile(path: Path, threads: int, past: int, source: int | None = None) -> dict:
-    """One decode step after `past` cached tokens, profiled by ONNX Runtime (profile.py): ms per
-    operator type, the largest first; the cache holds zeros (time does not depend on values).
-    source: a T5 decoder's encoder length (its states and mask fed as well)."""
-    import numpy as np
+    """One decode step after `past` cached tokens (a T5 decoder's encoder `source` long), profiled
+    by ONNX Runtime (runtimes/ort/profile.py): ms per operator type, the largest first."""
     import onnxruntime as ort
 
-    from .profile import profile
+    from .worker import ort_runner
 
+    profiler = ort_runner("profile.py")
     inputs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()
-    names = {i.name for i in inputs}
-    feeds = {"input_ids": np.array([[5]], np.int64)}
-    if "attention_mask" in names:
-        feeds["attention_mask"] = np.ones((1, past + 1), np.int64)
-    if source is not None:
-        width = next(i.shape[-1] for i in inputs if i.name == "encoder_hidden_states")
-        feeds["encoder_hidden_states"] = np.zeros((1, source, width), np.float32)
-        feeds["encoder_attention_mask"] = np.ones((1, source), np.int64)
-    if "use_cache_branch" in names:  # the clients' T5 decoder: a steady step reads its cached cross-attention
-        feeds["use_cache_branch"] = np.array([True])
-    for i in inputs:
-        if i.name not in feeds:  # the cache: [batch, heads, past, head size], batch first (1), the one other symbol past
-            # (the cross-attention cache: as long as the source)
-            length = source if ".encoder." in i.name or "cross" in i.name else past
-            shape = [1] + [length if isinstance(d, str) or d is None else d for d in i.shape[1:]]
-            feeds[i.name] = np.zeros(shape, np.float32)
-    got = profile(path, feeds, runs=4)
+    got = profiler.profile(path, profiler.decode_step_feeds(inputs, past, source), runs=4)
     return {"wall_ms": got["wall_us"] / 1e3, "ops": {o["op"]: o["us"] / 1e3 for o in got["ops"]}}
 
 
@@ -331,28 +315,19 @@ def _real_lines(rows: list[dict], seq2seq: bool) -> list[str]:
 
 def _profile_lines(rows: list[dict], top: int = 8) -> list[str]:
     """Per model: one decode step (512 cached tokens) by operator type, each file side by side."""
+    from .worker import ort_runner
+
     lines = []
     for model in dict.fromkeys(x["model"] for x in rows):
-        got = [x for x in rows if x["model"] == model and "step_profile" in x]
+        got = {x["scheme"]: x["step_profile"] for x in rows if x["model"] == model and "step_profile" in x}
         if not got:
             continue
-        totals: dict[str, float] = {}
-        for x in got:
-            for op, ms in x["step_profile"]["ops"].items():
-                totals[op] = max(totals.get(op, 0.0), ms)
-        ops = sorted(totals, key=lambda op: -totals[op])[:top]
         step = ("one decoder step after 16 cached tokens, with a 512-token source" if model in real.SEQ2SEQ else
                 "one step after 512 cached tokens")
         lines += ["", f"## Where a decode step goes: {model}", "",
                   f"ONNX Runtime's profiler (session option enable_profiling), {step}, "
                   "mean of 4 after a warm-up, all cores; ms per operator type (the largest), then the rest and the "
-                  "step's wall time.", "", "| operator | " + " | ".join(x["scheme"] for x in got) + " |",
-                  "|---|" + "---|" * len(got)]
-        for op in ops:
-            lines.append(f"| {op} | " + " | ".join(f"{x['step_profile']['ops'].get(op, 0.0):.2f}" for x in got) + " |")
-        rest = [sum(ms for op, ms in x["step_profile"]["ops"].items() if op not in ops) for x in got]
-        lines.append("| other operators | " + " | ".join(f"{ms:.2f}" for ms in rest) + " |")
-        lines.append("| step wall time | " + " | ".join(f"{x['step_profile']['wall_ms']:.2f}" for x in got) + " |")
+                  "step's wall time.", ""] + ort_runner("profile.py").side_by_side(got, top)
     return lines
 
 
@@ -388,8 +363,7 @@ def targets(r: QuantResults) -> list[tuple[str, str, bool]]:
 
 def plot(r: QuantResults, path: Path) -> None:
     """Perplexity vs length per checkpoint: the quantized curves beside the float32 one."""
-    from ..plots import pyplot_for
-    from ..runners import atomic
+    from ..plots import length_axes, pyplot_for, save_figure
 
     plt = pyplot_for(path)
     if plt is None or not r.checkpoints:
@@ -401,18 +375,13 @@ def plot(r: QuantResults, path: Path) -> None:
         for label, style in (("float32", "-"), ("int8", "--"), ("int4", ":")):
             got = r.checkpoints[name][label]
             ax.plot(r.lengths, [got[str(n)] for n in r.lengths], style, marker="o", markersize=3, label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_title(name, fontsize=9)
+        length_axes(ax, "", "", name, fontsize=9, log_values=False)
         ax.tick_params(labelsize=7)
-        ax.grid(True, alpha=0.3)
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"Held-out perplexity vs length (trained at {r.lengths[0]}): float32, int8, int4 files on ONNX Runtime",
-                 fontsize=10)
-    fig.tight_layout()
-    atomic().write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_figure(plt, fig, path, f"Held-out perplexity vs length (trained at {r.lengths[0]}): float32, int8, int4 files "
+                "on ONNX Runtime", fontsize=10)
 
 
 def run_and_write(models_dir: Path, corpus: Path, real_names: list[str], work: Path, out_dir: Path, threads: int,

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from ..hf import eager_runs
+from ..hf import eager_runs, ort_runs
+from ..hf.baselines import optimum_cli
 from ..hf.eager_runs import prompt_ids
 from ..hf.published import PUBLISHED, SHARDED, published_folder
-from .harness import (copy_bandwidth_gbs, kept_rows, md_table, measured_python, median, scratch, targets_section,
+from ..environment import copy_bandwidth_gbs
+from .harness import (kept_rows, md_table, measured_python, median, scratch, targets_section,
                       write_results)
 
 SEQ2SEQ = {"t5-base"}  # an encoder file and a cached decoder file; the encoder's prefill is run
@@ -45,15 +44,6 @@ def folder_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.iterdir() if f.is_file() and f.suffix != ".json")
 
 
-def optimum_cli() -> Path | None:
-    """optimum-cli of the side environment clients/optimum_env.sh makes (it pins transformers
-    < 4.58), if it has been made; None otherwise."""
-    import os
-
-    cli = Path(os.environ.get("OPTIMUM_VENV", ".optimum-venv")) / "bin" / "optimum-cli"
-    return cli if cli.is_file() else None
-
-
 @dataclass
 class RealRow:
     name: str
@@ -72,47 +62,6 @@ def worker_run(kind: str, target, prompt: int, new_tokens: int, threads: int, *e
                                      str(new_tokens), str(threads), *extra])
     got = {"prefill_peak_gb": peak, **json.loads(text.strip().splitlines()[-1]), "peak_gb": peak}
     return {**got, "decode_ms": median(got["decode_ms"][warm:])} if "decode_ms" in got else got
-
-
-def ort_steps(model_path: str, capacity: int, threads: int = 0, lean: bool = False, device: str = "cpu"):
-    """make_step (eager_runs.timed_greedy) for our file on ONNX Runtime, the cache kept as
-    `generate` keeps it (runtimes/ort/generate.py stepper: an in-place file's in one buffer
-    written where it lies, another's as ONNX Runtime values between steps)."""
-    from ..parity.runtimes import load_runner
-
-    runner = load_runner("ort/generate.py")
-    decoder = runner.CachedDecoder(model_path, device, threads, lean=lean)
-
-    def make_step():
-        return runner.stepper(decoder, 1, capacity)
-    make_step.ran_on = decoder.session.get_providers()[0]  # what ran it, as ONNX Runtime says
-    return make_step
-
-
-def encoder_worker(model_path: str, prompt: int, threads: int) -> dict:
-    """The T5 encoder file on ORT CPU: one forward of `prompt` tokens."""
-    from ..parity.runtimes import load_runner
-
-    session = load_runner("ort/run.py").create_session(model_path, "cpu", threads)
-    ids = prompt_ids(prompt, 32000)
-    start = time.perf_counter()
-    session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
-    return {"prefill_s": time.perf_counter() - start}
-
-
-def seq2seq_worker(folder: str, prompt: int, new_tokens: int) -> dict:
-    """A folder written with --out-dir (encoder_model.onnx, decoder_model_merged.onnx) on ORT
-    CPU: the encoder over `prompt` tokens, then greedy decoder steps with the cache."""
-    from ..parity.runtimes import load_runner
-
-    config = json.loads((Path(folder) / "config.json").read_text())
-    ids = prompt_ids(prompt, min(32000, config["vocab_size"]))
-    timings: dict = {}
-    tokens = load_runner("ort/seq2seq.py").greedy_generate(
-        str(Path(folder) / "encoder_model.onnx"), str(Path(folder) / "decoder_model_merged.onnx"), ids,
-        np.ones_like(ids), new_tokens, timings=timings)
-    return {"prefill_s": timings["encoder_s"], "decode_ms": timings["steps_ms"][1:],  # the first step: no cache yet
-            "tokens": tokens[0].tolist()}
 
 
 def _optimum_export(row: RealRow, folder: Path, out: Path, task: str, label: str, size, progress) -> bool:
@@ -363,10 +312,10 @@ def main_worker(argv: list[str]) -> None:
     device, dtype, vocab = (rest[rest.index(flag) + 1] if flag in rest else default
                             for flag, default in (("--device", "cpu"), ("--dtype", "float32"), ("--vocab", "30000")))
     ids = prompt_ids(prompt, int(vocab))
-    steps = {"ort": lambda: ort_steps(target, prompt + new, threads, "lean" in rest, device),
+    steps = {"ort": lambda: ort_runs.ort_steps(target, prompt + new, threads, "lean" in rest, device),
              "transformers": lambda: eager_runs.causal_lm_steps(target, device, dtype, threads)}
-    runs = {"encoder": lambda: encoder_worker(target, prompt, threads),
-            "seq2seq": lambda: seq2seq_worker(target, prompt, new),
+    runs = {"encoder": lambda: ort_runs.encoder_forward(target, prompt, threads),
+            "seq2seq": lambda: ort_runs.seq2seq_greedy(target, prompt, new),
             "transformers-seq2seq": lambda: eager_runs.t5_greedy(target, prompt, new, threads),
             "transformers-encoder": lambda: eager_runs.t5_encoder_forward(target, prompt, threads),
             "generate": lambda: eager_runs.generate_timed(target, ids, new, device, dtype)}

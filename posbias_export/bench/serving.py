@@ -13,7 +13,8 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .harness import (check_work_folder, copy_bandwidth_gbs, kept_rows, measured_python, scratch, targets_section,
+from ..environment import copy_bandwidth_gbs
+from .harness import (check_work_folder, kept_rows, measured_python, scratch, targets_section,
                       work_folder, write_results)
 from ..hf.published import PUBLISHED, check_published_folder, published_folder
 from .real_models import SEQ2SEQ, folder_bytes, folder_weight_bytes, weight_bytes, worker_run

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,31 +29,12 @@ INPUT_NAMES = {"causal": ("query", "key", "value"), "bidirectional": ("query", "
                "block": ("hidden_states",)}
 
 
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+def process_memory():
+    """runtimes/common/memory.py: this process's RSS now, its peak, its GPU memory."""
+    sys.path.insert(0, str(RUNTIMES_DIR))
+    from common import memory
 
-
-def rss_now() -> int:
-    return _status_bytes("VmRSS")
-
-
-def peak_rss() -> int:
-    # VmHWM belongs to this process image; getrusage's ru_maxrss survives exec and would
-    # report the (larger) parent that spawned us.
-    return _status_bytes("VmHWM")
-
-
-def process_gpu_bytes() -> int | None:
-    """This process's GPU memory as the driver sees it (NVML), or None without NVML."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0))
-    return next((int(p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                 if p.pid == os.getpid()), 0)
+    return memory
 
 
 def make_inputs(heads: int, head_dim: int, length: int, seed: int = 0, variant: str = "causal",
@@ -67,26 +47,22 @@ def make_inputs(heads: int, head_dim: int, length: int, seed: int = 0, variant: 
 
 
 def model_feeds(session, length: int, vocab: int, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
-    """A whole model's inputs: `batch` rows of `length` random tokens, each input made by its name's
-    generator (runtimes/common/inputs.py; an empty cache: a prefill); rows after the first
-    right-padded to lengths down to half (texts of different lengths, as embedding servers batch)."""
+    """A whole model's inputs for `batch` rows of `length` random tokens (inputs.padded_batch), each
+    input made by its name's generator (runtimes/common/inputs.py; an empty cache: a prefill)."""
     sys.path.insert(0, str(RUNTIMES_DIR))
-    from common.inputs import Case, feeds_for
+    from common.inputs import feeds_for, padded_batch
 
-    ids = np.random.default_rng(seed).integers(0, vocab, (batch, length), dtype=np.int64)
-    mask = np.ones_like(ids)
-    for row in range(1, batch):
-        mask[row, length - row * length // (2 * batch):] = 0
     dtypes = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
     declared = [(v.name, v.shape, dtypes.get(v.type, np.int64)) for v in session.get_inputs()]
-    return feeds_for(declared, Case(ids, mask))
+    return feeds_for(declared, padded_batch(length, batch, vocab, seed))
 
 
-def ort_runner():
+def ort_runner(script: str = "run.py"):
+    """runtimes/ort/<script> as a module: run.py (sessions as served) or profile.py (ORT's profiler)."""
     sys.path.insert(0, str(RUNTIMES_DIR))
     from common.loading import load_runner
 
-    return load_runner("ort/run.py")
+    return load_runner(f"ort/{script}")
 
 
 def served_providers(model: str, provider: str) -> list:
@@ -208,11 +184,11 @@ def one_length(args, session, length: int) -> dict:
             forward = openvino_forward(args.model, inputs, args.variant)
         else:
             forward = torch_forward(args.runner, args.bias, inputs, args.variant, args.heads, args.head_dim)
-    loaded_rss = rss_now()
+    loaded_rss = process_memory().rss_now()
     times, out = timed(forward, args.repeats, not args.cold)
     if args.save:  # the first output of the last run, for an error column
         np.save(args.save, out[0].astype(np.float32))
-    return {"length": length, "times": times, "peak_rss": peak_rss(), "loaded_rss": loaded_rss}
+    return {"length": length, "times": times, "peak_rss": process_memory().peak_rss(), "loaded_rss": loaded_rss}
 
 
 def main(argv=None) -> int:
@@ -233,7 +209,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="the inputs' dtype")
     args = p.parse_args(argv)
     session = ort_session(args.model, args.provider) if args.runner == "ort" else None
-    before = process_gpu_bytes() if args.provider == "cuda" else None
+    before = process_memory().process_gpu_bytes() if args.provider == "cuda" else None
     several = len(args.length) > 1 or args.variant == "model"  # a model that fails to run: its row says why
     for length in args.length:
         try:
@@ -244,7 +220,7 @@ def main(argv=None) -> int:
             row = {"length": length, "error": str(err).strip().splitlines()[0][:300] if str(err).strip()
                    else type(err).__name__}
         if before is not None and "times" in row:
-            after = process_gpu_bytes()
+            after = process_memory().process_gpu_bytes()
             row["gpu_bytes"] = None if after is None else after - before
         print(json.dumps(row), flush=True)
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import warnings
 from pathlib import Path
 
@@ -13,6 +14,13 @@ import torch
 
 from .models import architecture
 from .validate import transformers_model
+
+
+def optimum_cli() -> Path | None:
+    """optimum-cli of the side environment clients/optimum_env.sh makes (it pins transformers
+    < 4.58), if it has been made; None otherwise."""
+    cli = Path(os.environ.get("OPTIMUM_VENV", ".optimum-venv")) / "bin" / "optimum-cli"
+    return cli if cli.is_file() else None
 
 
 class _FirstOutput(torch.nn.Module):

@@ -1,6 +1,7 @@
 """transformers eager on a model folder, the baseline our files are timed against (bench-real,
 bench-quant, bench-serving, the GPU decode lease): greedy decoding with its own cache, a T5
-encoder forward, T5 greedy with its cache. One timed loop (`timed_greedy`) runs these and our
+encoder forward, T5 greedy with its cache; and our own module of an imported folder, where no
+installable implementation exists (JinaBERT: bench-embed). One timed loop (`timed_greedy`) runs these and our
 files alike, so both sides are measured the same way.
 """
 from __future__ import annotations
@@ -130,3 +131,19 @@ def t5_greedy(folder: str, length: int, new_tokens: int, threads: int) -> dict:
             times.append(time.perf_counter() - start)
             past, token = out.past_key_values, out.logits[:, -1].argmax(-1)[:, None]
     return {"prefill_s": prefill, "decode_ms": [1e3 * t for t in times[1:]]}
+
+
+def module_forward(folder: str, ids: np.ndarray, mask: np.ndarray, runs: int = 2, threads: int = 2) -> dict:
+    """Our module of an imported folder (hf.models.load_model) in float32 with plain attention:
+    `runs` forwards, the last one's seconds in `times`."""
+    from ..nn import AttentionSettings
+    from .models import load_model
+
+    torch = _torch(threads)
+    model = load_model(folder)
+    ids, mask = torch.from_numpy(ids), torch.from_numpy(mask)
+    with torch.no_grad():
+        for _ in range(runs):
+            start = time.perf_counter()
+            model(ids, mask, settings=AttentionSettings(form="plain"))
+    return {"times": [time.perf_counter() - start]}

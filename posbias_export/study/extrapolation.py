@@ -7,11 +7,10 @@ import tempfile
 from pathlib import Path
 
 from ..export.files import write_text_atomic
-from ..runners import atomic
 from ..biases import BIASES
 from ..export import checkpoint_metadata, export_onnx
 from ..nn import load_checkpoint
-from ..plots import pyplot_for
+from ..plots import length_axes, pyplot_for, save_figure
 from .evaluate import as_json, evaluate
 from .train import SCHEMES, scheme_of
 
@@ -87,13 +86,7 @@ def plot(results: dict, path: Path) -> None:
         pts = [(r["length"], r["ort_ppl"]) for r in entry["rows"] if r["ort_ppl"]]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="os^Dv"[index % 5], color=colors[(2 * index) % 20 + (index >= 10)],
                 linestyle="-" if index < 6 else "--", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("evaluation length (bytes)")
-    ax.set_ylabel("perplexity (ONNX Runtime, log scale)")
-    ax.set_title("Trained at 64, evaluated long: perplexity through the exported ONNX")
-    ax.grid(True, which="both", alpha=0.3)
+    length_axes(ax, "evaluation length (bytes)", "perplexity (ONNX Runtime, log scale)",
+                "Trained at 64, evaluated long: perplexity through the exported ONNX")
     ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    atomic().write_with(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
+    save_figure(plt, fig, path, dpi=120)

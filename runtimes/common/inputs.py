@@ -18,6 +18,16 @@ class Case:
     named: dict[str, np.ndarray] = field(default_factory=dict)  # given as they are (encoder_hidden_states, ...)
 
 
+def padded_batch(length: int, batch: int, vocab: int, seed: int = 0) -> Case:
+    """`batch` rows of `length` random tokens, rows after the first right-padded to lengths down
+    to half: texts of different lengths, as embedding servers batch them (the benches' case)."""
+    ids = np.random.default_rng(seed).integers(0, vocab, (batch, length), dtype=np.int64)
+    mask = np.ones_like(ids)
+    for row in range(1, batch):
+        mask[row, length - row * length // (2 * batch):] = 0
+    return Case(ids, mask)
+
+
 def _positions(case: Case, shape, dtype) -> np.ndarray:
     return np.clip(case.mask.cumsum(-1) - 1, 0, None).astype(np.int64)  # padding-aware, as transformers counts
 

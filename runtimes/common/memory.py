@@ -1,6 +1,9 @@
 """How much memory a run may take, asked before a large allocation so that a request too big for
-the machine is one line, not std::bad_alloc from inside the runtime."""
+the machine is one line, not std::bad_alloc from inside the runtime; and how much this process
+holds (the benchmarks' memory columns)."""
 from __future__ import annotations
+
+import os
 
 from .tensor_io import RunnerError
 
@@ -21,3 +24,30 @@ def check_allocation(need: int, what: str, advice: str) -> None:
     if need > free:
         raise RunnerError(f"{what} needs {need / 1e9:.3g} GB, more than the {free / 1e9:.3g} GB this machine has "
                           f"free; {advice}")
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def rss_now() -> int:
+    return _status_bytes("VmRSS")
+
+
+def peak_rss() -> int:
+    # VmHWM belongs to this process image; getrusage's ru_maxrss survives exec and would
+    # report the (larger) parent that spawned us.
+    return _status_bytes("VmHWM")
+
+
+def process_gpu_bytes() -> int | None:
+    """This process's GPU memory as the driver sees it (NVML), or None without NVML."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0))
+    return next((int(p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                 if p.pid == os.getpid()), 0)

@@ -35,7 +35,8 @@ from common.runner_cli import OneLineParser  # noqa: E402
 from common.tensor_io import RunnerError  # noqa: E402
 from common.vocabulary import TokenizerVocabulary  # noqa: E402
 
-create_session = load_runner("ort/run.py").create_session
+_ORT_RUN = load_runner("ort/run.py")
+create_session, host_synchronous_cuda = _ORT_RUN.create_session, _ORT_RUN.host_synchronous_cuda
 
 
 MAX_NEW_TOKENS = 8192  # a bound on a request: the cache grows with each token (generate's --max-context default)
