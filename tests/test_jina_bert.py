@@ -167,3 +167,38 @@ def test_8192_tokens_within_policy(folders, tmp_path):
     export_model(folders["base"], path, check_growth=False)
     result = validate([path], ["ort-cpu"], (8192,), batch=2, model_dir=folders["base"], order=False)
     assert result.ok, [(c.case, c.verdict, c.parity) for c in result.matrices[0].cells]
+
+
+# llama.cpp (llama-cpp-python 0.3.36) stores the code layout's `up_gated_layer` whole and applies its
+# fused GEGLU, GELU on the FIRST half; the published code models (and llama.cpp's own split of it
+# when it was added, PR #7596) take GELU of the SECOND: cosine 0.73 here, 0.99999999 with the halves
+# swapped. Strict, so a llama.cpp that fixes it fails this mark and the row can be added.
+LLAMA_CODE_GATE = pytest.mark.xfail(strict=True, reason="llama.cpp applies GELU to the first half of up_gated_layer")
+
+
+@pytest.mark.parametrize("layout", ["base", pytest.param("code", marks=LLAMA_CODE_GATE)])
+def test_llama_cpp_computes_the_same_embedding_from_its_gguf(folders, tmp_path, layout):
+    """bench-embed's llama.cpp row times the same model: the GGUF llama.cpp's own converter makes of
+    our folder, run by llama-cpp-python, gives the description's mean-pooled embedding (cosine >=
+    0.9999, the clients' bar; llama.cpp's GELU is the tanh form) for the ids the text names."""
+    import shutil
+
+    from posbias_export.hf import llama_cpp_runs
+
+    reason = llama_cpp_runs.missing()
+    if reason:
+        pytest.skip(reason)
+    import llama_cpp
+
+    folder = shutil.copytree(folders[layout], tmp_path / "folder")
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    llama_cpp_runs.write_wordpiece_vocab(folder, vocab)
+    gguf = llama_cpp_runs.to_gguf(folder, tmp_path / "model.gguf")
+    text = llama_cpp_runs.texts(40, 1)[0]
+    llm = llama_cpp.Llama(model_path=str(gguf), embedding=True, n_ctx=64, n_batch=64, n_ubatch=64, flash_attn=True,
+                          pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, verbose=False)
+    ids = np.array([[101, *(llama_cpp_runs.FIRST_WORD + i % llama_cpp_runs.WORDS for i in range(38)), 102]])
+    assert llm.tokenize(text.encode()) == ids[0].tolist()
+    theirs = np.array(llm.embed(text, normalize=False))
+    ours = dense_reference(folder, ids, np.ones_like(ids))[0].mean(0)
+    assert theirs @ ours / np.linalg.norm(theirs) / np.linalg.norm(ours) >= 0.9999

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..environment import describe, environment
+from ..hf import llama_cpp_runs
 from .harness import ChildFailed, Measured, measured_python, one_line, run_into, targets_section, write_results
 
 COMMAND = "python -m posbias_export bench-embed"
@@ -22,7 +23,7 @@ BASE = dict(vocab=30528, hidden=768, heads=12, layers=12, max_len=8192)
 LENGTHS = (512, 2048, 8192, 16384, 32768)
 COLD_FROM = 16384  # one cold forward from here on: a warm-up would double a run of many minutes
 SHORT_BATCH = (32, 128)  # 32 texts of at most 128 tokens, right-padded: what embedding servers batch all day
-FORMS = ("ours", "dense", "eager")
+FORMS = ("ours", "dense", "eager", "llama.cpp")  # llama.cpp where llama_cpp_runs.missing() is None
 WORKER = Path(__file__).with_name("worker.py")
 PEAK_TARGET_GB = 1.5  # 8192 tokens, the whole process, float32
 TIME_TARGET = {"single": 1.0, "batch": 1.1}  # ours / dense at 2048 (batch 1), and on the short batch
@@ -39,8 +40,9 @@ class EmbedCell(Measured):
         return None if self.min is None else 1e3 * self.min / (self.length * self.batch)
 
 
-def make_files(work: Path, progress) -> tuple[Path, dict[str, Path]]:
-    """The folder (published size, random weights) and its two ONNX files."""
+def make_files(work: Path, gguf: bool, progress) -> tuple[Path, dict[str, Path]]:
+    """The folder (published size, random weights), its two ONNX files and, with `gguf`, llama.cpp's
+    file of it (its own converter, float32)."""
     from ..hf.export import export_model
     from ..hf.tiny import Sizes, save_tiny_folder
 
@@ -51,6 +53,10 @@ def make_files(work: Path, progress) -> tuple[Path, dict[str, Path]]:
     for form, path in files.items():
         progress(f"exporting {form}")
         export_model(folder, path, attention="plain" if form == "dense" else None, check_growth=False)
+    if gguf:
+        progress("converting to GGUF (llama.cpp's converter)")
+        llama_cpp_runs.write_wordpiece_vocab(folder, BASE["vocab"])
+        files["llama.cpp"] = llama_cpp_runs.to_gguf(folder, work / "model.gguf")
     return folder, files
 
 
@@ -61,35 +67,37 @@ def run_onnx(cell: EmbedCell, path: Path, timeout: float) -> None:
     run_into(cell, cmd, timeout)  # the dense form at length: killed for memory is its row
 
 
-def run_eager(cell: EmbedCell, folder: Path, timeout: float) -> None:
+def run_python(cell: EmbedCell, args: list[str], timeout: float) -> None:
+    """A Python worker (-m ... LENGTH BATCH RUNS) that prints {"times": [...]}: eager, llama.cpp."""
+    runs = "1" if cell.length >= COLD_FROM else "2"
     try:
-        _, peak, out = measured_python(["-m", "posbias_export.bench.embedders", "eager", str(folder), str(cell.length),
-                                        str(cell.batch)], timeout)
+        _, peak, out = measured_python([*args, str(cell.length), str(cell.batch), runs], timeout)
         cell.times, cell.peak_rss = json.loads(out.strip().splitlines()[-1])["times"], int(peak * 1e9)
     except ChildFailed as err:
         cell.skipped = one_line(err.reason)
 
 
-def eager_worker(folder: str, length: int, batch: int) -> None:
-    """Our module in float32, plain attention, on the worker's inputs: one warm-up, one timed."""
+def eager_worker(folder: str, length: int, batch: int, runs: int) -> None:
+    """Our module in float32, plain attention, on the worker's inputs: the last of `runs` timed."""
     from ..hf.eager_runs import module_forward
     from ..runners import runtimes_common
 
     vocab = json.loads((Path(folder) / "config.json").read_text())["vocab_size"]
     case = runtimes_common("inputs").padded_batch(length, batch, vocab)
-    print(json.dumps(module_forward(folder, case.ids, case.mask, runs=1 if length >= COLD_FROM else 2)))
+    print(json.dumps(module_forward(folder, case.ids, case.mask, runs=runs)))
 
 
 def run(lengths=LENGTHS, forms=FORMS, timeout: float = 1800.0, progress=print) -> list[EmbedCell]:
-    cells = []
+    cells, forms = [], [f for f in forms if f != "llama.cpp" or not llama_cpp_runs.missing()]
     with tempfile.TemporaryDirectory(prefix="posbias-bench-embed-") as tmp:
-        folder, files = make_files(Path(tmp), progress)
-        shapes = [(n, 1) for n in lengths] + [SHORT_BATCH[::-1]]
-        for length, batch in shapes:
+        folder, files = make_files(Path(tmp), "llama.cpp" in forms, progress)
+        workers = {"eager": ["-m", "posbias_export.bench.embedders", "eager", str(folder)],
+                   "llama.cpp": ["-m", "posbias_export.hf.llama_cpp_runs", "embed", str(files.get("llama.cpp"))]}
+        for length, batch in [(n, 1) for n in lengths] + [SHORT_BATCH[::-1]]:
             for form in forms:
                 cell = EmbedCell(form=form, length=length, batch=batch)
                 progress(f"{form} L={length} B={batch}")
-                run_eager(cell, folder, timeout) if form == "eager" else run_onnx(cell, files[form], timeout)
+                run_python(cell, workers[form], timeout) if form in workers else run_onnx(cell, files[form], timeout)
                 cells.append(cell)
     return cells
 
@@ -116,6 +124,11 @@ def targets(cells) -> list[tuple[str, str, bool | None]]:
         if ours and dense and ours.min and dense.min:
             ratio = ours.min / dense.min
             out.append((f"{label}: ours <= {limit}x the dense form's time", f"{ratio:.2f}x", ratio <= limit))
+    ours, theirs = _find(cells, "ours", 8192), _find(cells, "llama.cpp", 8192)
+    if ours and theirs and ours.min and theirs.min:
+        out += [("8192 tokens beside llama.cpp: time no worse", f"{ours.min / theirs.min:.2f}x", ours.min <= theirs.min),
+                ("8192 tokens beside llama.cpp: peak RSS no worse", f"{ours.peak_rss / 1e9:.2f} vs "
+                 f"{theirs.peak_rss / 1e9:.2f} GB", ours.peak_rss <= theirs.peak_rss)]
     return out
 
 
@@ -143,15 +156,11 @@ def markdown(cells, env: dict) -> str:
         ours, dense = _find(cells, "ours", length, batch), _find(cells, "dense", length, batch)
         ratio = f"{ours.min / dense.min:.2f}" if ours and dense and ours.min and dense.min else "-"
         lines.append(f"| {length} | {batch} | " + " | ".join(_cell(c) for c in row) + f" | {ratio} |")
-    lines += ["", "llama.cpp: " + ("measured beside" if llama_cpp_available() else
-                                   "not measured: llama_cpp is not importable here")]
+    reason = llama_cpp_runs.missing()
+    lines += ["", f"llama.cpp: not measured: {reason}" if reason else
+              "llama.cpp: llama-cpp-python on a GGUF from llama.cpp's converter (float32), mean pooling, flash "
+              "attention on (llama.cpp's own default on this CPU), all rows of a batch in one call."]
     return "\n".join(lines + targets_section(targets(cells))) + "\n"
-
-
-def llama_cpp_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("llama_cpp") is not None
 
 
 def run_and_write(lengths=LENGTHS, out_dir="benchmarks", progress=print) -> list[Path]:
@@ -164,5 +173,5 @@ def run_and_write(lengths=LENGTHS, out_dir="benchmarks", progress=print) -> list
                                             "targets": targets(cells)}, markdown(cells, env))
 
 
-if __name__ == "__main__":  # the eager worker: python -m posbias_export.bench.embedders eager FOLDER LENGTH BATCH
-    eager_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+if __name__ == "__main__":  # the eager worker: python -m posbias_export.bench.embedders eager FOLDER LENGTH BATCH RUNS
+    eager_worker(sys.argv[2], *map(int, sys.argv[3:6]))

@@ -1,0 +1,91 @@
+"""llama.cpp beside our files: the CPU engine people pick instead of ONNX Runtime. A model folder
+becomes a GGUF through llama.cpp's own converter (convert_hf_to_gguf.py, which pip's
+llama-cpp-python does not install: LLAMA_CPP_CONVERTER names it, e.g. the one in the
+llama-cpp-python sdist under vendor/llama.cpp/), and llama-cpp-python runs it, timed as our
+files are (eager_runs.py, ort_runs.py).
+
+    python -m posbias_export.hf.llama_cpp_runs embed MODEL.gguf LENGTH BATCH RUNS  -> {"times": [s]}
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONVERTER_ENV = "LLAMA_CPP_CONVERTER"
+# BERT's special ids, which llama.cpp's WordPiece vocabulary assumes ([CLS] 101, [SEP] 102)
+BERT_SPECIAL = {0: "[PAD]", 100: "[UNK]", 101: "[CLS]", 102: "[SEP]", 103: "[MASK]"}
+FIRST_WORD, WORDS = 104, 96  # the words a run sends: w104 ... w199 (each one id)
+# The converter names a WordPiece vocabulary's pre-tokenizer by hashing how its tokenizer splits a
+# test string, and knows only the published tokenizers; ours is made here, so it is named as
+# jina-embeddings-v2-base-en's (the ids a run sends do not depend on it: one word, one id).
+_CONVERT = """import runpy, sys
+from pathlib import Path
+script = Path(sys.argv[1])
+sys.path[:0] = [str(script.parent), str(script.parent / "gguf-py")]
+import conversion.base as base
+owner = next(c for c in vars(base).values() if isinstance(c, type) and "get_vocab_base_pre" in vars(c))
+owner.get_vocab_base_pre = lambda self, tokenizer: sys.argv[2]
+sys.argv = [str(script), *sys.argv[3:]]
+runpy.run_path(str(script), run_name="__main__")
+"""
+
+
+def missing() -> str | None:
+    """Why llama.cpp cannot be measured here, or None when it can."""
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama_cpp is not importable (pip install llama-cpp-python)"
+    script = os.environ.get(CONVERTER_ENV)
+    if not script or not Path(script).is_file():
+        return (f"{CONVERTER_ENV} does not name llama.cpp's convert_hf_to_gguf.py (the llama-cpp-python sdist has "
+                "it under vendor/llama.cpp/)")
+    return None
+
+
+def write_wordpiece_vocab(folder: Path, vocab: int) -> None:
+    """vocab.txt and tokenizer_config.json for a random-weight BERT folder: BERT's special ids,
+    every other id a word of its own (w<id>), so a text of n words is n ids plus [CLS] and [SEP]."""
+    (folder / "vocab.txt").write_text("\n".join(BERT_SPECIAL.get(i, f"w{i}") for i in range(vocab)) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True}))
+
+
+def to_gguf(folder: Path, out: Path, pre_tokenizer: str = "jina-v2-en", outtype: str = "f32") -> Path:
+    """llama.cpp's converter on `folder` (float32 as our files are); RuntimeError with its last line."""
+    done = subprocess.run([sys.executable, "-c", _CONVERT, os.environ[CONVERTER_ENV], pre_tokenizer, str(folder),
+                           "--outfile", str(out), "--outtype", outtype], capture_output=True, text=True)
+    if done.returncode or not out.is_file():
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        raise RuntimeError(f"llama.cpp's converter failed: {lines[-1] if lines else done.returncode}")
+    return out
+
+
+def texts(length: int, batch: int) -> list[str]:
+    """The texts a run embeds: `batch` rows of `length` tokens with [CLS] and [SEP], rows after the
+    first shorter down to half (runtimes/common/inputs.padded_batch's lengths)."""
+    words = [f"w{FIRST_WORD + i % WORDS}" for i in range(length - 2)]
+    return [" ".join(words[:length - row * length // (2 * batch) - 2]) for row in range(batch)]
+
+
+def embed_forward(model: str, length: int, batch: int, threads: int = 2, runs: int = 2) -> dict:
+    """llama.cpp's embedding of the texts: one context as long as the longest row, every row in one
+    batch, flash attention on (llama.cpp's own default on a CPU that has it); the last run timed."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=model, embedding=True, n_ctx=length * batch, n_batch=length * batch,
+                          n_ubatch=length * batch, n_threads=threads, n_threads_batch=threads, flash_attn=True,
+                          n_seq_max=batch, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, verbose=False)
+    rows = texts(length, batch)
+    for _ in range(runs):
+        start = time.perf_counter()
+        llm.embed(rows if batch > 1 else rows[0], normalize=False)
+    return {"times": [time.perf_counter() - start]}
+
+
+if __name__ == "__main__":
+    _, _, model, length, batch, runs = sys.argv  # embed MODEL LENGTH BATCH RUNS
+    print(json.dumps(embed_forward(model, int(length), int(batch), runs=int(runs))))
