@@ -370,7 +370,7 @@ def test_bench_real_refuses_a_run_it_would_ignore(tmp_path, capsys):
 def test_a_work_folder_of_other_files_is_refused_before_anything_is_written(tmp_path, capsys, command):
     """`--work /` once wrote a 2 GB bloom-560m folder into the root: a bench uses a --work folder it
     makes (new or empty) or made (its mark, or only the published models' names in it)."""
-    from posbias_export.bench.harness import WORK_MARK
+    from posbias_export.export.files import WORK_MARK
 
     system = tmp_path / "system"
     (system / "etc").mkdir(parents=True)
@@ -382,7 +382,7 @@ def test_a_work_folder_of_other_files_is_refused_before_anything_is_written(tmp_
     ours = tmp_path / "ours"
     (ours / "bloom-560m").mkdir(parents=True)
     (ours / "bloom-560m_int4.onnx").write_text("")
-    from posbias_export.bench.harness import work_folder
+    from posbias_export.export.files import work_folder
     from posbias_export.hf.published import PUBLISHED
 
     assert work_folder(ours, PUBLISHED) == ours and (ours / WORK_MARK).is_file()  # a folder a bench made
@@ -484,3 +484,25 @@ def test_the_profile_runner_profiles_a_decode_step(exports, tmp_path):
     missing = subprocess.run([sys.executable, script, str(tmp_path / "none.onnx")], capture_output=True, text=True,
                              timeout=300)
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1 and "error" in missing.stderr
+
+
+def test_bench_quant_judges_a_sharded_encoder_alone_on_its_embedding(tmp_path, monkeypatch):
+    """The UMT5-XXL row at a tiny size, end to end: bfloat16 shards written tensor by tensor, the
+    streamed int8 export in its own process, a 512-token forward on ORT CPU, and the embedding judged
+    against transformers float32 run block by block; the table and its targets from that row."""
+    from posbias_export.bench import quantized
+    from posbias_export.hf import published
+
+    tiny = ("UMT5EncoderModel", "UMT5Config", dict(vocab_size=32100, d_model=64, d_kv=16, d_ff=96, num_layers=2,
+                                                    num_heads=4, feed_forward_proj="gated-gelu", tie_word_embeddings=False))
+    monkeypatch.setitem(published.PUBLISHED, "tiny-umt5", tiny)
+    monkeypatch.setitem(published.SHARDED, "tiny-umt5", "bfloat16")
+    monkeypatch.setattr(quantized, "ENCODER_ONLY", {"tiny-umt5"})
+    [row] = quantized.real_rows("tiny-umt5", tmp_path / "work", 2, 2, progress=lambda m: None)
+    assert "error" not in row, row
+    assert row["parity"]["passed"] and row["parity"]["cosine_min"] >= 0.99 and row["file_gb"] > 0
+    md = quantized.render(quantized.QuantResults(commands=["bench-quant"], checkpoints={}, variants={}, lengths=[64],
+                                                 real=[row]))
+    assert "## Real size, an encoder alone" in md and "| tiny-umt5 | int8 |" in md
+    assert "tiny-umt5 int8 (encoder): embedding cosine to float32 >= 0.99 |" in md
+    assert "tiny-umt5 int8 (encoder): export peak <=" in md

@@ -19,11 +19,13 @@ from pathlib import Path
 
 from ..export.quantize.schemes import SCHEMES as ALL_SCHEMES
 from ..export.quantize.schemes import scheme as quant_scheme
+from ..hf import ort_runs
 from ..hf.published import published_folder
 from ..parity.tokens import agreeing
 from . import real_models as real
 from ..environment import copy_bandwidth_gbs
-from .harness import md_table, measured_python, scratch, targets_section, write_results
+from ..export.files import scratch
+from .harness import md_table, measured_python, targets_section, write_results
 
 TRAIN_LENGTH_FACTOR = 16  # extrapolation: 16x the training length, as the issue asks
 # (scheme, options) of the checkpoint table; the variants run on the ALiBi checkpoint only
@@ -41,6 +43,7 @@ PPL_TARGET = {name: math.expm1(cls.policy.max_kl) for name, cls in ALL_SCHEMES.i
 DECODE_TARGET = {"int8": 0.5, "int4": 0.3}
 FLOOR_TARGET = 1.5
 EXPORT_BOUND = (1.5, 1.0)  # streamed quantized export: peak RSS <= 1.5x the file + 1 GB
+ENCODER_ONLY = {"umt5-xxl-encoder"}  # int8 only, judged on its embedding: float32 (23 GB) cannot run here
 
 
 @dataclass
@@ -89,6 +92,8 @@ def real_rows(name: str, work: Path, threads: int, new_tokens: int, progress=pri
     import shutil
 
     folder, seq2seq = published_folder(name, work, progress=progress), name in real.SEQ2SEQ
+    if name in ENCODER_ONLY:
+        return [_encoder_row(name, folder, work, threads, progress)]
     bandwidth, out, float_tokens = copy_bandwidth_gbs(), [], None
     schemes = [("float32", None), ("int8", SCHEMES["int8"]), ("int4", SCHEMES["int4"])]
     schemes += [] if seq2seq else [("int4 accuracy level 0", VARIANTS["int4 accuracy level 0 (unset: float32 compute)"])]
@@ -115,6 +120,31 @@ def real_rows(name: str, work: Path, threads: int, new_tokens: int, progress=pri
     return [{**row, "eager_ms": eager} for row in out]
 
 
+def _encoder_row(name, folder, work, threads, progress) -> dict:
+    """An encoder alone, int8 (its float32 file would not fit here): the streamed export (own process,
+    peak RSS), one forward of 512 tokens on ORT CPU, and its embedding judged against transformers'
+    float32 run block by block (hf/eager_runs.t5_encoder_streamed) by parity/embedding.py's policy."""
+    import numpy as np
+
+    from ..parity.embedding import judge
+
+    with scratch(work) as files:
+        path, ours, ref = (Path(files) / f for f in (f"{name}.onnx", "ours.npy", "reference.npy"))
+        try:
+            progress(f"{name}: export int8")
+            seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--out", str(path),
+                                                "--skip-growth-check", *SCHEMES["int8"].flags()])
+            progress(f"{name}: run int8, then the float32 reference")
+            got = real.worker_run("encoder", path, 512, 0, threads, "--save", str(ours))
+            theirs = real.worker_run("transformers-encoder-streamed", folder, 512, 0, threads, "--save", str(ref))
+            parity = judge(np.load(ours), np.load(ref), np.ones((1, 512), bool), "int8").as_dict()
+        except Exception as err:  # noqa: BLE001 - an export killed for memory is a row
+            return {"model": name, "scheme": "int8", "error": (str(err).strip().splitlines() or [repr(err)])[-1][:300]}
+        return {"model": name, "scheme": "int8", "file_gb": real.weight_bytes(path) / 1e9, "export_s": seconds,
+                "export_peak_gb": peak, "prefill_s": got["prefill_s"], "run_peak_gb": got["peak_gb"],
+                "reference_s": theirs["prefill_s"], "reference_peak_gb": theirs["peak_gb"], "parity": parity}
+
+
 def _decoder_row(name, label, spec, folder, place, threads, new_tokens, bandwidth, progress) -> dict:
     path = place / f"{name}.onnx"
     progress(f"{name}: export {label}")
@@ -124,7 +154,7 @@ def _decoder_row(name, label, spec, folder, place, threads, new_tokens, bandwidt
     progress(f"{name}: run {label}")
     return {"model": name, "scheme": label, "export_s": seconds, "export_peak_gb": peak,
             **_run_figures(path, real.weight_bytes(path), threads, new_tokens, bandwidth),
-            "step_profile": decode_step_profile(path, threads, past=512)}
+            "step_profile": ort_runs.decode_step_profile(path, threads, past=512)}
 
 
 def _run_figures(path: Path, size: int, threads: int, new_tokens: int, bandwidth: float) -> dict:
@@ -191,7 +221,7 @@ def _seq2seq_row(name, label, spec, folder, place, threads, new_tokens, bandwidt
            "decoder_gb": real.weight_bytes(files[1]) / 1e9, "export_s": seconds, "export_peak_gb": peak,
            "prefill_s": got["prefill_s"], "run_peak_gb": got["peak_gb"], "decode_ms": got["decode_ms"],
            "floor_ms": real.weight_bytes(files[1]) / (bandwidth * 1e9) * 1e3, "bandwidth_gbs": bandwidth,
-           "tokens": got["tokens"], "step_profile": decode_step_profile(files[1], threads, past=16, source=512)}
+           "tokens": got["tokens"], "step_profile": ort_runs.decode_step_profile(files[1], threads, past=16, source=512)}
     if spec is not None:
         progress(f"{name}: policy {label}")
         matrix = run_seq2seq_matrix(*files, folder, ("ort-cpu",), (64, 512), batch=1, order=False)
@@ -199,19 +229,6 @@ def _seq2seq_row(name, label, spec, folder, place, threads, new_tokens, bandwidt
                                   "top1_decided": c.parity["top1_decided"], "decided": c.parity["decided_positions"]}
                          for c in matrix.cells if c.runtime == "ort-cpu"}
     return row
-
-
-def decode_step_profile(path: Path, threads: int, past: int, source: int | None = None) -> dict:
-    """One decode step after `past` cached tokens (a T5 decoder's encoder `source` long), profiled
-    by ONNX Runtime (runtimes/ort/profile.py): ms per operator type, the largest first."""
-    import onnxruntime as ort
-
-    from .worker import ort_runner
-
-    profiler = ort_runner("profile.py")
-    inputs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()
-    got = profiler.profile(path, profiler.decode_step_feeds(inputs, past, source), runs=4)
-    return {"wall_ms": got["wall_us"] / 1e3, "ops": {o["op"]: o["us"] / 1e3 for o in got["ops"]}}
 
 
 def render(r: QuantResults) -> str:
@@ -222,7 +239,7 @@ def render(r: QuantResults) -> str:
              "copy, quantized); attention, the positional bias, norms and softmax stay float32. Machine: 2 CPU "
              "cores, ONNX Runtime CPU, 2 threads.", ""]
     lines += _checkpoint_lines(r) + _variant_lines(r) + _real_lines(r.real, False) + _profile_lines(r.real)
-    lines += _real_lines(r.real, True)
+    lines += _real_lines(r.real, True) + _encoder_lines(r.real)
     return "\n".join(lines + targets_section(targets(r))) + "\n"
 
 
@@ -292,7 +309,7 @@ def _real_cells(x: dict, base: dict, seq2seq: bool) -> list[str]:
 
 def _real_lines(rows: list[dict], seq2seq: bool) -> list[str]:
     """The real-size rows of one kind (decoders, or encoder-decoder pairs), each beside its float32 row."""
-    got = [x for x in rows if (x["model"] in real.SEQ2SEQ) == seq2seq]
+    got = [x for x in rows if (x["model"] in real.SEQ2SEQ) == seq2seq and x["model"] not in ENCODER_ONLY]
     if not got:
         return []
     header = REAL_HEADERS[seq2seq]
@@ -311,6 +328,22 @@ def _real_lines(rows: list[dict], seq2seq: bool) -> list[str]:
                   f"quantizer {x['optimum']['quantize_s']:.0f} s at {x['optimum']['quantize_peak_gb']:.2f} GB"
                   for x in theirs]
     return lines
+
+
+def _encoder_lines(rows: list[dict]) -> list[str]:
+    got = [x for x in rows if x["model"] in ENCODER_ONLY]
+    header = ["model", "weights", "file GB", "export s", "export peak GB", "forward 512 s", "run peak GB",
+              "embedding cosine (budget)", "worst token cosine", "float32 reference s, peak GB"]
+    body = [[x["model"], x["scheme"], f"failed: {x['error']}"] + [""] * 7 if "error" in x else
+            [x["model"], x["scheme"], f"{x['file_gb']:.2f}", f"{x['export_s']:.0f}", f"{x['export_peak_gb']:.2f}",
+             f"{x['prefill_s']:.1f}", f"{x['run_peak_gb']:.2f}",
+             f"{x['parity']['cosine_min']:.5f} ({x['parity']['budget_cosine']})", f"{x['parity']['token_cosine_min']:.4f}",
+             f"{x['reference_s']:.0f}, {x['reference_peak_gb']:.2f}"] for x in got]
+    return ["", "## Real size, an encoder alone: ONNX Runtime CPU, 512 tokens", "",
+            "Exported with `--model DIR --out FILE --quantize int8` from bfloat16 shards (quantized weight by weight "
+            "as the export streams); the embedding (mean of the tokens' states) judged against transformers float32, "
+            "run block by block from the shards (the float32 model is larger than this machine's memory).", ""
+            ] + md_table(header, body) if got else []
 
 
 def _profile_lines(rows: list[dict], top: int = 8) -> list[str]:
@@ -340,7 +373,8 @@ def targets(r: QuantResults) -> list[tuple[str, str, bool]]:
                         f"{', '.join(map(str, r.lengths))} tokens", f"{100 * worst:+.2f}%", worst <= PPL_TARGET[s]))
     floats = {x["model"]: x for x in r.real if x["scheme"] == "float32" and "error" not in x}
     for x in r.real:
-        label = f"{x['model']} {x['scheme']}" + (" (encoder-decoder)" if x["model"] in real.SEQ2SEQ else "")
+        label = f"{x['model']} {x['scheme']}" + (" (encoder-decoder)" if x["model"] in real.SEQ2SEQ else
+                                                 " (encoder)" if x["model"] in ENCODER_ONLY else "")
         if x["scheme"] in DECODE_TARGET and "error" in x:
             out.append((f"{label}: exported and run", f"failed: {x['error'][:120]}", False))
         elif x["scheme"] in DECODE_TARGET and x["model"] in floats:
@@ -355,6 +389,9 @@ def targets(r: QuantResults) -> list[tuple[str, str, bool]]:
             bound = EXPORT_BOUND[0] * x["file_gb"] + EXPORT_BOUND[1]
             out.append((f"{label}: export peak <= {EXPORT_BOUND[0]}x the file + {EXPORT_BOUND[1]:.0f} GB",
                         f"{x['export_peak_gb']:.2f} GB (bound {bound:.2f})", x["export_peak_gb"] <= bound))
+        if "parity" in x:
+            out.append((f"{label}: embedding cosine to float32 >= {x['parity']['budget_cosine']}",
+                        f"{x['parity']['cosine_min']:.5f}", x["parity"]["passed"]))
         for case, p in x.get("policy", {}).items():
             out.append((f"{label}: the quantized policy on the pair at {case}",
                         f"KL {p['kl_mean']:.4f} nats", p["verdict"] == "pass"))

@@ -19,7 +19,8 @@ from ..hf.baselines import optimum_cli
 from ..hf.eager_runs import prompt_ids
 from ..hf.published import PUBLISHED, SHARDED, published_folder
 from ..environment import copy_bandwidth_gbs
-from .harness import (kept_rows, md_table, measured_python, median, scratch, targets_section,
+from ..export.files import scratch
+from .harness import (kept_rows, md_table, measured_python, median, targets_section,
                       write_results)
 
 SEQ2SEQ = {"t5-base"}  # an encoder file and a cached decoder file; the encoder's prefill is run
@@ -106,7 +107,7 @@ def _encoder_runs(row: RealRow, folder: Path, work: Path, threads: int, progress
 
 def measure(name: str, work: Path, files: Path, dtypes: tuple[str, ...], run: bool, threads: int, new_tokens: int,
             source_dtype: str, progress=print) -> RealRow:
-    """WORK/<name> (published_folder) exported and run; every file made goes to `files` (harness.scratch)."""
+    """WORK/<name> (published_folder) exported and run; every file made goes to `files` (export/files.scratch)."""
     import transformers as tf
 
     folder = published_folder(name, work, source_dtype, progress)
@@ -306,15 +307,16 @@ def run_and_write(names: list[str], work: Path, out_dir: Path, run_names: set[st
 
 def main_worker(argv: list[str]) -> None:
     """python -m posbias_export.bench.real_models KIND FILE|FOLDER PROMPT NEW THREADS [lean]
-    [--device D] [--dtype T] [--vocab V]"""
+    [--device D] [--dtype T] [--vocab V] [--save STATES.npy]"""
     kind, target, prompt, new, threads, *rest = argv
     prompt, new, threads = int(prompt), int(new), int(threads)
-    device, dtype, vocab = (rest[rest.index(flag) + 1] if flag in rest else default
-                            for flag, default in (("--device", "cpu"), ("--dtype", "float32"), ("--vocab", "30000")))
+    device, dtype, vocab, save = (rest[rest.index(flag) + 1] if flag in rest else default for flag, default in
+                                  (("--device", "cpu"), ("--dtype", "float32"), ("--vocab", "30000"), ("--save", None)))
     ids = prompt_ids(prompt, int(vocab))
     steps = {"ort": lambda: ort_runs.ort_steps(target, prompt + new, threads, "lean" in rest, device),
              "transformers": lambda: eager_runs.causal_lm_steps(target, device, dtype, threads)}
-    runs = {"encoder": lambda: ort_runs.encoder_forward(target, prompt, threads),
+    runs = {"encoder": lambda: ort_runs.encoder_forward(target, prompt, threads, save),
+            "transformers-encoder-streamed": lambda: eager_runs.t5_encoder_streamed_timed(target, prompt, threads, save),
             "seq2seq": lambda: ort_runs.seq2seq_greedy(target, prompt, new),
             "transformers-seq2seq": lambda: eager_runs.t5_greedy(target, prompt, new, threads),
             "transformers-encoder": lambda: eager_runs.t5_encoder_forward(target, prompt, threads),

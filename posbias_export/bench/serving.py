@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..environment import copy_bandwidth_gbs
-from .harness import (check_work_folder, kept_rows, measured_python, scratch, targets_section,
+from ..export.files import check_work_folder, scratch
+from .harness import (kept_rows, measured_python, targets_section,
                       work_folder, write_results)
 from ..hf.published import PUBLISHED, check_published_folder, published_folder
 from .real_models import SEQ2SEQ, folder_bytes, folder_weight_bytes, weight_bytes, worker_run
@@ -100,7 +101,7 @@ def _optimum(row: ServingRow, folder: Path, files: Path, contexts, new_tokens: i
 
 def measure(name: str, work: Path, files: Path, contexts, schemes, new_tokens: int, threads: int,
             progress=print, kinds=KINDS) -> ServingRow:
-    """WORK/<name> (published_folder) exported and run; the files made go to `files` (harness.scratch),
+    """WORK/<name> (published_folder) exported and run; the files made go to `files` (export/files.scratch),
     each removed once its runs are done (a 1B model's float32 files are 5 GB each)."""
     folder = published_folder(name, work, progress=progress)
     row = ServingRow(name, bandwidth_gbs=copy_bandwidth_gbs())

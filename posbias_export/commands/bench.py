@@ -150,7 +150,7 @@ def run_bench_real(args) -> int:
     from pathlib import Path
 
     from ..bench import real_models as bench
-    from ..bench.harness import work_folder
+    from ..export.files import work_folder
 
     unknown = [m for m in args.models if m not in bench.PUBLISHED]
     if unknown:
@@ -187,7 +187,7 @@ def run_bench_quant(args) -> int:
     from pathlib import Path
 
     from ..bench import quantized
-    from ..bench.harness import check_work_folder, work_folder
+    from ..export.files import check_work_folder, work_folder
     from ..bench.real_models import PUBLISHED
     from ..hf.published import check_published_folder
 

@@ -1,6 +1,7 @@
 """Writing model files: fail early when the output cannot be written, then write atomically
 (a temporary file in the same folder, renamed), so a failed run leaves no partial file and
-never replaces an existing one."""
+never replaces an existing one; and the --work folder a long job (a bench) fills: one it made or
+verified, its files in a private folder removed when the job ends."""
 from __future__ import annotations
 
 import os
@@ -65,6 +66,44 @@ def output_folder(path: str | os.PathLike) -> Path:
         raise ValueError(f"output folder {path} is a file")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+WORK_MARK = ".posbias-bench-work"  # in every --work folder a bench made
+
+
+def work_folder(path: Path, own_names=()) -> Path:
+    """--work as a bench may use it: a folder it makes (new, or empty) or one it made before
+    (its mark, or nothing in it but `own_names` and what starts with one of them followed by
+    "_", the published models' folders and files). Anything else, `/` or a home folder say, is
+    refused in one line before anything is written there: a bench writes only in a folder it
+    made or verified."""
+    path = check_work_folder(path, own_names)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / WORK_MARK).touch()
+    return path
+
+
+def check_work_folder(path: Path, own_names=()) -> Path:
+    """work_folder's refusals, with nothing made: a bench checks everything before it writes."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--work {path} is a file, not a folder")
+    if path.is_dir() and not (path / WORK_MARK).is_file():
+        own = set(own_names) | {"bench-files"}
+        foreign = [e.name for e in path.iterdir()
+                   if e.name not in own and e.name.split("_")[0] not in own and not e.name.endswith(".posbias-tmp")]
+        if foreign:
+            raise ValueError(f"--work {path} holds files no benchmark made ({foreign[0]!r} among them); give a new or "
+                             "empty folder")
+    return path
+
+
+def scratch(work: Path):
+    """A private folder inside `work` for every file a benchmark makes (exports, serving
+    folders), removed when the run ends, killed or not (its writer's lock marks it live): a
+    bench writes only what it made, and never over a file of the same name a user keeps there."""
+    work.mkdir(parents=True, exist_ok=True)
+    return atomic().temporary_folder(work / "bench-files")
 
 
 def default_file_mode() -> int:

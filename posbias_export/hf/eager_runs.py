@@ -147,3 +147,52 @@ def module_forward(folder: str, ids: np.ndarray, mask: np.ndarray, runs: int = 2
             start = time.perf_counter()
             model(ids, mask, settings=AttentionSettings(form="plain"))
     return {"times": [time.perf_counter() - start]}
+
+
+def t5_encoder_streamed(folder: str, ids: np.ndarray, threads: int = 2) -> np.ndarray:
+    """transformers' T5 / UMT5 encoder in float32 over `ids` [1, L] (unpadded) -> last_hidden_state [L, D], for a
+    model larger than memory in float32 (UMT5-XXL's encoder: 23 GB): built on the meta device, each
+    block's weights read from the shards just before it runs and dropped after, so one block and the
+    token table are held at a time."""
+    import json
+    from pathlib import Path
+
+    import transformers as tf
+    from safetensors import safe_open
+
+    torch = _torch(threads)
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    where = (json.loads(index.read_text())["weight_map"] if index.is_file() else
+             {k: "model.safetensors" for k in safe_open(str(folder / "model.safetensors"), "pt").keys()})
+    config = tf.AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = getattr(tf, config.architectures[0])(config).eval()
+
+    def load(module, prefix: str) -> None:
+        state = {}
+        for key, file in where.items():
+            if key.startswith(prefix):
+                with safe_open(str(folder / file), "pt") as f:
+                    state[key[len(prefix):]] = f.get_tensor(key).float()
+        module.to_empty(device="cpu").load_state_dict(state, strict=True)
+
+    load(model.shared, "shared.")
+    model.encoder.embed_tokens = model.shared  # it held the meta table, now replaced
+    load(model.encoder.final_layer_norm, "encoder.final_layer_norm.")
+    for n, block in enumerate(model.encoder.block):
+        block.register_forward_pre_hook(lambda module, _, n=n: load(module, f"encoder.block.{n}."))
+        block.register_forward_hook(lambda module, *_: module.to("meta") and None)  # None: keep the output
+    with torch.no_grad():
+        ids = torch.from_numpy(ids)
+        states = model(input_ids=ids).last_hidden_state  # no mask: every token counts (a mask would go to the meta device)
+    return states[0].numpy()
+
+
+def t5_encoder_streamed_timed(folder: str, length: int, threads: int, save: str | None = None) -> dict:
+    """t5_encoder_streamed over the benches' prompt of `length` tokens, timed (its states saved as .npy)."""
+    start = time.perf_counter()
+    states = t5_encoder_streamed(folder, prompt_ids(length, 32000), threads)
+    if save:
+        np.save(save, states)
+    return {"prefill_s": time.perf_counter() - start}

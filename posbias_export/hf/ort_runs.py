@@ -1,6 +1,6 @@
 """Our files on ONNX Runtime, run as they are served and timed as transformers eager is
 (eager_runs.py): the decode steps `generate` takes, a T5 encoder forward, T5 greedy from a
-serving folder. The benches' workers (bench/real_models.main_worker) call both sides.
+serving folder, and where one decode step's time goes (runtimes/ort/profile.py). The benches' workers (bench/real_models.main_worker) call both sides.
 """
 from __future__ import annotations
 
@@ -28,15 +28,18 @@ def ort_steps(model_path: str, capacity: int, threads: int = 0, lean: bool = Fal
     return make_step
 
 
-def encoder_forward(model_path: str, prompt: int, threads: int) -> dict:
-    """The T5 encoder file on ORT CPU: one forward of `prompt` tokens."""
+def encoder_forward(model_path: str, prompt: int, threads: int, save: str | None = None) -> dict:
+    """The T5 encoder file on ORT CPU: one forward of `prompt` tokens (its states saved as .npy)."""
     from ..parity.runtimes import load_runner
 
     session = load_runner("ort/run.py").create_session(model_path, "cpu", threads)
     ids = prompt_ids(prompt, 32000)
     start = time.perf_counter()
-    session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
-    return {"prefill_s": time.perf_counter() - start}
+    states = session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
+    seconds = time.perf_counter() - start
+    if save:
+        np.save(save, states[0])
+    return {"prefill_s": seconds}
 
 
 def seq2seq_greedy(folder: str, prompt: int, new_tokens: int) -> dict:
@@ -52,3 +55,16 @@ def seq2seq_greedy(folder: str, prompt: int, new_tokens: int) -> dict:
         np.ones_like(ids), new_tokens, timings=timings)
     return {"prefill_s": timings["encoder_s"], "decode_ms": timings["steps_ms"][1:],  # the first step: no cache yet
             "tokens": tokens[0].tolist()}
+
+
+def decode_step_profile(path: Path, threads: int, past: int, source: int | None = None) -> dict:
+    """One decode step after `past` cached tokens (a T5 decoder's encoder `source` long), profiled
+    by ONNX Runtime (runtimes/ort/profile.py): ms per operator type, the largest first."""
+    import onnxruntime as ort
+
+    from ..parity.runtimes import load_runner
+
+    profiler = load_runner("ort/profile.py")
+    inputs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()
+    got = profiler.profile(path, profiler.decode_step_feeds(inputs, past, source), runs=4)
+    return {"wall_ms": got["wall_us"] / 1e3, "ops": {o["op"]: o["us"] / 1e3 for o in got["ops"]}}

@@ -18,10 +18,15 @@ PUBLISHED = {
                                                                num_layers=12, num_heads=12)),
     "mpt-7b": ("MptForCausalLM", "MptConfig", dict(vocab_size=50432, d_model=4096, n_layers=32, n_heads=32,
                                                    max_seq_len=2048, expansion_ratio=4)),
+    # google/umt5-xxl's encoder: the text encoder of current video-generation pipelines (5.7B)
+    "umt5-xxl-encoder": ("UMT5EncoderModel", "UMT5Config", dict(
+        vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False, relative_attention_num_buckets=32,
+        relative_attention_max_distance=128)),
 }
-# Written as published, tensor by tensor into bfloat16 shards (13.3 GB): the whole model in memory
-# would not leave room for what is measured on a 24 GB machine.
-SHARDED = {"mpt-7b": "bfloat16"}
+# Written as published, tensor by tensor into bfloat16 shards (13.3 GB, 11.4 GB): the whole model in
+# memory would not leave room for what is measured on a 24 GB machine.
+SHARDED = {"mpt-7b": "bfloat16", "umt5-xxl-encoder": "bfloat16"}
 
 
 def write_folder(name: str, out: Path, dtype: str = "float32", seed: int = 0) -> Path:

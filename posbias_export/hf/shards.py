@@ -23,8 +23,11 @@ def write_sharded(published: tuple, out: Path, dtype: str = "bfloat16", seed: in
     config = getattr(tf, config_class)(**fields)
     with torch.device("meta"):
         model = getattr(tf, model_class)(config)
-    tied = set(getattr(model, "_tied_weights_keys", None) or ()) if config.tie_word_embeddings else set()
-    shapes = [(key, tuple(t.shape)) for key, t in model.state_dict().items() if key not in tied]
+    shapes, held = [], set()
+    for key, t in model.state_dict(keep_vars=True).items():  # a tensor held twice (a tied head, T5's shared
+        if id(t) not in held:                                  # table in its encoder) is written once
+            held.add(id(t))
+            shapes.append((key, tuple(t.shape)))
     torch_dtype = getattr(torch, dtype)
     size = torch.empty((), dtype=torch_dtype).element_size()
     shards, current, current_bytes = [], [], 0
