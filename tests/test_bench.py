@@ -259,6 +259,28 @@ def test_a_sharded_random_folder_loads_as_published(tmp_path, monkeypatch):
     assert float(model.transformer.blocks[0].norm_1.weight.float().min()) == 1.0
 
 
+def test_a_sharded_t5_is_drawn_by_its_own_initializer_and_its_table_written_once(tmp_path):
+    """T5's initializer scales each projection by its fan-in (q by (d_model * d_kv)^-1/2, the
+    feed-forward's output by d_ff^-1/2, the table N(0, 1)): a flat N(0, 0.02) at UMT5-XXL's width
+    gave attention logits ~13 wide and an int8 file at cosine 0.43, a property of the draw, not of
+    a published model. The encoder's embed_tokens, the same tensor as shared, is written once."""
+    import json
+
+    import transformers as tf
+
+    from posbias_export.hf import shards
+
+    fields = dict(vocab_size=1000, d_model=256, d_kv=32, d_ff=512, num_layers=2, num_heads=8, feed_forward_proj="gated-gelu")
+    out = shards.write_sharded(("UMT5EncoderModel", "UMT5Config", fields), tmp_path / "u", "float32")
+    assert "encoder.embed_tokens.weight" not in json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    model = tf.UMT5EncoderModel.from_pretrained(out)
+    attention, ff = model.encoder.block[1].layer[0].SelfAttention, model.encoder.block[0].layer[1].DenseReluDense
+    for weight, std in ((attention.q.weight, (256 * 32) ** -0.5), (attention.k.weight, 256 ** -0.5),
+                        (ff.wo.weight, 512 ** -0.5), (model.shared.weight, 1.0)):
+        assert abs(float(weight.detach().std()) / std - 1) < 0.05, (weight.shape, float(weight.detach().std()), std)
+    assert model.encoder.embed_tokens.weight.data_ptr() == model.shared.weight.data_ptr()
+
+
 def test_a_bench_writes_only_what_it_made(tmp_path, monkeypatch):
     """bench-quant once deleted WORK/<name>_<scheme>.onnx and WORK/<name>_<scheme>/ it had not
     made, and bench-real measured whatever folder it found at WORK/<name>: now every file a bench
@@ -494,7 +516,7 @@ def test_bench_quant_judges_a_sharded_encoder_alone_on_its_embedding(tmp_path, m
     from posbias_export.hf import published
 
     tiny = ("UMT5EncoderModel", "UMT5Config", dict(vocab_size=32100, d_model=64, d_kv=16, d_ff=96, num_layers=2,
-                                                    num_heads=4, feed_forward_proj="gated-gelu", tie_word_embeddings=False))
+                                                    num_heads=4, feed_forward_proj="gated-gelu"))
     monkeypatch.setitem(published.PUBLISHED, "tiny-umt5", tiny)
     monkeypatch.setitem(published.SHARDED, "tiny-umt5", "bfloat16")
     monkeypatch.setattr(quantized, "ENCODER_ONLY", {"tiny-umt5"})

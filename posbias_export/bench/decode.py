@@ -14,7 +14,7 @@ from ..environment import describe, environment
 from ..export import export_onnx
 from ..nn import ModelConfig, build_model
 from ..parity import load_runner
-from .harness import median, write_results
+from .harness import md_table, median, targets_section, write_results
 
 
 def time_alternating(first, second, steps: int, chunk: int = 16, settle: int = 8) -> tuple[list[float], list[float]]:
@@ -163,13 +163,11 @@ def write_decode(rows: list[dict], out_dir: Path, contexts, steps: int, device: 
                 "ORT and PyTorch alternating in chunks of 16 kept steps (after 8 settling steps each) in the same "
                 "process. Ratio < 1: ONNX Runtime is faster."]
         ratio_name, ratio = "ORT / PyTorch", lambda r: r["ort_over_torch"]
-    lines = head + [describe(machine), "",
-                    f"| bias | context | {where} ms/token (median, min) | {torch_side} ms/token (median, min) | "
-                    f"ORT tokens/s | PyTorch tokens/s | {ratio_name} |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['bias']} | {r['context']} | {r['ort_ms_median']:.2f}, {r['ort_ms_min']:.2f} | "
-                     f"{r['torch_ms_median']:.2f}, {r['torch_ms_min']:.2f} | {r['ort_tokens_per_s']:.0f} | "
-                     f"{r['torch_tokens_per_s']:.0f} | {ratio(r):.2f} |")
-    lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
-    lines += [f"| {t['target']} | {t['measured']:.2f}x | {'yes' if t['met'] else 'NO'} |" for t in checks]
+    header = ["bias", "context", f"{where} ms/token (median, min)", f"{torch_side} ms/token (median, min)",
+              "ORT tokens/s", "PyTorch tokens/s", ratio_name]
+    lines = head + [describe(machine), ""] + md_table(header, [
+        [r["bias"], r["context"], f"{r['ort_ms_median']:.2f}, {r['ort_ms_min']:.2f}", f"{r['torch_ms_median']:.2f}, "
+         f"{r['torch_ms_min']:.2f}", f"{r['ort_tokens_per_s']:.0f}", f"{r['torch_tokens_per_s']:.0f}", f"{ratio(r):.2f}"]
+        for r in rows])
+    lines += targets_section([(t["target"], f"{t['measured']:.2f}x", t["met"]) for t in checks])
     write_results(out_dir, stem, {"machine": machine, "rows": rows, "targets": checks}, "\n".join(lines) + "\n")

@@ -55,7 +55,6 @@ def make_files(work: Path, gguf: bool, progress) -> tuple[Path, dict[str, Path]]
         export_model(folder, path, attention="plain" if form == "dense" else None, check_growth=False)
     if gguf:
         progress("converting to GGUF (llama.cpp's converter)")
-        llama_cpp_runs.write_wordpiece_vocab(folder, BASE["vocab"])
         files["llama.cpp"] = llama_cpp_runs.to_gguf(folder, work / "model.gguf")
     return folder, files
 
@@ -163,11 +162,17 @@ def markdown(cells, env: dict) -> str:
     return "\n".join(lines + targets_section(targets(cells))) + "\n"
 
 
-def run_and_write(lengths=LENGTHS, out_dir="benchmarks", progress=print) -> list[Path]:
+def run_and_write(lengths=LENGTHS, out_dir="benchmarks", forms=FORMS, progress=print) -> list[Path]:
+    """Runs `forms`; the cells of other forms in an earlier embedders.json are kept (a form added later,
+    llama.cpp, is measured without running the others again)."""
     from ..export.files import output_folder
 
     out = output_folder(out_dir)
-    cells = run(tuple(lengths), progress=progress)
+    cells = run(tuple(lengths), forms, progress=progress)
+    earlier = out / "embedders.json"
+    if set(forms) != set(FORMS) and earlier.is_file():
+        cells += [EmbedCell(**c) for c in json.loads(earlier.read_text())["cells"] if c["form"] not in forms]
+        cells.sort(key=lambda c: (c.batch, c.length))  # the tables' row order: each length, then the batch
     env = environment()
     return write_results(out, "embedders", {"environment": env, "cells": [asdict(c) for c in cells],
                                             "targets": targets(cells)}, markdown(cells, env))

@@ -91,24 +91,25 @@ def real_rows(name: str, work: Path, threads: int, new_tokens: int, progress=pri
     killed for memory is a result)."""
     import shutil
 
-    folder, seq2seq = published_folder(name, work, progress=progress), name in real.SEQ2SEQ
-    if name in ENCODER_ONLY:
-        return [_encoder_row(name, folder, work, threads, progress)]
+    folder, seq2seq, alone = published_folder(name, work, progress=progress), name in real.SEQ2SEQ, name in ENCODER_ONLY
     bandwidth, out, float_tokens = copy_bandwidth_gbs(), [], None
     schemes = [("float32", None), ("int8", SCHEMES["int8"]), ("int4", SCHEMES["int4"])]
     schemes += [] if seq2seq else [("int4 accuracy level 0", VARIANTS["int4 accuracy level 0 (unset: float32 compute)"])]
+    schemes = schemes[1:2] if alone else schemes
     with scratch(work) as files:  # every file made goes here, never over one of the user's in WORK
         for label, spec in schemes:
             place = Path(files) / label.replace(" ", "_")
             try:
                 place.mkdir()
-                measure = _seq2seq_row if seq2seq else _decoder_row
+                measure = _encoder_row if alone else _seq2seq_row if seq2seq else _decoder_row
                 out.append(measure(name, label, spec, folder, place, threads, new_tokens, bandwidth, progress))
             except Exception as err:  # noqa: BLE001 - an export killed for memory, a run that fails: a row
                 out.append({"model": name, "scheme": label, "error": (str(err).strip().splitlines() or [repr(err)])[-1][:300]})
             finally:
                 shutil.rmtree(place, ignore_errors=True)
             float_tokens = out[-1].get("tokens") if spec is None else float_tokens
+        if alone:  # Optimum exports no encoder alone with a cache-less text task here; no decoder to time
+            return out
         optimum = _optimum_int8_row(name, folder, Path(files), threads, new_tokens, bandwidth, progress)
     out += [optimum] if optimum is not None else []
     for row in out:
@@ -120,7 +121,7 @@ def real_rows(name: str, work: Path, threads: int, new_tokens: int, progress=pri
     return [{**row, "eager_ms": eager} for row in out]
 
 
-def _encoder_row(name, folder, work, threads, progress) -> dict:
+def _encoder_row(name, label, spec, folder, place, threads, *_) -> dict:
     """An encoder alone, int8 (its float32 file would not fit here): the streamed export (own process,
     peak RSS), one forward of 512 tokens on ORT CPU, and its embedding judged against transformers'
     float32 run block by block (hf/eager_runs.t5_encoder_streamed) by parity/embedding.py's policy."""
@@ -128,21 +129,15 @@ def _encoder_row(name, folder, work, threads, progress) -> dict:
 
     from ..parity.embedding import judge
 
-    with scratch(work) as files:
-        path, ours, ref = (Path(files) / f for f in (f"{name}.onnx", "ours.npy", "reference.npy"))
-        try:
-            progress(f"{name}: export int8")
-            seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--out", str(path),
-                                                "--skip-growth-check", *SCHEMES["int8"].flags()])
-            progress(f"{name}: run int8, then the float32 reference")
-            got = real.worker_run("encoder", path, 512, 0, threads, "--save", str(ours))
-            theirs = real.worker_run("transformers-encoder-streamed", folder, 512, 0, threads, "--save", str(ref))
-            parity = judge(np.load(ours), np.load(ref), np.ones((1, 512), bool), "int8").as_dict()
-        except Exception as err:  # noqa: BLE001 - an export killed for memory is a row
-            return {"model": name, "scheme": "int8", "error": (str(err).strip().splitlines() or [repr(err)])[-1][:300]}
-        return {"model": name, "scheme": "int8", "file_gb": real.weight_bytes(path) / 1e9, "export_s": seconds,
-                "export_peak_gb": peak, "prefill_s": got["prefill_s"], "run_peak_gb": got["peak_gb"],
-                "reference_s": theirs["prefill_s"], "reference_peak_gb": theirs["peak_gb"], "parity": parity}
+    path, ours, ref = (place / f for f in (f"{name}.onnx", "ours.npy", "reference.npy"))
+    seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--out", str(path),
+                                        "--skip-growth-check", *spec.flags()])
+    got = real.worker_run("encoder", path, 512, 0, threads, "--save", str(ours))
+    theirs = real.worker_run("transformers-encoder-streamed", folder, 512, 0, threads, "--save", str(ref))
+    return {"model": name, "scheme": label, "file_gb": real.weight_bytes(path) / 1e9, "export_s": seconds,
+            "export_peak_gb": peak, "prefill_s": got["prefill_s"], "run_peak_gb": got["peak_gb"],
+            "reference_s": theirs["prefill_s"], "reference_peak_gb": theirs["peak_gb"],
+            "parity": judge(np.load(ours), np.load(ref), np.ones((1, 512), bool), label).as_dict()}
 
 
 def _decoder_row(name, label, spec, folder, place, threads, new_tokens, bandwidth, progress) -> dict:

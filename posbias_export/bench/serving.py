@@ -14,9 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..environment import copy_bandwidth_gbs
-from ..export.files import check_work_folder, scratch
-from .harness import (kept_rows, measured_python, targets_section,
-                      work_folder, write_results)
+from ..export.files import check_work_folder, scratch, work_folder
+from .harness import kept_rows, measured_python, targets_section, write_results
 from ..hf.published import PUBLISHED, check_published_folder, published_folder
 from .real_models import SEQ2SEQ, folder_bytes, folder_weight_bytes, weight_bytes, worker_run
 

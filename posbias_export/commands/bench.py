@@ -116,6 +116,8 @@ def build_bench_embed_parser() -> argparse.ArgumentParser:
                 "texts, each in its own process; writes embedders.md/.json.")
     p.add_argument("--lengths", type=int_list, default=bench.LENGTHS,
                    help=f"comma-separated lengths at batch 1 (default {','.join(map(str, bench.LENGTHS))})")
+    p.add_argument("--forms", type=name_list, default=bench.FORMS,
+                   help=f"from: {', '.join(bench.FORMS)} (the other forms' cells of an earlier run are kept)")
     p.add_argument("--out-dir", default="benchmarks", help="where embedders.md/.json go (default benchmarks)")
     return p
 
@@ -123,7 +125,11 @@ def build_bench_embed_parser() -> argparse.ArgumentParser:
 def run_bench_embed(args) -> int:
     from ..bench import embedders as bench
 
-    paths = bench.run_and_write(tuple(args.lengths), args.out_dir, progress=lambda m: print(m, file=sys.stderr))
+    unknown = [f for f in args.forms if f not in bench.FORMS]
+    if unknown:
+        raise UsageError(f"--forms: unknown form {unknown[0]!r}; choose from {', '.join(bench.FORMS)}")
+    paths = bench.run_and_write(tuple(args.lengths), args.out_dir, tuple(args.forms),
+                                progress=lambda m: print(m, file=sys.stderr))
     print("\n".join(f"wrote {path}" for path in paths))
     return 0
 
@@ -152,9 +158,13 @@ def run_bench_real(args) -> int:
     from ..bench import real_models as bench
     from ..export.files import work_folder
 
-    unknown = [m for m in args.models if m not in bench.PUBLISHED]
+    from ..bench.quantized import ENCODER_ONLY
+
+    usable = [m for m in bench.PUBLISHED if m not in ENCODER_ONLY]  # an encoder alone: bench-quant --real
+    unknown = [m for m in args.models if m not in usable]
     if unknown:
-        raise ValueError(f"unknown model {unknown[0]!r}; choose from {', '.join(bench.PUBLISHED)}")
+        raise ValueError(f"unknown model {unknown[0]!r}; choose from {', '.join(usable)}"
+                         + (" (an encoder alone is measured by bench-quant --real)" if unknown[0] in ENCODER_ONLY else ""))
     not_measured = [r for r in args.run if r not in args.models]
     if not_measured:  # it was ignored: a run the user asked for silently did not happen
         raise UsageError(f"--run {not_measured[0]} is not among --models ({', '.join(args.models)})")

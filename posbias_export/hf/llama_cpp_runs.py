@@ -55,7 +55,10 @@ def write_wordpiece_vocab(folder: Path, vocab: int) -> None:
 
 
 def to_gguf(folder: Path, out: Path, pre_tokenizer: str = "jina-v2-en", outtype: str = "f32") -> Path:
-    """llama.cpp's converter on `folder` (float32 as our files are); RuntimeError with its last line."""
+    """llama.cpp's converter on `folder` (float32 as our files are; a folder without a tokenizer gets
+    write_wordpiece_vocab's); RuntimeError with its last line."""
+    if not (folder / "tokenizer_config.json").is_file():
+        write_wordpiece_vocab(folder, json.loads((folder / "config.json").read_text())["vocab_size"])
     done = subprocess.run([sys.executable, "-c", _CONVERT, os.environ[CONVERTER_ENV], pre_tokenizer, str(folder),
                            "--outfile", str(out), "--outtype", outtype], capture_output=True, text=True)
     if done.returncode or not out.is_file():

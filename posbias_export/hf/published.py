@@ -21,7 +21,7 @@ PUBLISHED = {
     # google/umt5-xxl's encoder: the text encoder of current video-generation pipelines (5.7B)
     "umt5-xxl-encoder": ("UMT5EncoderModel", "UMT5Config", dict(
         vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
-        feed_forward_proj="gated-gelu", tie_word_embeddings=False, relative_attention_num_buckets=32,
+        feed_forward_proj="gated-gelu", relative_attention_num_buckets=32,
         relative_attention_max_distance=128)),
 }
 # Written as published, tensor by tensor into bfloat16 shards (13.3 GB, 11.4 GB): the whole model in

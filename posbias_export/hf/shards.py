@@ -7,14 +7,13 @@ import json
 from pathlib import Path
 
 SHARD_BYTES = 10 << 30  # MPT-7B's published shards are ~10 GB and ~3.4 GB
-INIT_STD = 0.02  # the configurations' initializer range
 
 
 def write_sharded(published: tuple, out: Path, dtype: str = "bfloat16", seed: int = 0) -> Path:
     """OUT/config.json, model-0000N-of-0000M.safetensors and model.safetensors.index.json for a
-    published configuration (published.PUBLISHED's (model class, config class, fields)): norms'
-    weights 1 and biases 0, other tensors normal(0, 0.02), each drawn from its own seeded
-    generator; a tied head is not written (transformers ties it on load)."""
+    published configuration (published.PUBLISHED's (model class, config class, fields)), each tensor
+    drawn as the model's own initializer draws it (_Initializer); a tied head is not written
+    (transformers ties it on load)."""
     import torch
     import transformers as tf
     from safetensors.torch import save_file
@@ -40,12 +39,12 @@ def write_sharded(published: tuple, out: Path, dtype: str = "bfloat16", seed: in
         current_bytes += nbytes
     shards.append(current)
     out.mkdir(parents=True, exist_ok=True)
-    weight_map, total = {}, 0
+    weight_map, total, drawn = {}, 0, _Initializer(model, seed)
     for index, shard in enumerate(shards, 1):
         file = f"model-{index:05d}-of-{len(shards):05d}.safetensors"
         tensors = {}
         for key, shape in shard:
-            tensors[key] = _random(key, shape, torch_dtype, seed * 100003 + hash_key(key))
+            tensors[key] = drawn.tensor(key).to(torch_dtype)
             weight_map[key] = file
             total += tensors[key].numel() * size
         save_file(tensors, str(out / file), metadata={"format": "pt"})
@@ -64,10 +63,40 @@ def hash_key(key: str) -> int:
     return zlib.crc32(key.encode())
 
 
-def _random(key: str, shape: tuple, dtype, seed: int):
-    import torch
+class _Initializer:
+    """Each tensor drawn by the model's own initializer (transformers' _init_weights: T5 scales each
+    projection by its fan-in, MPT draws N(0, 0.02)), one small module at a time: the tensor's owner's
+    parent (an attention, a feed-forward) when it is under UNIT_BYTES, else the owner alone, made
+    real on the CPU, initialised, read, and put back on the meta device; each unit seeded by name."""
 
-    if "norm" in key or key.endswith(".bias"):
-        return (torch.ones if key.endswith("weight") and "norm" in key else torch.zeros)(shape, dtype=dtype)
-    generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=generator) * INIT_STD).to(dtype)
+    UNIT_BYTES = 1 << 30
+
+    def __init__(self, model, seed: int):
+        self.model, self.seed, self.unit, self.name = model, seed, None, None
+
+    def tensor(self, key: str):
+        owner = key.rpartition(".")[0]
+        parent = owner.rpartition(".")[0]
+        unit = parent if parent and _bytes(self.model.get_submodule(parent)) <= self.UNIT_BYTES else owner
+        if unit != self.name:
+            self._make(unit)
+        try:
+            return self.model.get_parameter(key)
+        except AttributeError:
+            return self.model.get_buffer(key)
+
+    def _make(self, name: str) -> None:
+        import torch
+
+        if self.unit is not None:
+            self.unit.to("meta")
+        self.unit, self.name = self.model.get_submodule(name), name
+        self.unit.to_empty(device="cpu")
+        torch.manual_seed(self.seed * 100003 + hash_key(name))
+        with torch.no_grad():  # children first, as transformers' own apply(): a parent's rule wins
+            self.unit.apply(self.model._init_weights)
+            self.model._init_weights(self.model)  # the model's own rule for its tables
+
+
+def _bytes(module) -> int:
+    return sum(4 * p.numel() for p in module.parameters())
