@@ -80,8 +80,8 @@ class _Initializer:
         unit = parent if parent and _bytes(self.model.get_submodule(parent)) <= self.UNIT_BYTES else owner
         if unit != self.name:
             self._make(unit)
-        try:
-            return self.model.get_parameter(key)
+        try:  # detached: a copy made from a parameter would keep it alive through its autograd graph
+            return self.model.get_parameter(key).detach()
         except AttributeError:
             return self.model.get_buffer(key)
 
