@@ -163,15 +163,16 @@ def markdown(cells, env: dict) -> str:
 
 
 def run_and_write(lengths=LENGTHS, out_dir="benchmarks", forms=FORMS, progress=print) -> list[Path]:
-    """Runs `forms`; the cells of other forms in an earlier embedders.json are kept (a form added later,
-    llama.cpp, is measured without running the others again)."""
+    """Runs `forms` at `lengths`; the cells of an earlier embedders.json this run does not measure are
+    kept (a slow bench measured in parts: a form added later, one length again)."""
     from ..export.files import output_folder
 
     out = output_folder(out_dir)
     cells = run(tuple(lengths), forms, progress=progress)
-    earlier = out / "embedders.json"
-    if set(forms) != set(FORMS) and earlier.is_file():
-        cells += [EmbedCell(**c) for c in json.loads(earlier.read_text())["cells"] if c["form"] not in forms]
+    earlier, measured = out / "embedders.json", {(c.form, c.length, c.batch) for c in cells}
+    if earlier.is_file():
+        cells += [EmbedCell(**c) for c in json.loads(earlier.read_text())["cells"]
+                  if (c["form"], c["length"], c["batch"]) not in measured]
         cells.sort(key=lambda c: (c.batch, c.length))  # the tables' row order: each length, then the batch
     env = environment()
     return write_results(out, "embedders", {"environment": env, "cells": [asdict(c) for c in cells],
