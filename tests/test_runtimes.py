@@ -242,23 +242,26 @@ def test_validate_cuda_without_provider_is_a_failing_verdict(exports):
 
 
 def test_cuda_sessions_launch_host_synchronously_only_for_files_that_read_stale_on_the_host(monkeypatch, exports):
-    """ONNX Runtime CUDA reads index values computed in subgraphs before the GPU wrote them
-    (benchmarks/gpu_cure.md): the runners set CUDA_LAUNCH_BLOCKING=1 for a file whose If/Loop
-    subgraphs do that (the blocked files; the committed 0f33d6a file), keep a caller's own
-    value, and leave an in-place cache file (no control flow) asynchronous."""
+    """ONNX Runtime CUDA reads index values computed on the GPU inside subgraphs before the GPU
+    wrote them (benchmarks/gpu_cure.md): the runners set CUDA_LAUNCH_BLOCKING=1 only for a file
+    with such a read (Sandwich's distance table, from the positions' values; the committed 0f33d6a
+    file, exported before the cure), keep a caller's own value, and leave the cured blocked files
+    and an in-place cache file (no control flow) asynchronous."""
     from posbias_export.runners import runtimes_common
 
     run = runtimes_common("loading").load_runner("ort/run.py")
     monkeypatch.setattr(run, "_cuda_async", [])
     inplace = exports.cli("alibi", extra=("--kv-cache", "--target", "ort"))
-    blocked = exports.cli("alibi")  # the default file: its blocked Loop reads per-block bounds on the host
+    blocked = exports.cli("alibi")  # the default file: a blocked Loop, its scalars read from its own Shape
+    sandwich = exports.cli("sandwich")
     old = Path(__file__).resolve().parents[1] / "tools" / "data" / "alibi_attention_0f33d6a.onnx"
-    assert not run.needs_host_sync(str(inplace))
-    assert run.needs_host_sync(str(blocked)) and run.needs_host_sync(str(old))
+    assert not run.needs_host_sync(str(inplace)) and not run.needs_host_sync(str(blocked))
+    assert run.needs_host_sync(str(sandwich)) and run.needs_host_sync(str(old))
     monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
-    run.host_synchronous_cuda(str(inplace))
+    run.host_synchronous_cuda(str(inplace), str(blocked))
     assert "CUDA_LAUNCH_BLOCKING" not in os.environ
-    run.host_synchronous_cuda(str(blocked))
+    monkeypatch.setattr(run, "_cuda_async", [])
+    run.host_synchronous_cuda(str(sandwich))
     assert os.environ["CUDA_LAUNCH_BLOCKING"] == "1"
     monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "0")
     run.host_synchronous_cuda(str(old))

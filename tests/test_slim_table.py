@@ -16,8 +16,8 @@ import torch
 import posbias_export as pbe
 from posbias_export.export import functions
 from posbias_export.export.targets.block_scaffold import UNBOUNDED
-from posbias_export.export.targets.gpu_table_script import (KEY_ALIGN, AlignKeys, GatherBlockBias, SlimBlock, SlimBlockBounds,
-                                                    SlimVectorPositions, SlimWindows)
+from posbias_export.export.targets.gpu_table_script import (KEY_ALIGN, AlignKeys, GatherBlockBias, SlimBlock,
+                                                            SlimVectorPositions, SlimWindows)
 from posbias_export.nn.attention import AttentionSettings
 from posbias_export.parity import FLOAT32, compare, torch_outputs
 from conftest import SMALL, ort_session
@@ -41,21 +41,26 @@ def test_each_block_gathers_the_distance_of_its_own_query_and_key(q_len, k_len, 
     n_blocks = -(-q_len // block)
     offset = k_len - q_len
     k = np.zeros((1, 1, k_len, 2), np.float32)
+    k[0, 0, :, 0] = np.arange(1, k_len + 1)  # key j holds j + 1 (the alignment keys hold 0)
     keep = np.ones((1, 1, 1, k_len), bool)
     row, cols = SlimVectorPositions(k, _i64(block), _i64(lookahead))
-    bounds = SlimBlockBounds(k, _i64(block), _i64(n_blocks), _i64(offset), _i64(lookback), _i64(lookahead))
     k8, v8, keep8 = AlignKeys(k, k, keep)
     assert k8.shape[2] % KEY_ALIGN == 0 and k8.shape[2] - k_len < KEY_ALIGN
     assert keep8[..., :k_len].all() and not keep8[..., k_len:].any()
-    assert list(bounds[:, 0]) == [block * i for i in reversed(range(n_blocks))]
     windows = SlimWindows(cols[None].astype(np.float32))  # [1, T - 7, 8]: exact (small integers)
     assert windows.shape == (1, cols.shape[0] - 7, KEY_ALIGN)
     q_pad = np.zeros((1, 1, n_blocks * block, 2), np.float32)
+    q_pad[0, 0, :, 0] = np.arange(n_blocks * block)  # row r holds r
     for it in range(n_blocks):
-        q_b, k_b, _, keep_b, idx = SlimBlock(_i64(it), bounds, q_pad, k8, v8, keep8, _i64(block))
-        q0, lo, end, _ = bounds[it]
+        q_b, k_b, _, keep_b, idx = SlimBlock(_i64(it), k, q_pad, k8, v8, keep8, _i64(block), _i64(n_blocks),
+                                             _i64(offset), _i64(lookback), _i64(lookahead))
+        q0 = block * (n_blocks - 1 - it)  # the last block first
+        np.testing.assert_array_equal(q_b[0, 0, :, 0], np.arange(q0, q0 + block))
         assert idx.dtype == np.int32 and q_b.shape[2] == block
-        assert lo % KEY_ALIGN == 0 and end % KEY_ALIGN == 0 and k_b.shape[2] == end - lo <= k8.shape[2]
+        lo = int(k_b[0, 0, 0, 0]) - 1  # the first key it took (key 0 of a block starting at 0 holds 1)
+        end = lo + k_b.shape[2]
+        np.testing.assert_array_equal(k_b[0, 0, :, 0], k8[0, 0, lo:end, 0])
+        assert lo % KEY_ALIGN == 0 and end % KEY_ALIGN == 0 and end <= k8.shape[2]
         first = offset + q0  # key index of the block's first query
         needed_lo = max(0, first - lookback)
         needed_end = min(k_len, first + block + lookahead)
@@ -83,7 +88,7 @@ def test_no_table_and_no_int64_index_in_the_gpu_body(tmp_path, as_built):
     _, path = _export(tmp_path, "kerple_log", True)
     model = onnx.load(path)
     called = {n.op_type for n in functions.all_nodes(list(_body(model).node))}
-    assert {"SlimBlockBounds", "SlimBlock", "SlimWindows", "GatherBlockBias", "AlignKeys", "AlignDirectKeys"} <= called
+    assert {"SlimBlock", "SlimWindows", "GatherBlockBias", "AlignKeys", "AlignDirectKeys"} <= called
     assert not {"ExpandDistanceVector", "DistanceVectorPositions", "SliceByDistance"} & called
     gather = next(f for f in model.functions if f.name == "GatherBlockBias")
     assert [n.op_type for n in gather.node if n.op_type != "Constant"] == ["Gather", "Reshape"]

@@ -309,6 +309,27 @@ def test_gpu_big_writes_exports_and_decodes_a_tiny_mpt_on_the_cpu(tmp_path):
     assert "| 2100 | eager | failed: past MPT's max_seq_len" in table and table.count("| ort | CPUExecutionProvider |") == 2
 
 
+@pytest.mark.slow
+def test_gpu_embed_judges_every_form_of_a_tiny_embedder_on_the_cpu(tmp_path):
+    """The `embed` lease steps' tool on a tiny JinaBERT: our float16 GPU-target file, SDPA with the
+    bias and FlexAttention with ALiBi as score_mod (the tool's own attention for the module) each
+    within the float16 policy of the float64 module, and its writer reads what it left."""
+    import json
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for args in (["build", str(tmp_path / "work"), "--tiny"],
+                 ["run", str(tmp_path / "work"), str(tmp_path / "out"), "--provider", "cpu", "--tiny"]):
+        proc = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_embed.py"), *args], env=env, capture_output=True,
+                              text=True, timeout=900, cwd=ROOT)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "out" / "gpu_embed.json").read_text())["rows"]
+    timed = [r for r in rows if r["form"] in ("ours", "sdpa", "flex")]
+    assert len(timed) == 9 and all(r["parity"]["passed"] and r["parity"]["cosine_min"] > 0.9999 for r in timed), timed
+    load_tool("gpu_embed").write(tmp_path / "out", tmp_path / "gpu_embedders.md")
+    assert (tmp_path / "gpu_embedders.md").read_text().count("| pass |") == 9
+
+
 def test_gpu_cure_variants_drop_the_ifs_and_keep_the_outputs(tmp_path):
     """gpu_cure.py's variants (what the first lease ran beside the shipped files): `loop` has no If
     and the blocked Loop, `flat` no control flow at all; each agrees with its file on ORT CPU at

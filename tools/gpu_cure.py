@@ -200,7 +200,7 @@ def placement(path: Path, provider: str, logs: Path) -> dict:
             "memcpy_lines": [line for line in lines if "Memcpy" in line][:60]}
 
 
-def run(root: Path, out: Path, provider: str, small: bool, workers: int, extra=()) -> None:
+def run(root: Path, out: Path, provider: str, small: bool, workers: int, extra=(), repeats: int = 1) -> None:
     cache = out / "cpu_ref"
     cache.mkdir(parents=True, exist_ok=True)
     files = [root / "models" / f"{n}.onnx" for n in FILES if (root / "models" / f"{n}.onnx").exists()]
@@ -216,7 +216,7 @@ def run(root: Path, out: Path, provider: str, small: bool, workers: int, extra=(
         places = list(pool.map(lambda f: placement(f, provider, logs), own))
         (out / "placement.json").write_text(json.dumps(places, indent=1))
         cases = [(f, o, orders[o], b) for f in files for o in orders
-                 for b in (("0", "1") if f.parent.name != "variants" else ("0",))]
+                 for b in (("0",) * repeats + ("1",) if f.parent.name != "variants" else ("0",) * repeats)]
         rows = list(pool.map(lambda c: run_case(c[0], provider, c[1], c[2], c[3], cache), cases))
     (out / "gpu_cure.json").write_text(json.dumps({"provider": provider, "agree": AGREE, "rows_per_block": ROWS,
                                                    "rows": rows}, indent=1))
@@ -246,16 +246,29 @@ def write(out: Path, dest: Path, timings: tuple[Path, Path] | None = None) -> No
         lines += ["", "## Copies between host and device ONNX Runtime added, per graph and subgraph", "",
                   "From each file's verbose session log (`main_graph` is the model's graph; `parts` / `query_blocks` / "
                   "`one_block` / `whole` are If branches; `query_block` is a Loop body).", "",
-                  "| file | copies added, by graph |", "|---|---|"]
+                  "| file | copies added, by graph (to the host / from the host) |", "|---|---|"]
         for place in json.loads(places.read_text()):
-            counts = [m.group(2) + ": " + m.group(1) for line in place["lines"]
-                      for m in [re.search(r"(\d+) Memcpy nodes are added to the graph (\S+)", line)] if m]
-            lines.append(f"| {place['file']} | {', '.join(counts) or 'none'} |")
+            lines.append(f"| {place['file']} | {', '.join(_copies_by_graph(place['lines'])) or 'none'} |")
         data["placement"] = [{"file": p["file"], "memcpy_lines": p["memcpy_lines"]} for p in json.loads(places.read_text())]
     if timings:  # the same files timed with asynchronous launches, then host-synchronous ones, in one call
         lines += _timing_table(*timings)
     write_text_atomic(dest, "\n".join(lines) + "\n")
     write_text_atomic(dest.with_suffix(".json"), json.dumps(data, indent=1) + "\n")
+
+
+def _copies_by_graph(log_lines: list[str]) -> list[str]:
+    """'graph: T to host / F from host' per graph, from the copy lines of a verbose session log
+    (each graph's AddCopyNode lines come before its summary line)."""
+    found, to_host, from_host = [], 0, 0
+    for line in log_lines:
+        if "AddCopyNode" in line:
+            to_host += "MemcpyToHost" in line
+            from_host += "MemcpyFromHost" in line
+        summary = re.search(r"(\d+) Memcpy nodes are added to the graph (\S+)", line)
+        if summary:
+            found.append(f"{summary.group(2)}: {to_host} / {from_host}")
+            to_host = from_host = 0
+    return found
 
 
 def _timing_table(async_dir: Path, blocking_dir: Path) -> list[str]:
@@ -294,6 +307,8 @@ def main(argv=None) -> int:
     r.add_argument("--small", action="store_true", help="64 and 256 tokens (the CPU rehearsal)")
     r.add_argument("--workers", type=int, default=14)
     r.add_argument("--extra", nargs="*", default=[], help="more files judged as the models are (a control)")
+    r.add_argument("--repeats", type=int, default=1, help="fresh processes per case with asynchronous launches "
+                                                           "(the race was rare: 3 of 32 validate jobs)")
     w = sub.add_parser("write")
     w.add_argument("out", type=Path)
     w.add_argument("--dest", type=Path, default=ROOT / "benchmarks" / "gpu_cure.md")
@@ -314,7 +329,7 @@ def main(argv=None) -> int:
             return 1 if problems else 0
     elif args.part == "run":
         args.out.mkdir(parents=True, exist_ok=True)
-        run(args.root, args.out, args.provider, args.small, args.workers, args.extra)
+        run(args.root, args.out, args.provider, args.small, args.workers, args.extra, args.repeats)
     elif args.part == "write":
         write(args.out, args.dest, tuple(args.timings) if args.timings else None)
     else:

@@ -20,7 +20,8 @@
 #   parity_async   the same with CUDA_LAUNCH_BLOCKING=0: the GPU cells only
 #   race           every attention file's fresh-process runs in three orders (gpu_order.py --race)
 #   cure           where ORT CUDA goes wrong with asynchronous launches (gpu_cure.py; CURE_VARIANTS: the
-#                  variant kinds made beside each file, CURE_EXTRA: a control file; CURE_LIMIT, CURE_WORKERS)
+#                  variant kinds made beside each file, none for none; CURE_EXTRA: a control file; CURE_REPEATS:
+#                  fresh processes per asynchronous case; CURE_LIMIT, CURE_WORKERS)
 #   timings        our attention files alone on the GPU (gpu_session.py ort; GRID: the families)
 #   timings_async  the same with launches asynchronous, then host-synchronous: what the switch costs
 #   torch_timings  PyTorch's cells (eager, SDPA, compiled FlexAttention)
@@ -28,6 +29,10 @@
 #   decode         one decode timing, the cache on the GPU, vs PyTorch eager (bench-decode --device cuda)
 #   serve          the in-place cache files judged and decode-timed with launches async and blocking
 #                  (gpu_serve.py; SERVE_JOBS, SERVE_FILES, SERVE_LIMIT)
+#   embed_build    (background) jina-v2-base's configuration written and exported float16 --target cuda-ort
+#                  (gpu_embed.py build; its files stay on the machine for a later call's embed)
+#   embed          that file on ONNX Runtime CUDA vs PyTorch SDPA with the bias and compiled FlexAttention,
+#                  8192 / 32768 tokens and a padded batch, each judged against float64 (gpu_embed.py run)
 #   big            the MPT-7B configuration written on the machine, exported float16 in place, decoded
 #                  against the floor and transformers eager (gpu_big.py; BIG_LIMIT)
 set -u
@@ -111,9 +116,11 @@ run_step() {
     race) timeout 170 $py tools/gpu_order.py run "$work/r/race" --race-models "$files/models" --race --provider $provider \
             --workers 12 --cache "$work/race_cache" > "$work/r/race.log" 2>&1 ;;
     cure)
-      $py tools/gpu_cure.py variants "$files" ${CURE_VARIANTS:+--kinds $CURE_VARIANTS} > "$work/r/variants.log" 2>&1
+      [ "${CURE_VARIANTS:-}" = none ] || $py tools/gpu_cure.py variants "$files" ${CURE_VARIANTS:+--kinds $CURE_VARIANTS} \
+        > "$work/r/variants.log" 2>&1
       timeout ${CURE_LIMIT:-170} $py tools/gpu_cure.py run "$files" "$work/r/cure" --provider $provider $small \
-        --workers ${CURE_WORKERS:-14} ${CURE_EXTRA:+--extra $CURE_EXTRA} > "$work/r/cure.log" 2>&1 ;;
+        --workers ${CURE_WORKERS:-14} --repeats ${CURE_REPEATS:-1} ${CURE_EXTRA:+--extra $CURE_EXTRA} \
+        > "$work/r/cure.log" 2>&1 ;;
     timings) ort_timings "$work/r/timing" > "$work/r/timing_ort.log" 2>&1 ;;
     timings_async)
       for blocking in 0 1; do  # alone on the GPU, one after the other
@@ -146,6 +153,11 @@ run_step() {
       timeout ${BIG_LIMIT:-480} $py tools/gpu_big.py run "$work/r/big" --work "$work/big" --provider $provider \
         --contexts $contexts --steps 16 $tiny > "$work/r/big.log" 2>&1
       rm -rf "$work/big" ;;
+    embed_build)  # CPU work, in the background beside the next steps: the folder and our float16 file
+      (timeout ${EMBED_BUILD_LIMIT:-400} $py tools/gpu_embed.py build "$work/embed" ${small:+--tiny} \
+        > "$work/r/embed_build.log" 2>&1 &) ;;
+    embed) timeout ${EMBED_LIMIT:-540} $py tools/gpu_embed.py run "$work/embed" "$work/r/embed" --provider $provider \
+             ${small:+--tiny} --timeout ${EMBED_FORM_LIMIT:-200} > "$work/r/embed.log" 2>&1 ;;
     *) echo "unknown step $1"; return 2 ;;
   esac
 }

@@ -1,31 +1,45 @@
 """Whether ONNX Runtime CUDA runs a file right with its default asynchronous launches, read from
 the file's graph (never from a label).
 
-ONNX Runtime CUDA (1.31.1, measured on an H200: benchmarks/gpu_cure.md) places index arithmetic
-inside a subgraph (an If branch, a Loop body) on the GPU when it starts from a value of an
-enclosing graph, and copies the result back for the op that reads it on the host (a Slice's
-bounds, a Loop's trip count, a Pad's pads, an If's condition). With asynchronous launches that
-read can see a stale value: wrong blocks (max error 1-5) or a Range of 10^18 bytes. Arithmetic
-that starts from the subgraph's own Shape nodes, constants and inputs (a Loop's iteration
-number) runs on the host and is safe. export/hoist.py moves every If branch's risky arithmetic
-out (failures went from most blocked cells to a few); the blocked Loop bodies still read per-block
-bounds so (wrong, rarely: 3 of 32 validate jobs), so those files keep host-synchronous launches.
+ONNX Runtime CUDA (1.31.1, measured on an H200: benchmarks/gpu_cure.md) gave our blocked files
+wrong blocks (max error 1-5) and Sandwich a Range of 10^18 bytes with asynchronous launches,
+order-dependently. Its verbose log says where: inside a subgraph (an If branch, a Loop body), a
+value an op reads on the host (a Slice's bounds, a Range's limits, a Loop's trip count) was
+computed on the GPU and copied back (MemcpyToHost), and that read can see a stale value.
+
+Which values those are follows from how ONNX Runtime places nodes, which this module replays on
+the graph (onnxruntime/core/framework/fallback_cpu_capability.cc, GetCpuPreferredNodes): every
+node goes to the CUDA provider, then, graph by graph, a node moves to the CPU when it consumes a
+host value (a Shape's or Size's output, or a node already moved) and every input it has is such
+a value, the graph's own input (a Loop body's iteration number lives on the host), or a small
+constant of THIS graph: never a value of an enclosing graph, never a float16 one, never one the
+CUDA kernel reads on the host anyway. Constant subexpressions are folded first, as ONNX Runtime
+folds them before placing. A host read of a value left on the GPU is a device-to-host copy: in a
+subgraph, the risk.
 
     python runtimes/common/host_reads.py model.onnx    # prints the risky reads, exit 1 if there are any
 """
 from __future__ import annotations
 
+import heapq
 import sys
 
 # The inputs ONNX Runtime's CUDA kernels read on the host, by op (their kernels' CPU inputs); the
-# export's hoist (posbias_export/export/hoist.py) moves the arithmetic behind exactly these.
+# export's hoist (posbias_export/export/hoist.py) moves the If branches' arithmetic behind them.
 HOST_INPUTS = {
     "Slice": (1, 2, 3, 4), "Range": (0, 1, 2), "Reshape": (1,), "Pad": (1, 2, 3), "Expand": (1,),
     "ConstantOfShape": (0,), "Tile": (1,), "Unsqueeze": (1,), "Squeeze": (1,), "Split": (1,), "TopK": (1,),
     "Resize": (1, 2, 3), "Loop": (0, 1), "If": (0,), "OneHot": (1,), "CumSum": (1,), "Trilu": (1,),
     "ReduceMin": (1,), "ReduceMax": (1,), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceProd": (1,),
-    "GroupQueryAttention": (5, 6),
+    "GroupQueryAttention": (6,),
 }
+HOST_OUTPUTS = {"Shape": (0,), "Size": (0,)}  # CUDA kernels that write their output on the host
+# Ops whose CUDA kernels lack an element type of their first input: the node runs on the CPU and
+# reads every input there (ONNX Runtime's CUDA Pad: float, double, float16 only; its log showed the
+# int64 positions Pad of the window branch copied to the host).
+CUDA_TYPES = {"Pad": (1, 10, 11)}
+SMALL_CONSTANT = 100  # elements: ONNX Runtime's kSmallInitializerThreshold
+HALF = (10, 16)  # float16, bfloat16: ONNX Runtime never moves a node with such an input to the CPU
 
 
 def _subgraphs(node):
@@ -33,64 +47,125 @@ def _subgraphs(node):
         yield from ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
 
 
-def _branch_reads(nodes, constants: set[str], where: str) -> list[str]:
-    """Host reads inside the subgraphs (If branches, Loop bodies) among `nodes` whose arithmetic
-    starts from a value of an enclosing graph."""
+def _constants(graph, outer: dict[str, str]) -> dict[str, bool]:
+    """The constants `graph` sees (initializers and Constant nodes, its own and its enclosing
+    graphs', which ONNX Runtime looks up too, and what it folds from them) -> whether each is small."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    small = {name: True for name, w in outer.items() if w == "const"}  # scalars and index vectors
+    small.update((t.name, int(np.prod(t.dims)) <= SMALL_CONSTANT) for t in graph.initializer)
+    for node in graph.node:
+        if node.op_type == "Constant":
+            tensor = next((a.t for a in node.attribute if a.name == "value"), None)
+            small[node.output[0]] = tensor is None or numpy_helper.to_array(tensor).size <= SMALL_CONSTANT
+        elif (node.op_type not in HOST_OUTPUTS and not any(True for _ in _subgraphs(node))
+              and node.input and all(not i or i in small for i in _data_inputs(node))):
+            small.update((o, all(small[i] for i in _data_inputs(node) if i)) for o in node.output)
+    return small
+
+
+def _data_inputs(node):
+    """A node's inputs as ONNX Runtime runs it: CastLike is expanded to a Cast of its first input
+    (the second gives only the type)."""
+    return node.input[:1] if node.op_type == "CastLike" else node.input
+
+
+def _elem_types(graph) -> dict[str, int]:
+    infos = [*graph.input, *graph.output, *graph.value_info]
+    return {v.name: v.type.tensor_type.elem_type for v in infos if v.type.HasField("tensor_type")}
+
+
+def place(graph, loop_body: bool = False, outer: dict[str, str] | None = None) -> dict[str, str]:
+    """Where ONNX Runtime CUDA leaves each value of `graph` (one scope): 'cpu', 'gpu', 'const'
+    (folded or initializer), or 'input'. Values of enclosing graphs are not in it."""
+    constants = _constants(graph, outer or {})
+    inputs = [i.name for i in graph.input]
+    where = {name: "const" for name in constants}
+    for k, name in enumerate(inputs):  # a Loop body's iteration number and condition live on the host
+        where[name] = "cpu" if loop_body and k < 2 else "input"
+    nodes = [n for n in graph.node if not (n.output and all(o in constants for o in n.output))]
+    types = _elem_types(graph)
+    consumers: dict[str, list[int]] = {}
+    for k, node in enumerate(nodes):
+        for name in _data_inputs(node):
+            consumers.setdefault(name, []).append(k)
+    host: set[str] = set()
+    queue: list[int] = []
+    on_cpu = {k for k, node in enumerate(nodes) if not _has_cuda_kernel(node, types)}
+    for k, node in enumerate(nodes):
+        outs = node.output if k in on_cpu else [node.output[slot] for slot in HOST_OUTPUTS.get(node.op_type, ())]
+        host.update(outs)
+        queue += [c for name in outs for c in consumers.get(name, [])]
+    heapq.heapify(queue)  # ONNX Runtime visits candidates in topological order
+    seen = set(on_cpu)
+    while queue:
+        k = heapq.heappop(queue)
+        if k in seen:
+            continue
+        seen.add(k)
+        node = nodes[k]
+        if any(True for _ in _subgraphs(node)) or not _movable(node, constants, set(inputs), host, types):
+            continue
+        on_cpu.add(k)
+        host.update(node.output)
+        for name in node.output:
+            for c in consumers.get(name, []):
+                heapq.heappush(queue, c)
+    for k, node in enumerate(nodes):
+        for slot, name in enumerate(node.output):
+            where[name] = "cpu" if k in on_cpu or slot in HOST_OUTPUTS.get(node.op_type, ()) else "gpu"
+    return where
+
+
+def _has_cuda_kernel(node, types) -> bool:
+    wanted = CUDA_TYPES.get(node.op_type)
+    return wanted is None or not node.input or types.get(node.input[0], wanted[0]) in wanted
+
+
+def _movable(node, constants, inputs, host, types) -> bool:
+    for slot, name in enumerate(_data_inputs(node)):
+        if types.get(name) in HALF:
+            return False
+        if constants.get(name) or name in inputs:
+            continue
+        if not name or name not in host or slot in HOST_INPUTS.get(node.op_type, ()):
+            return False
+    return True
+
+
+def device_to_host_reads(graph, outer: dict[str, str] | None = None, where_: str = "graph",
+                         loop_body: bool = False) -> list[tuple[str, str]]:
+    """(scope, what) for every value of `graph` and its subgraphs that an op reads on the host
+    while ONNX Runtime CUDA left it on the GPU: a device-to-host copy in that scope."""
+    outer = outer or {}
+    here = place(graph, loop_body, outer)
+    seen = {**outer, **here}
+    moved = {o for o, w in here.items() if w == "cpu"}
     found = []
-    for node in nodes:
-        for graph in _subgraphs(node):
-            inner = constants | {i.name for i in graph.input}  # a Loop's iteration number lives on the host
-            here = f"{where}/{node.op_type}:{graph.name}"  # which op owns the subgraph: If or Loop
-            found += _risky_in_branch(graph.node, inner, here)
-            found += _branch_reads(graph.node, constants | {o for n in graph.node if n.op_type == "Constant"
-                                                             for o in n.output}, here)
+    for node in graph.node:
+        on_cpu = bool(node.output) and all(o in moved for o in node.output) and node.op_type not in HOST_OUTPUTS
+        slots = range(len(_data_inputs(node))) if on_cpu else HOST_INPUTS.get(node.op_type, ())
+        for slot in slots:
+            name = node.input[slot] if slot < len(node.input) else ""
+            if name and seen.get(name) == "gpu":
+                found.append((where_, f"{node.op_type} input {slot} ({name})"))
+        for sub in _subgraphs(node):
+            found += device_to_host_reads(sub, seen, f"{where_}/{node.op_type}:{sub.name}", node.op_type == "Loop")
     return found
 
 
-def _host_read_names(nodes) -> list[tuple[str, int, str]]:
-    """(op, slot, name) of every host read in `nodes` and in the If branches nested in them (what
-    a nested branch reads from outside itself is read from here); Loop bodies are left out."""
-    reads = []
-    for node in nodes:
-        reads += [(node.op_type, slot, node.input[slot]) for slot in HOST_INPUTS.get(node.op_type, ())
-                  if slot < len(node.input) and node.input[slot]]
-        if node.op_type == "If":
-            for graph in _subgraphs(node):
-                inner = {o for n in graph.node for o in n.output}
-                reads += [r for r in _host_read_names(graph.node) if r[2] not in inner]
-    return reads
-
-
-def _risky_in_branch(nodes, constants: set[str], where: str) -> list[str]:
-    defined = {o: n for n in nodes for o in n.output}
-    constants = constants | {o for n in nodes if n.op_type == "Constant" for o in n.output}
-    risky = []
-    for op_type, slot, read in _host_read_names(nodes):
-        if read in defined:
-            stack, seen = [read], set()
-            while stack:
-                name = stack.pop()
-                if not name or name in seen or name in constants:
-                    continue
-                seen.add(name)
-                producer = defined.get(name)
-                if producer is None:  # an enclosing graph's value feeds branch arithmetic read on the host
-                    risky.append(f"{where}: {op_type} input {slot} ({read}) from {name}")
-                    break
-                if producer.op_type not in ("Shape", "Size"):
-                    stack += list(producer.input)
-    return risky
-
-
 def risky_host_reads(model) -> list[str]:
-    """Every subgraph host read of `model` (a ModelProto) that ONNX Runtime CUDA can read stale."""
-    if model.functions:  # read what ONNX Runtime runs: the model-local functions inlined
-        import onnx.inliner
+    """Every host read inside a subgraph of `model` (a ModelProto) of a value ONNX Runtime CUDA
+    computes on the GPU: the reads it can see stale. The model-local functions are inlined first,
+    as ONNX Runtime runs them."""
+    import onnx.inliner
+    import onnx.shape_inference
 
+    if model.functions:
         model = onnx.inliner.inline_local_functions(model)
-    constants = {i.name for i in model.graph.initializer}
-    return _branch_reads(model.graph.node, constants | {o for n in model.graph.node if n.op_type == "Constant"
-                                                        for o in n.output}, "graph")
+    model = onnx.shape_inference.infer_shapes(model)  # the element types: which kernels CUDA has
+    return [f"{scope}: {what}" for scope, what in device_to_host_reads(model.graph) if scope != "graph"]
 
 
 def needs_host_sync(model_path: str) -> bool:
@@ -113,7 +188,8 @@ def main(argv=None) -> int:
         print("usage: host_reads.py model.onnx", file=sys.stderr)
         return 2
     found = risky_host_reads(onnx.load(args[0], load_external_data=False))
-    print("\n".join(found) or "no subgraph reads on the host what it computed from an enclosing graph: safe with asynchronous launches")
+    print("\n".join(found) or "no subgraph reads on the host a value ONNX Runtime CUDA computes on the GPU: "
+          "safe with asynchronous launches")
     return 1 if found else 0
 
 

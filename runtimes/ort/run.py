@@ -62,14 +62,15 @@ _cuda_async = []  # set once a CUDA session started this process without host-sy
 
 def host_synchronous_cuda(*model_paths: str) -> None:
     """Host-synchronous CUDA launches (CUDA_LAUNCH_BLOCKING=1), unless the caller set the variable,
-    for a file ONNX Runtime CUDA can run wrong without them: one whose If branches or Loop bodies
-    read on the host an index value computed from an enclosing graph's values (host_reads.py: our
-    blocked Loop's per-block bounds). ONNX Runtime 1.31.1 on an H200 gave such files wrong blocks
-    (max error 1-5) and a Range of 10^18 bytes with asynchronous launches, order-dependently
-    (benchmarks/gpu_cure.md); the switch costs 1.1-2.6x their time there. Files without such a read
-    (the in-place cache files) run asynchronously. CUDA reads the variable when the process creates
-    its context: a risky file opened after an asynchronous session is warned about (set
-    CUDA_LAUNCH_BLOCKING=1 before starting such a process)."""
+    for a file ONNX Runtime CUDA can run wrong without them: one with a subgraph (an If branch, a
+    Loop body) that reads on the host a value ONNX Runtime computes on the GPU (host_reads.py
+    replays its placement). ONNX Runtime 1.31.1 on an H200 gave such files wrong blocks (max
+    error 1-5) and a Range of 10^18 bytes with asynchronous launches, order-dependently
+    (benchmarks/gpu_cure.md). Our exports read nothing so (If branches hoisted, Loop bodies reading
+    their scalars from their own Shape) but Sandwich's, whose distance table's length comes from the
+    positions' values; every other file runs with ONNX Runtime's default asynchronous launches.
+    CUDA reads the variable when the process creates its context: a risky file opened after an
+    asynchronous session is warned about (set CUDA_LAUNCH_BLOCKING=1 before starting such a process)."""
     import os
 
     if "CUDA_LAUNCH_BLOCKING" in os.environ:

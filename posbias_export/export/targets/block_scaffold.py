@@ -43,15 +43,56 @@ def budgeted_rows(budget: int) -> list[onnx.NodeProto]:
     ]
 
 
+# The per-call scalars every Loop body reads on the host (Slice bounds, Range limits). ONNX Runtime
+# CUDA computes a body's index arithmetic on the GPU when it starts from an enclosing graph's value
+# and copies the result back, which asynchronous launches can read stale (wrong blocks, max error
+# 1-5: benchmarks/gpu_cure.md); from the body's own Shape nodes and iteration number it computes on
+# the host. So the enclosing graph hands them over as the dims of an empty tensor, [0, Bq, offset,
+# n], and the body reads them back with Shape (runtimes/common/host_reads.py replays the placement).
+LOOP_SCALARS = ("block", "offset", "n_blocks")
+
+
+def loop_scalar_carrier() -> list[onnx.NodeProto]:
+    """In front of the Loops: loop_scalars, an empty uint8 tensor whose dims are [0, *LOOP_SCALARS]."""
+    one_d = helper.make_tensor("carrier_1d", TensorProto.INT64, [1], [1])
+    return [
+        helper.make_node("Constant", [], ["carrier_1d"], value=one_d),
+        helper.make_node("Constant", [], ["carrier_zero"], value=helper.make_tensor("carrier_zero", TensorProto.INT64,
+                                                                                   [1], [0])),
+        *[helper.make_node("Reshape", [name, "carrier_1d"], [f"{name}_dim"]) for name in LOOP_SCALARS],
+        helper.make_node("Concat", ["carrier_zero", *[f"{name}_dim" for name in LOOP_SCALARS]], ["carrier_dims"], axis=0),
+        helper.make_node("ConstantOfShape", ["carrier_dims"], ["loop_scalars"],
+                         value=helper.make_tensor("carrier_fill", TensorProto.UINT8, [1], [0])),
+    ]
+
+
+def _local_scalars() -> list[onnx.NodeProto]:
+    """The body's own copies of LOOP_SCALARS (<name>_here, scalars), read from loop_scalars' shape."""
+    nodes = [helper.make_node("Shape", ["loop_scalars"], ["loop_dims"])]
+    for k, name in enumerate(LOOP_SCALARS, start=1):
+        nodes += [scalar_node(f"{name}_at", k), helper.make_node("Gather", ["loop_dims", f"{name}_at"], [f"{name}_here"])]
+    return nodes
+
+
+def _read_local(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """`nodes` reading each of LOOP_SCALARS from the body's own copy."""
+    for node in nodes:
+        for k, name in enumerate(node.input):
+            if name in LOOP_SCALARS:
+                node.input[k] = f"{name}_here"
+    return nodes
+
+
 def loop_body(block_nodes: list[onnx.NodeProto], out_type: int, own_queries: bool = False) -> onnx.GraphProto:
     """One query block: BlockQueries (unless the block nodes slice their own: own_queries), then
-    `block_nodes` (keys, bias, attention -> attended_b)."""
+    `block_nodes` (keys, bias, attention -> attended_b), every per-call scalar read from the body's
+    own copy (LOOP_SCALARS)."""
     queries = [] if own_queries else [
         call("BlockQueries", ["it", "q_pad", "q_pos_pad", "block", "offset"], ["q_b", "q_pos_b", "q_idx"])]
     return helper.make_graph(
         [
-            *queries,
-            *block_nodes,
+            *_local_scalars(),
+            *_read_local([*queries, *block_nodes]),
             # a leading 1-axis: see BlockAssemble for why
             helper.make_node("Constant", [], ["axis0"], value=helper.make_tensor("axis0", TensorProto.INT64, [1], [0])),
             helper.make_node("Unsqueeze", ["attended_b", "axis0"], ["out_b"]),  # [1, B, H, Bq, d]

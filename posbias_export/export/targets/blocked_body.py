@@ -22,8 +22,8 @@ from onnx import TensorProto, helper
 
 from ...biases import AttentionBias
 from ...nn.plans import BlockPlan
-from .block_scaffold import (ELEM_TYPES, UNBOUNDED, blocked_function, budgeted_rows, call, graph, loop, padding_loops,
-                             scalar_node)
+from .block_scaffold import (ELEM_TYPES, UNBOUNDED, blocked_function, budgeted_rows, call, graph, loop,
+                             loop_scalar_carrier, padding_loops, scalar_node)
 
 
 class _Body:
@@ -107,7 +107,7 @@ def _table_block(body: _Body, padded: bool) -> list[onnx.NodeProto]:
         attend = [call("BlockAttendMasked", ["q_b", "k_t_b", "v_b", "bias_b"], ["attended_b"])]
     return [
         body.block_keys(),
-        call("SliceByDistance", ["distance_table", "q_idx", "k_idx", "k"], [slice_out]),
+        call("SliceByDistance", ["distance_table", "it", "block", "offset", "lookback", "k_idx", "k"], [slice_out]),
         *([call("AddPaddingPenalty", ["bias_slice", "keep_b"], ["bias_b"])] if padded else []),
         *attend,
     ]
@@ -153,6 +153,7 @@ def _blocks(body: _Body, out_type: int) -> onnx.GraphProto:
         *(budgeted_rows(plan.row_budget) if plan.uses_table else []),
         call("BlockPrepare", ["q", "k", "v", "q_pos", "loop_block" if plan.uses_table else "max_block"],
              ["q_pad", "k_t", "q_pos_pad", "block", "n_blocks", "offset"]),
+        *loop_scalar_carrier(),
         *(_table(body) if plan.uses_table else []),
         query_loop,
         call("BlockAssemble", ["blocks", "q", "block"], ["out_blocks"]),

@@ -215,16 +215,21 @@ def ExpandDistanceVector(vector: FLOAT, idx: INT64) -> FLOAT:
 
 
 @script(posbias, default_opset=op)
-def SliceByDistance(table: FLOAT, q_idx: INT64, k_idx: INT64, k: FLOAT) -> FLOAT:
-    """One block's bias as a slice of the distance table: table [H|1, Bq, M], the block's
-    query indices q_idx [Bq, 1] and key indices k_idx [W] -> [H|1, Bq, W]. Row r, key j:
-    table[h, r, j - q0 + Lk] = g_h(q0 + r - j), q0 the block's first query index.
+def SliceByDistance(table: FLOAT, it: INT64, block: INT64, offset: INT64, lookback: INT64, k_idx: INT64,
+                    k: FLOAT) -> FLOAT:
+    """One block's bias as a slice of the distance table: table [H|1, Bq, M], query block `it`'s
+    keys k_idx [W] (BlockKeys: [lo, lo + W)) -> [H|1, Bq, W]. Row r, key j:
+    table[h, r, j - q0 + Lk] = g_h(q0 + r - j), q0 = it * Bq + offset the block's first query index.
+    The bounds come from the scalars, as BlockKeys computes them, not from the index tensors'
+    values: ONNX Runtime CUDA would copy those back to the host, which asynchronous launches can
+    read stale.
 
-    PyTorch: start = k_idx[0] - q_idx[0, 0] + Lk; table[..., start:start + W]
+    PyTorch: q0 = it * Bq + offset; lo = max(q0 - lookback, 0); start = lo - q0 + Lk; table[..., start:start + W]
     """
     k_len = op.Shape(k, start=2, end=3)  # [1]
-    q0 = op.Reshape(op.Slice(q_idx, [0], [1], [0]), [1])  # [1]
-    start = op.Add(op.Sub(op.Slice(k_idx, [0], [1], [0]), q0), k_len)  # [1]
+    q0 = op.Reshape(op.Add(op.Mul(it, block), offset), [1])  # [1]
+    lo = op.Max(op.Sub(q0, op.Reshape(lookback, [1])), op.Constant(value_ints=[0]))  # [1]
+    start = op.Add(op.Sub(lo, q0), k_len)  # [1]
     stop = op.Add(start, op.Shape(k_idx))  # [1]
     return op.Slice(table, start, stop, [-1])  # [H|1, Bq, W]
 

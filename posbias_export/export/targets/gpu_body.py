@@ -33,8 +33,8 @@ from onnx import TensorProto, helper
 
 from ...biases import MASK_PENALTY, AttentionBias
 from ...nn.plans import FEATURE_WIDTH, BlockPlan
-from .block_scaffold import (ELEM_TYPES, UNBOUNDED, blocked_function, budgeted_rows, call, graph, loop, padding_loops,
-                             scalar_node)
+from .block_scaffold import (ELEM_TYPES, UNBOUNDED, blocked_function, budgeted_rows, call, graph, loop,
+                             loop_scalar_carrier, padding_loops, scalar_node)
 
 FUSED_OPS = ("onnx", "ort")
 ORT_DOMAIN = "com.microsoft"
@@ -172,7 +172,8 @@ def _slim_block(body: _GpuBody, padded: bool) -> list[onnx.NodeProto]:
     vector (padding keys, and the alignment keys of a bidirectional family, get the mask value)."""
     bias_out = "bias_b" if padded else "mask_b"
     return [
-        call("SlimBlock", ["it", "bounds", "q_pad", "k8", "v8", "keep8", "block"], ["q_b", "k_b", "v_b", "keep_b", "idx_b"]),
+        call("SlimBlock", ["it", "k", "q_pad", "k8", "v8", "keep8", "block", "n_blocks", "offset", "lookback", "lookahead"],
+             ["q_b", "k_b", "v_b", "keep_b", "idx_b"]),
         call("GatherBlockBias", ["windows", "idx_b"], [bias_out]),
         *([body.floor_node("padding_floor"), call("ReplacePadding", ["bias_b", "keep_b", "padding_floor"], ["mask_b"])]
           if padded else []),
@@ -187,11 +188,10 @@ def _slim_table(body: _GpuBody) -> list[onnx.NodeProto]:
     return [
         *_slim_vector(body),
         call("AlignKeys", ["k", "v", "keep"], ["k8", "v8", "keep8"]),
-        call("SlimBlockBounds", ["k", "block", "n_blocks", "offset", "lookback", "lookahead"], ["bounds"]),
         call("HasPadding", ["keep" if body.bias.causal else "keep8"], ["has_padding"]),
         padding_loops(lambda padded: _slim_block(body, padded), body.out_type, own_queries=True,
                       out="blocks_last_first"),
-        # the blocks ran last first (SlimBlockBounds): back in order, [n, 1, B, H, Bq, d]
+        # the blocks ran last first (SlimBlock): back in order, [n, 1, B, H, Bq, d]
         *[helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], [value]))
           for name, value in (("reverse_start", -1), ("reverse_end", -(1 << 63)), ("reverse_axis", 0),
                               ("reverse_step", -1))],
@@ -275,6 +275,7 @@ def _blocks(body: _GpuBody) -> onnx.GraphProto:
         scalar_node("lookback", UNBOUNDED if lookback is None else lookback),
         scalar_node("go", True, TensorProto.BOOL),
         call("PadQueries", ["q", "k", "q_pos", "loop_block"], ["q_pad", "q_pos_pad", "block", "n_blocks", "offset"]),
+        *loop_scalar_carrier(),
         *table,
         call("BlockAssemble", ["blocks", "q", "block"], ["out_blocks"]),
     ], "query_blocks", "out_blocks", body.out_type)

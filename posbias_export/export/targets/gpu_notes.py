@@ -3,13 +3,15 @@ from __future__ import annotations
 
 
 def host_sync_note(request, proto) -> list[str]:
-    """A file whose blocked Loop reads per-block bounds on the host (runtimes/common/host_reads.py)
-    needs host-synchronous launches on ONNX Runtime CUDA (measured on ORT 1.31.1:
-    benchmarks/gpu_parity_async.md)."""
+    """A file with a subgraph that reads on the host a value ONNX Runtime CUDA computes on the GPU
+    (runtimes/common/host_reads.py replays its placement; since the Loop bodies read their scalars
+    from their own Shape, only Sandwich's distance-table length, from the positions' values) needs
+    host-synchronous launches on ONNX Runtime CUDA (measured on ORT 1.31.1: benchmarks/gpu_cure.md)."""
     from ...runners import runtimes_common
 
-    if not proto.functions or not runtimes_common("host_reads").risky_host_reads(proto):
+    risky = runtimes_common("host_reads").risky_host_reads(proto) if proto.functions else []
+    if not risky:
         return []
     return ["on ONNX Runtime CUDA serve this file with CUDA_LAUNCH_BLOCKING=1 set before the process's first session "
-            "(our runners do): its blocked Loop reads per-block bounds on the host, which ONNX Runtime CUDA can read "
-            "stale with asynchronous launches (docs/gpu.md)"]
+            "(our runners do): a subgraph of it reads on the host a value ONNX Runtime CUDA computes on the GPU "
+            f"({risky[0].split(': ', 1)[1]}), which it can read stale with asynchronous launches (docs/gpu.md)"]

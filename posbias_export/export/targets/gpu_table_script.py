@@ -15,15 +15,16 @@ Gather time did not move, 4.9 ms at 16384 tokens on an H200: its kernel spends i
 arithmetic per value. An index-free form, Expand and two Slices, measured slower still:
 benchmarks/gpu_slim_forms.md).
 
-The blocks run last first (SlimBlockBounds), so the Loop's first block is its widest: every later
+The blocks run last first (SlimBlock), so the Loop's first block is its widest: every later
 block's bias fits in memory the first one freed. In block order, each block's bias was wider than
 any freed before it, and ONNX Runtime's arena held all of them at once (11 GB at 32768 tokens).
 
 Every block's keys start and end on a multiple of KEY_ALIGN (the keys are padded once to a
 multiple of it: fused kernels read a bias row in 8-element vectors; the one-block branch of every
-GPU body pads its keys the same way, AlignDirectKeys), and the per-block bounds are
-one small int64 table computed before the Loop, so the Loop body does no index arithmetic of its
-own beyond reading its row.
+GPU body pads its keys the same way, AlignDirectKeys). Each block's bounds are a few integer ops
+in the Loop body from its iteration number and the per-call scalars (SlimBlock): a table computed
+before the Loop and read there made ONNX Runtime CUDA copy each row back to the host, which
+asynchronous launches read stale.
 """
 from __future__ import annotations
 
@@ -57,13 +58,15 @@ def AlignDirectKeys(k: FLOAT, v: FLOAT, k_pos: INT64, keep: BOOL):
     k8, v8 [B, H, Lk8, d], k_pos8 [..., Lk8], keep8 [B|1, 1, 1, Lk8], k_idx8 [Lk8]. The padding keys
     are not kept, and come after every query (their indices are >= Lk).
 
-    PyTorch: AlignKeys(k, v, keep), F.pad(k_pos, (0, pad), mode="replicate"), arange(Lk8)
+    PyTorch: AlignKeys(k, v, keep), k_pos[..., arange(Lk8).clamp(max=Lk - 1)], arange(Lk8)
     """
     k8, v8, keep8 = AlignKeys(k, v, keep)
     k_len8 = op.Shape(k8, start=2, end=3)  # [1]
-    pad = op.Sub(k_len8, op.Shape(k, start=2, end=3))  # [1]
-    k_pos8 = op.Pad(k_pos, op.Concat(op.Constant(value_ints=[0]), pad, axis=0), None, [-1], mode="edge")
     k_idx8 = op.Range(op.Constant(value_int=0), op.Squeeze(k_len8), op.Constant(value_int=1))  # [Lk8]
+    last = op.Sub(op.Shape(k, start=2, end=3), op.Constant(value_ints=[1]))  # [1] Lk - 1
+    # the last position repeated by a Gather, not an edge Pad: ONNX Runtime CUDA has no int64 Pad, and
+    # its CPU one would read the positions back from the GPU inside this If branch (host_reads.py)
+    k_pos8 = op.Gather(k_pos, op.Min(k_idx8, last), axis=-1)  # [..., Lk8]
     return k8, v8, k_pos8, keep8, k_idx8
 
 
@@ -85,49 +88,37 @@ def SlimVectorPositions(k: FLOAT, block: INT64, lookahead: INT64):
 
 
 @script(posbias, default_opset=op)
-def SlimBlockBounds(k: FLOAT, block: INT64, n_blocks: INT64, offset: INT64, lookback: INT64,
-                    lookahead: INT64) -> INT64:
-    """Every block's bounds, once, before the Loop -> [n, 4], the last block first (see the module
-    docstring; the Loop's outputs are put back in order after it): the block's first padded query row
-    q0, its aligned keys [lo, end) (lo rounded down, end up, to a multiple of 8; the extra keys
-    are masked by distance or marked padding), and `shift`, the vector index of (row Bq - 1, key lo).
+def SlimBlock(it: INT64, k: FLOAT, q_pad: FLOAT, k8: FLOAT, v8: FLOAT, keep8: BOOL, block: INT64, n_blocks: INT64,
+              offset: INT64, lookback: INT64, lookahead: INT64):
+    """Query block n - 1 - it (the last block first: see the module docstring; the Loop's outputs
+    are put back in order after it) and its aligned keys: q_b [B, H, Bq, d], k_b, v_b [B, H, W, d],
+    keep_b [B|1, 1, 1, W], and idx [Bq, W/8] int32, the window (SlimWindows) of each query and
+    each 8 keys: idx[r, c] = Bq - 1 - r + shift + 8c. The block's first padded query row q0, its
+    aligned keys [lo, end) (lo rounded down, end up, to a multiple of 8; the extra keys are masked
+    by distance or marked padding; W = end - lo) and `shift`, the vector index of (row Bq - 1,
+    key lo), are computed here from the iteration number and the scalars, which the body reads
+    from its own Shape (block_scaffold.LOOP_SCALARS): ONNX Runtime CUDA then keeps this arithmetic
+    on the host.
 
-    PyTorch: first = offset + arange(n - 1, -1, -1) * Bq; lo = max(first - lookback, 0) // 8 * 8;
-             end = ceil8(min(first + Bq + lookahead, Lk)); shift = lo - first + Lk
+    PyTorch: q0 = (n - 1 - it) * Bq; first = q0 + offset; lo = max(first - lookback, 0) // 8 * 8;
+             end = ceil8(min(first + Bq + lookahead, Lk)); shift = lo - first + Lk;
+             q_pad[:, :, q0:q0 + Bq], k8[:, :, lo:end], ..., ((Bq - 1 - arange(Bq))[:, None] + shift + arange(0, end - lo, 8)).int()
     """
-    k_len = op.Squeeze(op.Shape(k, start=2, end=3))  # scalar Lk
-    eight = op.Constant(value_int=8)
+    k_len = op.Shape(k, start=2, end=3)  # [1] Lk
     one = op.Constant(value_int=1)
-    q0 = op.Mul(op.Range(op.Sub(n_blocks, one), op.Constant(value_int=-1), op.Neg(one)), block)  # [n], last block first
-    first = op.Add(q0, offset)  # [n] key index of each block's first query
-    end = op.Min(op.Add(op.Add(first, block), lookahead), k_len)  # [n]
-    lo = op.Max(op.Sub(first, lookback), op.Constant(value_int=0))  # [n]
-    lo8 = op.Mul(op.Div(lo, eight), eight)  # [n]
-    end8 = op.Mul(op.Div(op.Add(end, op.Constant(value_int=7)), eight), eight)  # [n]
-    shift = op.Add(op.Sub(lo8, first), k_len)  # [n]
-    return op.Concat(op.Unsqueeze(q0, [1]), op.Unsqueeze(lo8, [1]), op.Unsqueeze(end8, [1]), op.Unsqueeze(shift, [1]),
-                     axis=1)  # [n, 4]
-
-
-@script(posbias, default_opset=op)
-def SlimBlock(it: INT64, bounds: INT64, q_pad: FLOAT, k8: FLOAT, v8: FLOAT, keep8: BOOL, block: INT64):
-    """Query block `it` and its aligned keys, from row `it` of SlimBlockBounds: q_b [B, H, Bq, d],
-    k_b, v_b [B, H, W, d], keep_b [B|1, 1, 1, W], and idx [Bq, W/8] int32, the window (SlimWindows)
-    of each query and each 8 keys: idx[r, c] = Bq - 1 - r + shift + 8c (W is a multiple of 8).
-
-    PyTorch: q0, lo, end, shift = bounds[it]; q_pad[:, :, q0:q0 + Bq], k8[:, :, lo:end], ...,
-             ((Bq - 1 - arange(Bq))[:, None] + shift + arange(0, end - lo, 8)).int()
-    """
-    row = op.Gather(bounds, it)  # [4]
-    q0 = op.Slice(row, [0], [1])  # [1]
-    lo = op.Slice(row, [1], [2])
-    end = op.Slice(row, [2], [3])
-    shift = op.Cast(op.Squeeze(op.Slice(row, [3], [4])), to=6)  # scalar int32
+    eight = op.Constant(value_ints=[8])
+    q0 = op.Reshape(op.Mul(op.Sub(op.Sub(n_blocks, one), it), block), [1])  # [1]
+    first = op.Add(q0, op.Reshape(offset, [1]))  # [1] key index of the block's first query
+    end_key = op.Min(op.Add(op.Add(first, op.Reshape(block, [1])), op.Reshape(lookahead, [1])), k_len)  # [1]
+    lo_key = op.Max(op.Sub(first, op.Reshape(lookback, [1])), op.Constant(value_ints=[0]))  # [1]
+    lo = op.Mul(op.Div(lo_key, eight), eight)  # [1]
+    end = op.Mul(op.Div(op.Add(end_key, op.Constant(value_ints=[7])), eight), eight)  # [1]
+    shift = op.Cast(op.Squeeze(op.Add(op.Sub(lo, first), k_len)), to=6)  # scalar int32
     q_b = op.Slice(q_pad, q0, op.Add(q0, op.Reshape(block, [1])), [2])  # [B, H, Bq, d]
     width = op.Cast(op.Squeeze(op.Sub(end, lo)), to=6)  # scalar int32 W
-    last = op.Cast(op.Sub(block, op.Constant(value_int=1)), to=6)  # scalar int32 Bq - 1
-    one = op.Cast(op.Constant(value_int=1), to=6)
-    rows = op.Range(last, op.Cast(op.Constant(value_int=-1), to=6), op.Neg(one))  # [Bq] int32: Bq-1 .. 0
+    last = op.Cast(op.Sub(block, one), to=6)  # scalar int32 Bq - 1
+    one32 = op.Cast(one, to=6)
+    rows = op.Range(last, op.Cast(op.Constant(value_int=-1), to=6), op.Neg(one32))  # [Bq] int32: Bq-1 .. 0
     cols = op.Range(shift, op.Add(shift, width), op.Cast(op.Constant(value_int=8), to=6))  # [W/8] int32
     idx = op.Add(op.Unsqueeze(rows, [1]), cols)  # [Bq, W/8] int32
     return (q_b, op.Slice(k8, lo, end, [2]), op.Slice(v8, lo, end, [2]), op.Slice(keep8, lo, end, [-1]), idx)
@@ -156,5 +147,5 @@ def GatherBlockBias(windows: FLOAT, idx: INT32) -> FLOAT:
     return op.Reshape(op.Gather(windows, idx, axis=1), op.Constant(value_ints=[0, 0, -1]))
 
 
-SLIM_TABLE_FUNCTIONS = (AlignKeys, AlignDirectKeys, SlimVectorPositions, SlimBlockBounds, SlimBlock, SlimWindows,
+SLIM_TABLE_FUNCTIONS = (AlignKeys, AlignDirectKeys, SlimVectorPositions, SlimBlock, SlimWindows,
                         GatherBlockBias)
