@@ -181,3 +181,21 @@ def test_the_replayed_placement_predicts_the_copies_onnx_runtime_cuda_logged():
                      for line in logged if "Add MemcpyToHost" in line)
     predicted = sorted({r.rsplit("(", 1)[1].rstrip(")") for r in _host_reads().risky_host_reads(onnx.load(OLD_FILE))})
     assert to_host and [name.rsplit("__", 1)[0] for name in predicted] == to_host, (predicted, to_host)
+
+
+def test_the_portable_file_that_raced_without_a_copy_back_is_fenced(tmp_path):
+    """The committed portable ALiBi attention file (commit 77e0afd; wrong blocks in 1 of 9 fresh
+    processes on the H200 with asynchronous launches, benchmarks/gpu_cure_loops.md) reads nothing
+    back from the GPU in any subgraph, yet the runners keep host-synchronous launches for it: its
+    blocked Loop attends without a fused op. The GPU-target body is not fenced."""
+    import posbias_export as pbe
+
+    reads = _host_reads()
+    repro = onnx.load(ROOT / "tools" / "data" / "alibi_attention_portable_77e0afd.onnx")
+    assert reads.risky_host_reads(repro) == []
+    assert len(reads.unfused_loops(repro)) == 2  # the padded and unpadded Loops
+    assert reads.needs_host_sync(str(ROOT / "tools" / "data" / "alibi_attention_portable_77e0afd.onnx"))
+    core = pbe.build_model(pbe.ModelConfig(bias="alibi", num_heads=4, dim=64), arch="attention")
+    out = tmp_path / "gpu.onnx"
+    pbe.export_onnx(core, out, check_growth=False, target="cuda-ort")
+    assert reads.unfused_loops(onnx.load(out)) == [] and not reads.needs_host_sync(str(out))

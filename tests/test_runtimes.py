@@ -245,20 +245,22 @@ def test_cuda_sessions_launch_host_synchronously_only_for_files_that_read_stale_
     """ONNX Runtime CUDA reads index values computed on the GPU inside subgraphs before the GPU
     wrote them (benchmarks/gpu_cure.md): the runners set CUDA_LAUNCH_BLOCKING=1 only for a file
     with such a read (Sandwich's distance table, from the positions' values; the committed 0f33d6a
-    file, exported before the cure), keep a caller's own value, and leave the cured blocked files
-    and an in-place cache file (no control flow) asynchronous."""
+    file, exported before the cure) or with the portable blocked body (which still raced without
+    one: benchmarks/gpu_cure_loops.md), keep a caller's own value, and leave the GPU-target blocked
+    files and an in-place cache file (no control flow) asynchronous."""
     from posbias_export.runners import runtimes_common
 
     run = runtimes_common("loading").load_runner("ort/run.py")
     monkeypatch.setattr(run, "_cuda_async", [])
     inplace = exports.cli("alibi", extra=("--kv-cache", "--target", "ort"))
-    blocked = exports.cli("alibi")  # the default file: a blocked Loop, its scalars read from its own Shape
-    sandwich = exports.cli("sandwich")
+    gpu = exports.cli("alibi", extra=("--target", "cuda-ort"))  # blocked Loops, their scalars read from their own Shape
+    portable = exports.cli("alibi")  # the portable blocked body: fenced
+    sandwich = exports.cli("sandwich", extra=("--target", "cuda-ort"))
     old = Path(__file__).resolve().parents[1] / "tools" / "data" / "alibi_attention_0f33d6a.onnx"
-    assert not run.needs_host_sync(str(inplace)) and not run.needs_host_sync(str(blocked))
-    assert run.needs_host_sync(str(sandwich)) and run.needs_host_sync(str(old))
+    assert not run.needs_host_sync(str(inplace)) and not run.needs_host_sync(str(gpu))
+    assert run.needs_host_sync(str(portable)) and run.needs_host_sync(str(sandwich)) and run.needs_host_sync(str(old))
     monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
-    run.host_synchronous_cuda(str(inplace), str(blocked))
+    run.host_synchronous_cuda(str(inplace), str(gpu))
     assert "CUDA_LAUNCH_BLOCKING" not in os.environ
     monkeypatch.setattr(run, "_cuda_async", [])
     run.host_synchronous_cuda(str(sandwich))

@@ -68,7 +68,9 @@ def host_synchronous_cuda(*model_paths: str) -> None:
     error 1-5) and a Range of 10^18 bytes with asynchronous launches, order-dependently
     (benchmarks/gpu_cure.md). Our exports read nothing so (If branches hoisted, Loop bodies reading
     their scalars from their own Shape) but Sandwich's, whose distance table's length comes from the
-    positions' values; every other file runs with ONNX Runtime's default asynchronous launches.
+    positions' values. The portable blocked body is fenced too: ALiBi's still raced without any
+    such read (host_reads.unfused_loops). The GPU-target files (--target cuda / cuda-ort) and the
+    in-place cache files run with ONNX Runtime's default asynchronous launches.
     CUDA reads the variable when the process creates its context: a risky file opened after an
     asynchronous session is warned about (set CUDA_LAUNCH_BLOCKING=1 before starting such a process)."""
     import os
