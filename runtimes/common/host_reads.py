@@ -162,11 +162,11 @@ def risky_host_reads(model) -> list[str]:
     computes on the GPU: the reads it can see stale. The model-local functions are inlined first,
     as ONNX Runtime runs them."""
     import onnx.inliner
-    import onnx.shape_inference
 
+    model = _light(model)
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
-    model = onnx.shape_inference.infer_shapes(model)  # the element types: which kernels CUDA has
+    model = _typed(model)  # the element types: which kernels CUDA has
     return [f"{scope}: {what}" for scope, what in device_to_host_reads(model.graph) if scope != "graph"]
 
 
@@ -183,6 +183,7 @@ def unfused_loops(model) -> list[str]:
     right in every case (90 fresh processes, every validate job)."""
     import onnx.inliner
 
+    model = _light(model)
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     found = []
@@ -197,6 +198,37 @@ def unfused_loops(model) -> list[str]:
 
     walk(model.graph.node, "graph")
     return found
+
+
+def _light(model):
+    """`model` without its weights' bytes (a published model's weights would not fit the 2 GB
+    protobuf limit that shape inference and the inliner work under): each initializer of more than
+    SMALL_CONSTANT elements keeps its name, type and dims only."""
+    import numpy as np
+    import onnx
+    from onnx import helper
+
+    def bare(t):
+        if int(np.prod(t.dims)) <= SMALL_CONSTANT:
+            return t
+        return onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
+
+    graph = helper.make_graph(model.graph.node, model.graph.name, model.graph.input, model.graph.output,
+                              [bare(t) for t in model.graph.initializer])
+    light = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+    light.functions.extend(model.functions)
+    return light
+
+
+def _typed(model):
+    """`model` with its values' element types inferred (unknown where inference fails: every op is
+    then taken to have its CUDA kernel)."""
+    import onnx
+
+    try:
+        return onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001
+        return model
 
 
 def needs_host_sync(model_path: str) -> bool:
