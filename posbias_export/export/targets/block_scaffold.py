@@ -46,9 +46,10 @@ def budgeted_rows(budget: int) -> list[onnx.NodeProto]:
 # The per-call scalars every Loop body reads on the host (Slice bounds, Range limits). ONNX Runtime
 # CUDA computes a body's index arithmetic on the GPU when it starts from an enclosing graph's value
 # and copies the result back, which asynchronous launches can read stale (wrong blocks, max error
-# 1-5: benchmarks/gpu_cure.md); from the body's own Shape nodes and iteration number it computes on
-# the host. So the enclosing graph hands them over as the dims of an empty tensor, [0, Bq, offset,
-# n], and the body reads them back with Shape (runtimes/common/host_reads.py replays the placement).
+# 1-5: benchmarks/gpu_cure.md); arithmetic that combines the iteration number with values of the
+# body's own Shape nodes it computes on the host. So the enclosing graph hands the scalars over as
+# the dims of an empty tensor, [0, Bq, offset, n], and the body reads them back with Shape
+# (runtimes/common/host_reads.py replays the placement; benchmarks/gpu_cure_loops.md: no copy back).
 LOOP_SCALARS = ("block", "offset", "n_blocks")
 
 
