@@ -162,6 +162,23 @@ def test_sessions_serve_changing_shapes_without_memory_patterns(exports):
     assert session.get_session_options().enable_mem_pattern is False
 
 
+def test_cpu_sessions_free_each_tensor_without_planned_reuse(exports):
+    """On CPU the runners turn the planner's buffer reuse off (a layer's feed-forward buffers were
+    held through the next layers' attention: benchmarks/embedders.md); CUDA keeps it (unmeasured
+    there). The outputs do not change."""
+    import onnxruntime as ort
+
+    ort_run = load_runner("ort/run.py")
+    assert ort_run.session_options(ort).enable_mem_reuse is False
+    assert ort_run.session_options(ort, provider="cuda").enable_mem_reuse is True
+    path = str(exports.cli("alibi"))
+    session = ort_run.create_session(path, "cpu")
+    assert session.get_session_options().enable_mem_reuse is False
+    feeds = {"input_ids": np.arange(40, dtype=np.int64).reshape(1, 40) % 50}
+    planned = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, feeds)[0], planned.run(None, feeds)[0])
+
+
 def test_tf32_policy_admits_tf32_rounding_and_float32_does_not():
     """Outputs whose matmul inputs were rounded to TF32's 10-bit mantissa (simulated here on the
     CPU): within the TF32 budget (relative to PyTorch float16's error), outside float32's."""

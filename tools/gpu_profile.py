@@ -75,7 +75,7 @@ def profile_length(model: str, provider: str, length: int, heads: int, head_dim:
     kernels = CudaKernels() if provider == "cuda" else contextlib.nullcontext()
     result = ort_runner("profile.py").profile(model, feeds(length, heads, head_dim, dtype), runs=1,
                                               providers=served_providers(model, provider),
-                                              options=ort_runner().session_options(ort), during=kernels)
+                                              options=ort_runner().session_options(ort, provider=provider), during=kernels)
     row = {"length": length, "ort_ops_ms": {r["op"]: round(r["us"] / 1e3, 3) for r in result["ops"][:8]},
            "wall_ms": round(result["wall_us"] / 1e3, 3)}
     if provider == "cuda":

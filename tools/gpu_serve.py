@@ -32,10 +32,10 @@ def placement(path: Path, decoder) -> dict[str, list[str]]:
     from runtimes.ort.run import provider_list, session_options
 
     with tempfile.TemporaryDirectory() as tmp:
-        opts = session_options(ort)
+        provider = "cuda" if decoder.device == "cuda" else "cpu"
+        opts = session_options(ort, provider=provider)
         opts.enable_profiling = True
         opts.profile_file_prefix = str(Path(tmp) / "p")
-        provider = "cuda" if decoder.device == "cuda" else "cpu"
         session = ort.InferenceSession(str(path), opts, providers=provider_list(provider))
         past = [np.zeros((1, decoder.heads, 0, decoder.head_dim), decoder.dtype) for _ in decoder.past_names]
         session.run(None, {"input_ids": np.full((1, 17), 7, np.int64), "attention_mask": np.ones((1, 17), np.int64),

@@ -1,12 +1,15 @@
 """Do the runners' ONNX Runtime session options cost anything on CPU? (issue: runner hardening)
 
-    python tools/session_options.py [--out benchmarks/session_options.md]
+    python tools/session_options.py [--out benchmarks/session_options.md] [--decoder FILE --prompts 512,4096]
 
 Exports the default language model and the cuda-ort ALiBi attention file, then times each in
 ONE session per option set, lengths in ascending then descending order (as a server sees them),
 the option sets interleaved round by round so that machine noise hits both alike. Reports the
-median per length and the ratio of the runners' options (enable_mem_pattern off) to ORT's
-defaults.
+median per length and the ratio of the runners' options (memory patterns and, on CPU, planned
+memory reuse off) to ORT's defaults. --decoder: an in-place cache file (--kv-cache --target ort,
+e.g. of BLOOM-560m's configuration): after one prefill per prompt length, decode steps with planned
+memory reuse on and off, one session each, in alternating rounds of 5 steps; median ms per step,
+wall and the process's CPU time.
 """
 from __future__ import annotations
 
@@ -45,6 +48,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/session_options.md")
     p.add_argument("--rounds", type=int, default=15)  # 5 rounds spread one row 0.84-1.17x run to run
+    p.add_argument("--decoder", help="an in-place cache file (--kv-cache --target ort): decode steps, reuse on and off")
+    p.add_argument("--prompts", type=lambda s: [int(x) for x in s.split(",")], default=[512, 4096])
     args = p.parse_args()
     runner = load_runner("ort/run.py")
     options = {"ORT defaults": ort.SessionOptions(), "runners' options": runner.session_options(ort)}
@@ -68,18 +73,80 @@ def main() -> int:
             for n in lengths:
                 base, ours = (statistics.median(times[name, n]) for name in options)
                 rows.append(f"| {label} | {n} | {base * 1e3:.1f} | {ours * 1e3:.1f} | {ours / base:.2f} |")
-    print(write_text_atomic(args.out, report(rows, args.rounds)).read_text())
+    decode = decode_rows(args.decoder, args.prompts, args.rounds) if args.decoder else []
+    print(write_text_atomic(args.out, report(rows, args.rounds, decode, args.decoder)).read_text())
     return 0
 
 
-def report(rows: list[str], rounds: int) -> str:
+def _bound_step(session, ids, total, buffers, outputs, present_of) -> None:
+    """One call with each past and its present bound to one buffer (the in-place protocol)."""
+    binding = session.io_binding()
+    binding.bind_cpu_input("input_ids", ids)
+    binding.bind_cpu_input("attention_mask", np.ones((1, total), np.int64))
+    for name, buffer in buffers.items():
+        binding.bind_ortvalue_input(name, buffer)
+    for name in outputs:
+        if name in present_of:
+            binding.bind_ortvalue_output(name, buffers[present_of[name]])
+        else:
+            binding.bind_output(name, "cpu")
+    session.run_with_iobinding(binding)
+
+
+def decode_rows(path: str, prompts: list[int], rounds: int, steps: int = 5) -> list[str]:
+    """Decode steps with the runners' options, planned memory reuse on and off (the first round
+    not counted: a new session's first steps allocate)."""
+    runner = load_runner("ort/run.py")
+    sessions = {}
+    for reuse in (True, False):
+        opts = runner.session_options(ort)
+        opts.enable_mem_reuse = reuse
+        sessions[reuse] = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    first = sessions[True]
+    outputs = [o.name for o in first.get_outputs()]
+    present_of = {o: "past_" + o[len("present_"):] for o in outputs if o.startswith("present_")}
+    pasts = {i.name: i.shape for i in first.get_inputs() if i.name.startswith("past_")}
+    rows = []
+    for prompt in prompts:
+        state, times = {}, {(reuse, kind): [] for reuse in sessions for kind in ("wall", "cpu")}
+        capacity = prompt + rounds * steps + 1
+        ids = np.random.default_rng(prompt).integers(0, 1000, (1, prompt), dtype=np.int64)
+        for reuse, session in sessions.items():
+            buffers = {n: ort.OrtValue.ortvalue_from_numpy(np.zeros((1, s[1], capacity, s[3]), np.float32))
+                       for n, s in pasts.items()}
+            _bound_step(session, ids, prompt, buffers, outputs, present_of)
+            state[reuse] = [buffers, prompt]
+        for r in range(rounds):
+            for reuse, session in sessions.items():
+                for _ in range(steps):
+                    state[reuse][1] += 1
+                    wall, cpu = time.perf_counter(), time.process_time()
+                    _bound_step(session, np.array([[7]], np.int64), state[reuse][1], state[reuse][0], outputs, present_of)
+                    if r:
+                        times[reuse, "wall"].append(time.perf_counter() - wall)
+                        times[reuse, "cpu"].append(time.process_time() - cpu)
+        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        rows.append(f"| {prompt} | {med[True, 'wall']:.1f} / {med[True, 'cpu']:.1f} | {med[False, 'wall']:.1f} / "
+                    f"{med[False, 'cpu']:.1f} | {med[False, 'wall'] / med[True, 'wall']:.3f} / "
+                    f"{med[False, 'cpu'] / med[True, 'cpu']:.3f} |")
+    return rows
+
+
+def report(rows: list[str], rounds: int, decode: list[str], decoder: str | None) -> str:
     head = ["# Session options on CPU", "", f"Generated by `python tools/session_options.py`. {describe()}", "",
             "One session per option set, every length run in ascending then descending order, "
             f"{rounds} rounds interleaved; median ms per forward, batch 1.", ""]
     table = ["| file | length | ORT defaults (ms) | runners' options (ms) | ratio |", "|---|---|---|---|---|", *rows]
-    return "\n".join([*head, *table, "", "The runners' options: `enable_mem_pattern = False` (runtimes/ort/run.py "
-                      "`session_options`). The CUDA provider option `use_ep_level_unified_stream` is not measured "
-                      "here (no GPU).", ""])
+    lines = [*head, *table, "", "The runners' options: `enable_mem_pattern = False` and, on CPU, `enable_mem_reuse = "
+             "False` (runtimes/ort/run.py `session_options`). The CUDA provider option `use_ep_level_unified_stream` "
+             "is not measured here (no GPU).", ""]
+    if decode:
+        lines += ["## Decode steps: planned memory reuse on and off", "",
+                  f"`{Path(decoder).name}` (an in-place cache file); after one prefill per prompt length, steps in "
+                  f"alternating rounds of 5, {rounds - 1} rounds counted; median ms per step, wall / the process's CPU "
+                  "time (2 threads).", "", "| prompt | reuse on | reuse off | off / on |", "|---|---|---|---|",
+                  *decode, ""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -78,15 +78,18 @@ def served_providers(model: str, provider: str) -> list:
     return [(name, {**cuda, "arena_extend_strategy": "kSameAsRequested"}), cpu]
 
 
-def ort_session(model: str, provider: str = "cpu"):
+def ort_session(model: str, provider: str = "cpu", options: str = "defaults"):
+    """options (CPU): "defaults", ONNX Runtime's own (what a tool's session gets), or "runners", our
+    runners' session_options; CUDA always runs with the runners'."""
     import onnxruntime as ort
 
     if provider == "cpu":
-        return ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        opts = ort_runner().session_options(ort) if options == "runners" else None
+        return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
     ort.set_default_logger_severity(3)  # a failing length is reported in its JSON row, once
-    session = ort.InferenceSession(model, ort_runner().session_options(ort), providers=served_providers(model, provider))
+    session = ort.InferenceSession(model, ort_runner().session_options(ort, provider=provider), providers=served_providers(model, provider))
     if session.get_providers()[0] != "CUDAExecutionProvider":  # ORT falls back to CPU silently
         raise RuntimeError(f"CUDA provider did not load (session runs on {session.get_providers()[0]})")
     return session
@@ -207,8 +210,10 @@ def main(argv=None) -> int:
     p.add_argument("--save", help="where to save the first output of the last run (.npy)")
     p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ort: the execution provider")
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="the inputs' dtype")
+    p.add_argument("--session", choices=("defaults", "runners"), default="defaults",
+                   help="ort on CPU: ONNX Runtime's default session options, or our runners'")
     args = p.parse_args(argv)
-    session = ort_session(args.model, args.provider) if args.runner == "ort" else None
+    session = ort_session(args.model, args.provider, args.session) if args.runner == "ort" else None
     before = process_memory().process_gpu_bytes() if args.provider == "cuda" else None
     several = len(args.length) > 1 or args.variant == "model"  # a model that fails to run: its row says why
     for length in args.length:
