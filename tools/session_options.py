@@ -78,21 +78,6 @@ def main() -> int:
     return 0
 
 
-def _bound_step(session, ids, total, buffers, outputs, present_of) -> None:
-    """One call with each past and its present bound to one buffer (the in-place protocol)."""
-    binding = session.io_binding()
-    binding.bind_cpu_input("input_ids", ids)
-    binding.bind_cpu_input("attention_mask", np.ones((1, total), np.int64))
-    for name, buffer in buffers.items():
-        binding.bind_ortvalue_input(name, buffer)
-    for name in outputs:
-        if name in present_of:
-            binding.bind_ortvalue_output(name, buffers[present_of[name]])
-        else:
-            binding.bind_output(name, "cpu")
-    session.run_with_iobinding(binding)
-
-
 def decode_rows(path: str, prompts: list[int], rounds: int, steps: int = 5) -> list[str]:
     """Decode steps with the runners' options, planned memory reuse on and off (the first round
     not counted: a new session's first steps allocate)."""
@@ -106,6 +91,9 @@ def decode_rows(path: str, prompts: list[int], rounds: int, steps: int = 5) -> l
     outputs = [o.name for o in first.get_outputs()]
     present_of = {o: "past_" + o[len("present_"):] for o in outputs if o.startswith("present_")}
     pasts = {i.name: i.shape for i in first.get_inputs() if i.name.startswith("past_")}
+    def step_feeds(ids, total):
+        return {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64)}
+
     rows = []
     for prompt in prompts:
         state, times = {}, {(reuse, kind): [] for reuse in sessions for kind in ("wall", "cpu")}
@@ -114,14 +102,15 @@ def decode_rows(path: str, prompts: list[int], rounds: int, steps: int = 5) -> l
         for reuse, session in sessions.items():
             buffers = {n: ort.OrtValue.ortvalue_from_numpy(np.zeros((1, s[1], capacity, s[3]), np.float32))
                        for n, s in pasts.items()}
-            _bound_step(session, ids, prompt, buffers, outputs, present_of)
+            runner._bound_call(session, {**step_feeds(ids, prompt), **buffers}, buffers, present_of, outputs)
             state[reuse] = [buffers, prompt]
         for r in range(rounds):
             for reuse, session in sessions.items():
                 for _ in range(steps):
                     state[reuse][1] += 1
                     wall, cpu = time.perf_counter(), time.process_time()
-                    _bound_step(session, np.array([[7]], np.int64), state[reuse][1], state[reuse][0], outputs, present_of)
+                    runner._bound_call(session, {**step_feeds(np.array([[7]], np.int64), state[reuse][1]), **state[reuse][0]},
+                                       state[reuse][0], present_of, outputs)
                     if r:
                         times[reuse, "wall"].append(time.perf_counter() - wall)
                         times[reuse, "cpu"].append(time.process_time() - cpu)
