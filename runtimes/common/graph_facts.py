@@ -2,7 +2,8 @@
 person may edit): whether its cache is written in place (GroupQueryAttention, which writes the new
 rows into the buffer it is given, is in the graph), and how many token ids it has rows for (the
 rows of the table input_ids is looked up in: Gather, or int4's GatherBlockQuantized, which reads
-past its table unchecked). Needs the onnx package; without it `read_graph_facts` gives None and the
+past its table unchecked; in a quantized file with a tied table, the head's weight, gathered on
+the axis of its vocabulary). Needs the onnx package; without it `read_graph_facts` gives None and the
 caller falls back to the labels. The graph is read without external data: a large model's .onnx
 file holds its graph only."""
 from __future__ import annotations
@@ -26,10 +27,14 @@ class GraphFacts:
 def facts_of(proto) -> GraphFacts:
     """The facts of an onnx ModelProto (its functions' nodes included)."""
     nodes = [*proto.graph.node, *(n for f in proto.functions for n in f.node)]
-    rows = {t.name: t.dims[0] for t in proto.graph.initializer if len(t.dims) == 2}
+    dims = {t.name: tuple(t.dims) for t in proto.graph.initializer if len(t.dims) >= 2}
     lookup = next((n for n in proto.graph.node if n.op_type in LOOKUPS and len(n.input) > 1
-                   and n.input[1] == TOKEN_INPUT and n.input[0] in rows), None)
-    return GraphFacts(frozenset(n.op_type for n in nodes), int(rows[lookup.input[0]]) if lookup is not None else None)
+                   and n.input[1] == TOKEN_INPUT and n.input[0] in dims), None)
+    if lookup is None:
+        return GraphFacts(frozenset(n.op_type for n in nodes), None)
+    # the axis looked up: a table's rows, or the columns of a tied head's int8 weight [K, N]
+    axis = next((a.i for a in lookup.attribute if a.name in ("axis", "gather_axis")), 0)
+    return GraphFacts(frozenset(n.op_type for n in nodes), int(dims[lookup.input[0]][axis]))
 
 
 def read_graph_facts(model_path) -> GraphFacts | None:

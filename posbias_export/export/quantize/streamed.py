@@ -26,6 +26,7 @@ from ...errors import ExportCheckError
 from . import whole
 from .schemes import Int4, Int8, Scheme
 from .slabs import Weights, drop_unused
+from .tied import share_tied_table, tied_heads
 
 
 def _node_quantizer(spec: Int4, bits: int):
@@ -128,6 +129,7 @@ def quantize_streamed(proto: onnx.ModelProto, refs: list, spec: Scheme, spill: P
     from .streamed_int8 import quantize_int8_streamed
 
     weights = Weights(refs, spill)
+    tied = tied_heads(proto)  # before the fold turns Transpose(table) into the head's own weight
     whole.fold_weight_shaping(proto, weights.read, weights.keep, weights.transposed)
     whole.name_nodes(proto)
     picked = whole.weight_nodes(proto)
@@ -135,8 +137,11 @@ def quantize_streamed(proto: onnx.ModelProto, refs: list, spec: Scheme, spill: P
         raise ExportCheckError("the model has no weight MatMul or embedding Gather to quantize")
     head = whole.head_nodes(proto, picked)
     if isinstance(spec, Int8):
-        return quantize_int8_streamed(proto, weights, spec, [n.name for n in picked], head)
-    return _quantize_int4(proto, weights, spec, [n.name for n in picked], head)
+        quantized = quantize_int8_streamed(proto, weights, spec, [n.name for n in picked], head)
+    else:
+        quantized = _quantize_int4(proto, weights, spec, [n.name for n in picked], head)
+    share_tied_table(quantized, tied)
+    return quantized
 
 
 def _quantize_int4(proto: onnx.ModelProto, weights: Weights, spec: Int4, names: list[str],

@@ -6,7 +6,8 @@ What is quantized: the linear layers' weights (top-level MatMul nodes whose righ
 positional bias, norms and the softmax stay in float: they live in model-local functions or
 Loop/If bodies, or read no weight initializer, and are never in the list handed to the
 quantizer. A tied LM head (MatMul on Transpose(embedding)) gets the transposed table as its
-own initializer first, so the head, half the bytes at BLOOM-560m, is quantized too.
+own initializer first, so the head, half the bytes at BLOOM-560m, is quantized too; then the
+embedding reads its rows from the quantized head (tied.py): the table is stored once.
 
 The export never writes the float file: it quantizes weight by weight (streamed.py,
 with this module's fold and node choice). `quantize_file` is the whole-file path those files are
@@ -153,6 +154,9 @@ def head_nodes(proto: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> tuple[str
 def quantize_file(float_path: Path, spec: Scheme) -> onnx.ModelProto:
     """The quantized model of a saved float file (its weights folded into initializers first,
     written beside it, then handed to the quantizer by path)."""
+    from .tied import share_tied_table, tied_heads
+
+    tied = tied_heads(onnx.load(str(float_path), load_external_data=False))
     proto = prepared_float(float_path)
     picked = weight_nodes(proto)
     names, head = [n.name for n in picked], head_nodes(proto, picked)
@@ -160,7 +164,9 @@ def quantize_file(float_path: Path, spec: Scheme) -> onnx.ModelProto:
     onnx.save_model(proto, prepared, save_as_external_data=True, all_tensors_to_one_file=True,
                     location="prepared.onnx.data", size_threshold=1024)
     del proto
-    return quantize_path(str(prepared), spec, names, head)
+    quantized = quantize_path(str(prepared), spec, names, head)
+    share_tied_table(quantized, tied)
+    return quantized
 
 
 def quantize_path(path: str, spec: Scheme, nodes: list[str], head: tuple[str, ...] = ()) -> onnx.ModelProto:
