@@ -18,12 +18,12 @@ ort = pytest.importorskip("onnxruntime")
 CAPACITY = 48  # the shared buffer: longer than prompt + steps, as a client sizes it
 
 
-def _export(tmp_path, bias: str, target: str, dtype: str = "float32"):
-    path = tmp_path / f"{bias}_{target}_{dtype}.onnx"
+def _export(tmp_path, bias: str, target: str, dtype: str = "float32", *extra: str):
+    path = tmp_path / f"{bias}_{target}_{dtype}{''.join(extra)}.onnx"
     argv = ["--bias", bias, "--kv-cache", "--target", target, "--out", str(path), "--trace-len", str(TRACE_LEN),
             "--dtype", dtype,
             "--heads", str(SMALL["num_heads"]), "--dim", str(SMALL["dim"]), "--layers", str(SMALL["num_layers"]),
-            "--skip-growth-check"]
+            "--skip-growth-check", *extra]
     assert cli_main(argv) == 0
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -46,7 +46,7 @@ def _sequence(vocab: int = 256):
 
 def _torch_run(model, steps, dtype):
     model = model.to(dtype)
-    past, out = model.empty_past(2, dtype), []
+    past, out = model.empty_past(steps[0][0].shape[0], dtype), []
     with torch.no_grad():
         for ids, mask in steps:
             logits, past = model.step(torch.from_numpy(ids), torch.from_numpy(mask), past)
@@ -54,14 +54,14 @@ def _torch_run(model, steps, dtype):
     return out
 
 
-def _ort_run(session, steps, shared: bool):
+def _ort_run(session, steps, shared: bool, capacity: int = CAPACITY):
     names = [i.name for i in session.get_inputs() if i.name.startswith("past_")]
     outputs = [o.name for o in session.get_outputs()]
     heads, dim = session.get_inputs()[2].shape[1], session.get_inputs()[2].shape[3]
     dtype = {"tensor(float16)": np.float16, "tensor(int8)": np.int8}.get(session.get_inputs()[2].type, np.float32)
     batch = steps[0][0].shape[0]
     if shared:
-        buffers = [ort.OrtValue.ortvalue_from_numpy(np.zeros((batch, heads, CAPACITY, dim), dtype)) for _ in names]
+        buffers = [ort.OrtValue.ortvalue_from_numpy(np.zeros((batch, heads, capacity, dim), dtype)) for _ in names]
     else:
         past = [np.zeros((batch, heads, 0, dim), dtype) for _ in names]
     got = []
@@ -82,7 +82,7 @@ def _ort_run(session, steps, shared: bool):
         got.append(binding.copy_outputs_to_cpu()[0])
     if shared:  # only the rows written so far are non-zero: the kernel wrote in place, nothing more
         written = steps[-1][1].shape[1]
-        assert all(buffer.shape() == [batch, heads, CAPACITY, dim] for buffer in buffers)
+        assert all(buffer.shape() == [batch, heads, capacity, dim] for buffer in buffers)
         assert not np.abs(buffers[0].numpy()[:, :, written:]).any() and np.abs(buffers[0].numpy()[:, :, :written]).any()
     return got
 
@@ -119,6 +119,41 @@ def test_float16_inplace_file_equals_the_reference_bound_and_unbound(tmp_path, b
             real = mask[:, -out.shape[1]:].astype(bool)
             parity = compare(out[real].astype(np.float64), r64[real], r16[real], FLOAT16)
             assert parity.passed, (shared, index, str(parity))
+
+
+def _long_sequence(length: int = 600, vocab: int = 256):
+    """One row: a prompt of `length` tokens (far past the training length), then 3 steps."""
+    rng = np.random.default_rng(11)
+    steps = [(rng.integers(0, vocab, (1, length)), np.ones((1, length), np.int64))]
+    for t in range(3):
+        steps.append((rng.integers(0, vocab, (1, 1)), np.ones((1, length + t + 1), np.int64)))
+    return steps
+
+
+@pytest.mark.parametrize("bias", tiers.cases(["alibi", "t5", "kerple_log"], ["alibi", "t5", "kerple_log"],
+                                             slow={"kerple_log"}))
+def test_float16_cache_of_a_float32_file_stays_within_float16s_error(tmp_path, bias):
+    """--kv-dtype float16 (float32 weights, attention in float16): the padded batch with a hole
+    and a 600-token prompt, bound and unbound, under the float16 policy against float64 (PyTorch
+    float16's own error bounds it: it rounds every weight and activation, this file only what
+    attention reads), and within that budget of the float32-cache file too."""
+    from posbias_export.parity.tolerance import FLOAT16
+
+    half, whole = _export(tmp_path, bias, "ort", "float32", "--kv-dtype", "float16"), _export(tmp_path, bias, "ort")
+    assert [i.type for i in half.get_inputs()][2] == "tensor(float16)"
+    for steps in (_sequence(), _long_sequence()):
+        # a model each: _torch_run casts the module it is given
+        ref64, ref16 = _torch_run(cli_model(bias), steps, torch.float64), _torch_run(cli_model(bias), steps, torch.float16)
+        capacity = steps[-1][1].shape[1] + 8
+        float32_cache = _ort_run(whole, steps, shared=False)
+        for shared in (True, False):
+            got = _ort_run(half, steps, shared, capacity)
+            for index, ((_, mask), out, r64, r16, f32) in enumerate(zip(steps, got, ref64, ref16, float32_cache)):
+                real = mask[:, -out.shape[1]:].astype(bool)
+                parity = compare(out[real].astype(np.float64), r64[real], r16[real], FLOAT16)
+                assert parity.passed, (shared, index, str(parity))
+                beside = compare(out[real].astype(np.float64), f32[real].astype(np.float64), r16[real], FLOAT16)
+                assert beside.passed, (shared, index, "vs the float32 cache", str(beside))
 
 
 @pytest.mark.parametrize("argv, words", [

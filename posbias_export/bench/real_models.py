@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..hf import eager_runs, ort_runs
+from ..hf import eager_runs, llama_cpp_runs, ort_runs
 from ..hf.baselines import optimum_cli
 from ..hf.eager_runs import prompt_ids
 from ..hf.published import PUBLISHED, SHARDED, published_folder
@@ -62,6 +62,8 @@ def worker_run(kind: str, target, prompt: int, new_tokens: int, threads: int, *e
     _, peak, text = measured_python(["-m", "posbias_export.bench.real_models", kind, str(target), str(prompt),
                                      str(new_tokens), str(threads), *extra])
     got = {"prefill_peak_gb": peak, **json.loads(text.strip().splitlines()[-1]), "peak_gb": peak}
+    if "decode_cpu_ms" in got:
+        got["decode_cpu_ms"] = median(got["decode_cpu_ms"][warm:])
     return {**got, "decode_ms": median(got["decode_ms"][warm:])} if "decode_ms" in got else got
 
 
@@ -314,7 +316,8 @@ def main_worker(argv: list[str]) -> None:
                                   (("--device", "cpu"), ("--dtype", "float32"), ("--vocab", "30000"), ("--save", None)))
     ids = prompt_ids(prompt, int(vocab))
     steps = {"ort": lambda: ort_runs.ort_steps(target, prompt + new, threads, "lean" in rest, device),
-             "transformers": lambda: eager_runs.causal_lm_steps(target, device, dtype, threads)}
+             "transformers": lambda: eager_runs.causal_lm_steps(target, device, dtype, threads),
+             "llama.cpp": lambda: llama_cpp_runs.causal_steps(target, prompt + new, threads)}
     runs = {"encoder": lambda: ort_runs.encoder_forward(target, prompt, threads, save),
             "transformers-encoder-streamed": lambda: eager_runs.t5_encoder_streamed_timed(target, prompt, threads, save),
             "seq2seq": lambda: ort_runs.seq2seq_greedy(target, prompt, new),

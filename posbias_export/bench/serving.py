@@ -5,7 +5,14 @@ transformers eager, on a published configuration with random weights, float32 an
 prompts of several lengths. Each file is exported and each run made in its own process (peak RSS its
 own); a run is a prefill, then greedy steps whose median, after the first two (a session's first
 steps allocate), is the decode time. The floor a step cannot beat on this machine: the bytes it
-must read, weights plus the cache at that length, over the measured copy bandwidth.
+must read, weights plus the cache at that length, over the read bandwidth measured in the same
+run (copy bandwidth, in earlier runs, overestimated it). Beside each decode time, the step's CPU
+time on its calling thread (`--threads 1`: the work itself, without a loaded machine's waits).
+
+llama.cpp (when `llama_cpp` is importable and LLAMA_CPP_CONVERTER names its converter; skipped
+with the reason otherwise) is the CPU engine people pick instead of us: its GGUF made from the
+same folder by its own converter (f32, Q8_0; Q4_0 by its quantizer), run by llama-cpp-python
+through the same greedy loop, with its file size and the process's peak RSS.
 """
 from __future__ import annotations
 
@@ -13,18 +20,21 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..environment import copy_bandwidth_gbs
+from ..environment import read_bandwidth_gbs
 from ..export.files import check_work_folder, scratch, work_folder
 from .harness import kept_rows, measured_python, targets_section, write_results
 from ..hf.published import PUBLISHED, check_published_folder, published_folder
 from .real_models import SEQ2SEQ, folder_bytes, folder_weight_bytes, weight_bytes, worker_run
 
 FILES = {"concat": ["--target", "portable"], "in place": ["--target", "ort"],
+         "in place, float16 cache": ["--target", "ort", "--kv-dtype", "float16"],
          "in place, int8 cache": ["--target", "ort", "--kv-dtype", "int8"]}
 OPTIMUM, EAGER = "Optimum's file", "transformers eager"  # what people run today, beside ours (float32 only)
-KINDS = (*FILES, OPTIMUM, EAGER)
-KIND_NAMES = dict(zip(("concat", "inplace", "int8", "optimum", "eager"), KINDS))  # bench-serving --files
-SCHEMES = {"float32": [], "float16": ["--dtype", "float16"], "int4": ["--quantize", "int4"]}
+LLAMA_CPP = "llama.cpp"  # float32, int8, int4: f32, Q8_0, Q4_0 (hf/llama_cpp_runs.GGUF_TYPES)
+KINDS = (*FILES, OPTIMUM, EAGER, LLAMA_CPP)
+KIND_NAMES = dict(zip(("concat", "inplace", "half", "int8", "optimum", "eager", "llama.cpp"), KINDS))  # --files
+SCHEMES = {"float32": [], "float16": ["--dtype", "float16"], "int8": ["--quantize", "int8"],
+           "int4": ["--quantize", "int4"]}
 CONTEXTS = (512, 4096)
 WARM_STEPS = 2  # a new session's first steps allocate: not the steady state a server lives in
 # targets (issue 47): in-place int4 at 4096 <= 0.6x the Concat file and <= 1.3x its floor; float32 <= 1.2x
@@ -73,6 +83,7 @@ def _timed_runs(row: ServingRow, scheme: str, label: str, argv: list[str], weigh
             continue
         row.runs.append({"scheme": scheme, "file": label, "context": context, "prefill_s": got["prefill_s"],
                          "prefill_peak_gb": got["prefill_peak_gb"], "peak_gb": got["peak_gb"], "decode_ms": got["decode_ms"],
+                         "decode_cpu_ms": got.get("decode_cpu_ms"), "file_gb": weights / 1e9,
                          "floor_ms": 1e3 * (weights + per_token * context) / 1e9 / row.bandwidth_gbs,
                          "tokens": got["tokens"]})
 
@@ -98,14 +109,41 @@ def _optimum(row: ServingRow, folder: Path, files: Path, contexts, new_tokens: i
     shutil.rmtree(out)
 
 
+def _llama_cpp(row: ServingRow, folder: Path, files: Path, scheme: str, contexts, new_tokens: int, threads: int,
+               progress) -> None:
+    """llama.cpp's GGUF of the folder at the scheme's bit width, run by the same greedy loop; its
+    floor from its own file's bytes and a float16 cache (llama.cpp's default)."""
+    from ..hf import llama_cpp_runs
+
+    if scheme not in llama_cpp_runs.GGUF_TYPES:
+        return
+    why = llama_cpp_runs.missing()
+    if why:
+        progress(f"{row.name}: llama.cpp rows skipped: {why}")
+        return
+    out = files / f"{row.name}_{llama_cpp_runs.GGUF_TYPES[scheme]}.gguf"
+    progress(f"{row.name}: GGUF {llama_cpp_runs.GGUF_TYPES[scheme]} by llama.cpp's converter")
+    seconds, peak, _ = measured_python(["-c", "import sys; from pathlib import Path; "
+                                        "from posbias_export.hf.llama_cpp_runs import causal_gguf; "
+                                        "causal_gguf(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])",
+                                        str(folder), str(out), scheme])
+    size = out.stat().st_size
+    row.exports.append({"scheme": scheme, "file": LLAMA_CPP, "seconds": seconds, "peak_gb": peak, "file_gb": size / 1e9})
+    _timed_runs(row, scheme, LLAMA_CPP, ["llama.cpp", str(out)], size, float_cache_bytes_per_token(folder) // 2,
+                contexts, new_tokens, threads, progress)
+    out.unlink()
+
+
 def measure(name: str, work: Path, files: Path, contexts, schemes, new_tokens: int, threads: int,
             progress=print, kinds=KINDS) -> ServingRow:
     """WORK/<name> (published_folder) exported and run; the files made go to `files` (export/files.scratch),
     each removed once its runs are done (a 1B model's float32 files are 5 GB each)."""
     folder = published_folder(name, work, progress=progress)
-    row = ServingRow(name, bandwidth_gbs=copy_bandwidth_gbs())
+    row = ServingRow(name, bandwidth_gbs=read_bandwidth_gbs())
     for scheme, flags in ((s, SCHEMES[s]) for s in schemes):
         for label, target in ((k, v) for k, v in FILES.items() if k in kinds):
+            if scheme == "float16" and "float16" in target:  # a float16 file's cache is float16 already
+                continue
             path = files / f"{name}_{scheme}_{label.replace(',', '').replace(' ', '_')}.onnx"
             progress(f"{name}: export {scheme}, {label}")
             seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--kv-cache", "--logits",
@@ -121,6 +159,8 @@ def measure(name: str, work: Path, files: Path, contexts, schemes, new_tokens: i
         if scheme == "float32" and EAGER in kinds:
             _timed_runs(row, "float32", EAGER, ["transformers", str(folder)], folder_weight_bytes(folder),
                         float_cache_bytes_per_token(folder), contexts, new_tokens, threads, progress)
+        if LLAMA_CPP in kinds:
+            _llama_cpp(row, folder, files, scheme, contexts, new_tokens, threads, progress)
     return row
 
 
@@ -157,28 +197,59 @@ def targets(rows: list[ServingRow]) -> list[tuple[str, str, str, bool | None]]:
     return out
 
 
+def _ours_beside_llama(row: ServingRow, scheme: str, context: int) -> dict | None:
+    """Our in-place file that llama.cpp's run compares with: a float16 cache where measured (as
+    llama.cpp's), else the float cache."""
+    return _run(row, scheme, "in place, float16 cache", context) or _run(row, scheme, "in place", context)
+
+
+def llama_cpp_targets(rows: list[ServingRow]) -> list[tuple[str, str, str, bool | None]]:
+    """Issue 60's: file bytes <= 1.05x llama.cpp's at the same bit width, peak RSS <= 1.1x, decode
+    CPU time per token <= 0.9x at 4096 tokens."""
+    out = []
+    for row in rows:
+        for r in (r for r in row.runs if r["file"] == LLAMA_CPP and "error" not in r):
+            ours = _ours_beside_llama(row, r["scheme"], r["context"])
+            if ours is None:
+                continue
+            name = f"{r['scheme']} at {r['context']}, ours ({ours['file']}) / llama.cpp"
+            out.append((row.name, f"{name}: file bytes <= 1.05", f"{ours['file_gb'] / r['file_gb']:.2f}",
+                        ours["file_gb"] <= 1.05 * r["file_gb"]))
+            out.append((row.name, f"{name}: peak RSS <= 1.1", f"{ours['peak_gb'] / r['peak_gb']:.2f}",
+                        ours["peak_gb"] <= 1.1 * r["peak_gb"]))
+            if r["context"] == TARGET_CONTEXT and ours.get("decode_cpu_ms") and r.get("decode_cpu_ms"):
+                ratio = ours["decode_cpu_ms"] / r["decode_cpu_ms"]
+                out.append((row.name, f"{name}: decode CPU ms/token <= 0.9", f"{ratio:.2f}", ratio <= 0.9))
+    return out
+
+
 def render(rows: list[ServingRow], command: str) -> str:
     lines = [f"<!-- generated by: {command} -->", "# Serving at length: the KV cache in place", "", __doc__.strip(), "",
-             "| model | scheme | file | prompt | prefill s | prefill peak GB | decode ms/token (median) | floor ms | "
-             "decode / floor | tokens equal the Concat file's |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | scheme | file | prompt | file GB | prefill s | prefill peak GB | peak GB | decode ms/token "
+             "(median) | decode CPU ms/token | floor ms | decode / floor | tokens equal the Concat file's |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         for r in row.runs:
             if "error" in r:  # the runtime's last sentences (ONNX Runtime's start with a source path)
                 said = ". ".join(r["error"].split("Status Message: ")[-1].split(". ")[-2:])
-                lines.append(f"| {row.name} | {r['scheme']} | {r['file']} | {r['context']} | failed: {said} | | | | | |")
+                lines.append(f"| {row.name} | {r['scheme']} | {r['file']} | {r['context']} | | failed: {said} "
+                             "| | | | | | | |")
                 continue
             concat = _run(row, r["scheme"], "concat", r["context"])
-            same = "-" if r["file"] == "concat" or concat is None else ("yes" if concat["tokens"] == r["tokens"] else "no")
-            lines.append(f"| {row.name} | {r['scheme']} | {r['file']} | {r['context']} | {r['prefill_s']:.2f} | "
-                         f"{r['prefill_peak_gb']:.2f} | {r['decode_ms']:.1f} | {r['floor_ms']:.1f} | "
-                         f"{r['decode_ms'] / r['floor_ms']:.2f} | {same} |")
+            same = "-" if r["file"] in ("concat", LLAMA_CPP) or concat is None else (
+                "yes" if concat["tokens"] == r["tokens"] else "no")
+            cpu = f"{r['decode_cpu_ms']:.1f}" if r.get("decode_cpu_ms") else "-"
+            size = f"{r['file_gb']:.2f}" if r.get("file_gb") else "-"
+            lines.append(f"| {row.name} | {r['scheme']} | {r['file']} | {r['context']} | {size} | {r['prefill_s']:.2f} | "
+                         f"{r['prefill_peak_gb']:.2f} | {r['peak_gb']:.2f} | {r['decode_ms']:.1f} | {cpu} | "
+                         f"{r['floor_ms']:.1f} | {r['decode_ms'] / r['floor_ms']:.2f} | {same} |")
     lines += ["", "Exports (each its own process):", "", "| model | scheme | file | seconds | peak RSS GB | file GB |",
               "|---|---|---|---|---|---|"]
     lines += [f"| {row.name} | {e['scheme']} | {e['file']} | {e['seconds']:.0f} | {e['peak_gb']:.2f} | {e['file_gb']:.2f} |"
               for row in rows for e in row.exports]
     bandwidth = ", ".join(f"{row.name} {row.bandwidth_gbs:.1f} GB/s" for row in rows)
-    lines += ["", f"Copy bandwidth measured beside each model: {bandwidth}."]
-    return "\n".join(lines + targets_section(targets(rows))) + "\n"
+    lines += ["", f"Read bandwidth measured beside each model (the floors' divisor): {bandwidth}."]
+    return "\n".join(lines + targets_section(targets(rows) + llama_cpp_targets(rows))) + "\n"
 
 
 def merged(earlier: ServingRow | None, row: ServingRow) -> ServingRow:

@@ -96,9 +96,10 @@ def _file_flags(p) -> None:
                    "only, [B, 1, V]: what generation reads, no [B, L, V] tensor for a long prompt; Optimum, "
                    "transformers.js and generate take it, onnxruntime-genai does not for right-padded batches)")
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default="float",
-                   help="with --kv-cache --target ort: float (the model's dtype; the default) or int8 (a quarter of "
-                   "float32's cache bytes: one calibrated scale per layer's keys and values; ONNX Runtime's own "
-                   "loops, not Optimum or transformers.js)")
+                   help="with --kv-cache --target ort: float (the model's dtype; the default), float16 (float32 weights, "
+                   "half the cache bytes: attention in float16) or int8 (a quarter of float32's cache bytes: one "
+                   "calibrated scale per layer's keys and values); both for ONNX Runtime's own loops, not Optimum or "
+                   "transformers.js")
     p.add_argument("--attention", choices=ATTENTION_FORMS, default=None,
                    help="blocked: a Loop over query blocks, memory linear in L (default for opset 18); plain: the "
                    "whole [heads, L, L] bias and scores at once (default for opset 23)")
@@ -229,7 +230,7 @@ def run_export_folder(args) -> int:
         from ..hf.ship import ship
 
         refused = [f for f, on in (("--kv-cache", args.kv_cache), ("--part", args.part), ("--attention", args.attention),
-                                   ("--validate", args.validate), ("--kv-dtype int8", args.kv_dtype == "int8")) if on]
+                                   ("--validate", args.validate), (f"--kv-dtype {args.kv_dtype}", args.kv_dtype != "float")) if on]
         if refused:
             raise UsageError(f"--out-dir decides what each client needs; drop {', '.join(refused)}")
         print(ship(args.model, args.out_dir, options if args.target else options.replace(target=None)).summary())

@@ -11,7 +11,8 @@ from .quantize.schemes import Scheme
 
 DTYPE_NAMES = ("float32", "float16")
 LOGITS = ("all", "last")  # a cached decoder's logits: every position, or the last one (generation)
-KV_DTYPES = ("float", "int8")  # a cached decoder's cache: the model's float dtype, or int8 (kv_int8.py)
+KV_DTYPES = ("float", "float16", "int8")  # a cached decoder's cache: the model's float dtype, float16
+# with float32 weights (kv_float16.py), or int8 (kv_int8.py)
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class ExportOptions:
     quantize: Scheme | None = None  # int8 / int4 weights (schemes.py)
     part: str = "encoder"  # a T5 folder: which half
     context_length: int | None = None  # --out-dir: genai_config.json's context_length
-    kv_dtype: str = "float"  # "int8": an in-place file's KV cache in int8 (kv_int8.py)
+    kv_dtype: str = "float"  # "float16" / "int8": an in-place file's KV cache (kv_float16.py, kv_int8.py)
 
     def __post_init__(self):
         if self.dtype not in DTYPE_NAMES:

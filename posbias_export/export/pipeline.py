@@ -307,12 +307,24 @@ def recorded(state: ExportState, spec) -> None:
     state.done.append(f"{spec.name} weights ({count} nodes by ONNX Runtime's quantizer)")
 
 
+def cache_dtype(state: ExportState) -> None:
+    """--kv-dtype: the in-place cache made float16 (kv_float16.py) or int8 (int8_cache)."""
+    kind = state.request.options.kv_dtype
+    if kind == "int8":
+        int8_cache(state)
+    elif kind == "float16":
+        from .quantize import kv_float16
+
+        layers = kv_float16.to_float16_cache(state.proto)
+        state.contract = with_fields(state.contract, kv_dtype="float16")
+        write_contract(state.proto, state.contract)
+        state.done.append(f"float16 KV cache ({layers} layers)")
+
+
 def int8_cache(state: ExportState) -> None:
     """--kv-dtype int8: a copy of the file as it stands (float or quantized weights) written to a
     temporary, its cache calibrated there on ONNX Runtime, then the graph's cache made int8
     (kv_int8.py); a streamed file's weights stay placeholders, streamed again by `save`."""
-    if state.request.options.kv_dtype != "int8":
-        return
     from ..runners import atomic
     from .quantize import kv_int8
 
@@ -352,7 +364,7 @@ PASSES: tuple[Pass, ...] = (
     ("names", apply_names),
     ("metadata", add_metadata),
     ("quantize", quantize_weights),
-    ("kv_dtype", int8_cache),
+    ("kv_dtype", cache_dtype),
     ("save", save),
 )
 
@@ -392,7 +404,7 @@ def report(state: ExportState) -> ExportReport:
         path=str(r.path), arch=r.spec.arch, bias=r.spec.bias,
         opset=next((op.version for op in proto.opset_import if op.domain in ("", "ai.onnx")), r.opset),
         dtype=(r.dtype if r.options.quantize is None else f"{r.dtype} activations, {r.options.quantize.name} weights")
-        + (", int8 KV cache" if r.options.kv_dtype == "int8" else ""),
+        + (f", {r.options.kv_dtype} KV cache" if r.options.kv_dtype != "float" else ""),
         trace_len=r.trace_len, inputs=report_dims(proto.graph.input), outputs=report_dims(proto.graph.output),
         op_types=sorted({n.op_type for n in proto.graph.node}), initializer_bytes=state.initializer_bytes,
         file_bytes=saved.model_bytes, seconds=time.perf_counter() - state.start, checks=state.done,

@@ -20,7 +20,10 @@ def prompt_ids(length: int, vocab: int = 30000) -> np.ndarray:
 def timed_greedy(make_step, ids: np.ndarray, new_tokens: int, warmup: bool = False) -> dict:
     """make_step() -> step(ids [1, n], mask [1, total]) -> logits [1, n | 1, V] (numpy or torch),
     its cache kept inside. A prefill of `ids`, then `new_tokens` greedy steps, each timed up to its
-    token on the host (a GPU step is finished then). warmup: a fresh step's 8-token prefill first."""
+    token on the host (a GPU step is finished then), in wall time and in the calling thread's CPU
+    time (`decode_cpu_ms`: with one thread, ONNX Runtime and llama.cpp both compute on the caller,
+    so it is the step's work without the waits of a loaded machine). warmup: a fresh step's
+    8-token prefill first."""
     if warmup:
         make_step()(ids[:, :8], np.ones_like(ids[:, :8]))
     step, mask = make_step(), np.ones_like(ids)
@@ -28,15 +31,16 @@ def timed_greedy(make_step, ids: np.ndarray, new_tokens: int, warmup: bool = Fal
     token = int(step(ids, mask)[0, -1].argmax())
     prefill = time.perf_counter() - start
     prefill_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # GB, before any decode step
-    tokens, times = [], []
+    tokens, times, cpu = [], [], []
     for _ in range(new_tokens):
         tokens.append(token)
         mask = np.concatenate([mask, np.ones((1, 1), np.int64)], 1)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         token = int(step(np.array([[token]], np.int64), mask)[0, -1].argmax())
         times.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - start_cpu)
     return {"prefill_s": prefill, "prefill_peak_gb": prefill_peak, "decode_ms": [1e3 * t for t in times],
-            "tokens": tokens}
+            "decode_cpu_ms": [1e3 * t for t in cpu], "tokens": tokens}
 
 
 def device_peak(device: str) -> dict:

@@ -5,6 +5,10 @@ llama-cpp-python sdist under vendor/llama.cpp/), and llama-cpp-python runs it, t
 files are (eager_runs.py, ort_runs.py).
 
     python -m posbias_export.hf.llama_cpp_runs embed MODEL.gguf LENGTH BATCH RUNS  -> {"times": [s]}
+
+A causal LM (bench-serving's llama.cpp rows) is converted at float32 (f32) or Q8_0 by the
+converter, and to Q4_0 from the f32 file by llama.cpp's own quantizer (llama_model_quantize,
+which llama-cpp-python binds); `causal_steps` makes its decode steps for eager_runs.timed_greedy.
 """
 from __future__ import annotations
 
@@ -54,11 +58,48 @@ def write_wordpiece_vocab(folder: Path, vocab: int) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True}))
 
 
+# a causal LM's pre-tokenizer as llama.cpp names it (the folder's tokenizer is one made here)
+CAUSAL_PRE_TOKENIZERS = {"bloom": "bloom", "mpt": "mpt", "falcon": "falcon"}
+# bench-serving's scheme -> the GGUF type of the same bit width (Q4_0: blocks of 32 with one
+# float16 scale, as our int4's block 32; Q8_0 likewise)
+GGUF_TYPES = {"float32": "f32", "int8": "q8_0", "int4": "q4_0"}
+
+
 def to_gguf(folder: Path, out: Path, pre_tokenizer: str = "jina-v2-en", outtype: str = "f32") -> Path:
     """llama.cpp's converter on `folder` (float32 as our files are; a folder without a tokenizer gets
     write_wordpiece_vocab's); RuntimeError with its last line."""
     if not (folder / "tokenizer_config.json").is_file():
         write_wordpiece_vocab(folder, json.loads((folder / "config.json").read_text())["vocab_size"])
+    return _convert(folder, out, pre_tokenizer, outtype)
+
+
+def causal_gguf(folder: Path, out: Path, scheme: str) -> Path:
+    """The GGUF of a causal LM folder at the scheme's bit width (GGUF_TYPES): a folder without a
+    tokenizer gets a small byte-level BPE one (the converter pads the vocabulary to the model's
+    with unused tokens; runs send ids, not text); q4_0 quantized from a temporary f32 file."""
+    from .tiny import save_tokenizer
+
+    config = json.loads((folder / "config.json").read_text())
+    if not (folder / "tokenizer.json").is_file():
+        save_tokenizer(folder, vocab=300)
+    pre = CAUSAL_PRE_TOKENIZERS[config["model_type"]]
+    kind = GGUF_TYPES[scheme]
+    if kind != "q4_0":
+        return _convert(folder, out, pre, kind)
+    whole = _convert(folder, out.with_name(out.name + ".f32"), pre, "f32")
+    try:
+        import llama_cpp
+
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+        if llama_cpp.llama_model_quantize(str(whole).encode(), str(out).encode(), params) != 0 or not out.is_file():
+            raise RuntimeError(f"llama.cpp's quantizer failed on {whole.name}")
+    finally:
+        whole.unlink(missing_ok=True)
+    return out
+
+
+def _convert(folder: Path, out: Path, pre_tokenizer: str, outtype: str) -> Path:
     done = subprocess.run([sys.executable, "-c", _CONVERT, os.environ[CONVERTER_ENV], pre_tokenizer, str(folder),
                            "--outfile", str(out), "--outtype", outtype], capture_output=True, text=True)
     if done.returncode or not out.is_file():
@@ -87,6 +128,25 @@ def embed_forward(model: str, length: int, batch: int, threads: int = 2, runs: i
         start = time.perf_counter()
         llm.embed(rows if batch > 1 else rows[0], normalize=False)
     return {"times": [time.perf_counter() - start]}
+
+
+def causal_steps(model: str, capacity: int, threads: int = 1):
+    """make_step (eager_runs.timed_greedy) for a causal GGUF: a llama.cpp context of `capacity`
+    tokens whose cache it keeps; step(ids [1, n], mask) -> the last position's logits [1, 1, V]
+    (the mask is all ones in these runs: llama.cpp keeps its own positions)."""
+    import llama_cpp
+    import numpy as np
+
+    def make_step():
+        llm = llama_cpp.Llama(model_path=model, n_ctx=capacity, n_batch=512, n_ubatch=512, n_threads=threads,
+                              n_threads_batch=threads, verbose=False)
+
+        def step(ids, mask):
+            llm.eval([int(i) for i in ids[0]])
+            return np.asarray(llm.scores[llm.n_tokens - 1])[None, None]
+        return step
+    make_step.ran_on = "llama.cpp CPU"
+    return make_step
 
 
 if __name__ == "__main__":

@@ -114,7 +114,7 @@ def hf_plan(file: ModelFile, model_dir, lengths, batch: int, ignore_size_limits:
     reference = "" if ours.transformers_class else "; reference: our float64 implementation, none is installable"
     matrix = Matrix(str(file.path), ours.bias_name, f"{ours.model_type} {ours.arch} ({output}){reference}")
     cases = [imported_case(ours, file, n, batch, scheme) for n in lengths]
-    return Plan(matrix, cases, runtime_policy(ours, dtype, scheme, cases, lengths), file.path, scheme,
+    return Plan(matrix, cases, runtime_policy(ours, dtype, scheme, cases, lengths, file.float16_cache), file.path, scheme,
                 reference_rows=transformers_rows(ours, Path(model_dir), cases, lengths), order_label=dtype)
 
 
@@ -139,7 +139,7 @@ def run_hf_matrix(model_path: "str | Path | ModelFile", model_dir: str | Path | 
     return measure(plan, runtimes, timeout, order, progress)
 
 
-def runtime_policy(ours, dtype: str, scheme: str | None, cases: list[Case], lengths):
+def runtime_policy(ours, dtype: str, scheme: str | None, cases: list[Case], lengths, float16_cache: bool = False):
     """The runtimes' policy. A float32 file whose key row is absolute (Falcon's: its bfloat16
     rounding is not shift-invariant) adds |bias| up to its magnitude to every score, so float32
     rounds each score by up to half an ulp of it, which softmax does not cancel and PyTorch's
@@ -147,8 +147,8 @@ def runtime_policy(ours, dtype: str, scheme: str | None, cases: list[Case], leng
     the rule transformers' own row follows. Measured on the tiny Falcon at 4096 tokens (the
     largest key value 724, ulp 6.1e-5): ONNX Runtime 1.3e-5, OpenVINO 2.2e-5, the reference
     evaluator 2.9e-5 against a floor-only budget of 1.9e-5; PyTorch float32 itself 1.8e-6."""
-    policy = policy_for(dtype, scheme, embeddings=ours.arch == "encoder")
-    if scheme or dtype != "float32":
+    policy = policy_for(dtype, scheme, embeddings=ours.arch == "encoder", float16_cache=float16_cache)
+    if scheme or dtype != "float32" or float16_cache:
         return policy
     extra = {c.name: float(np.spacing(np.float32(m))) for c, n in zip(cases, lengths)
              if (m := ours.file_bias_magnitude(n)) > 0}

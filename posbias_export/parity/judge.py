@@ -84,15 +84,20 @@ class FloatPolicy:
 
     dtype: str = "float32"
     tolerances: dict[str, Tolerance] = field(default_factory=dict)
+    # a float32 file whose attention and cache are float16 (--kv-dtype float16): judged as a
+    # float16 file, against PyTorch float16's error, which rounds all that this file rounds and more
+    float16_cache: bool = False
     # per case: float32 rounding the file's own graph makes and PyTorch's floor does not see (an
     # absolute-position key row: hf/validate.py), added to a float32 runtime's floor
     extra_atol: dict[str, float] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
-        return self.dtype
+        return f"{self.dtype}, float16 cache" if self.float16_cache else self.dtype
 
     def judge(self, precision: str, got: np.ndarray, reference: Reference, case: str):
+        if self.float16_cache:
+            return compare(got, reference.ref64, reference.floor("float16"), FLOAT16)
         if case in self.tolerances:
             return compare(got, reference.ref64, reference.floor(self.dtype), self.tolerances[case])
         if precision == "bfloat16":
@@ -126,9 +131,10 @@ class QuantizedPolicy:
         return judge_quantized(got, reference.ref64, self.scheme)
 
 
-def policy_for(dtype: str, scheme: str | None, embeddings: bool = False):
-    """embeddings: a quantized encoder alone is judged on what its users get from it."""
-    return QuantizedPolicy(dtype, scheme, embeddings) if scheme else FloatPolicy(dtype)
+def policy_for(dtype: str, scheme: str | None, embeddings: bool = False, float16_cache: bool = False):
+    """embeddings: a quantized encoder alone is judged on what its users get from it;
+    float16_cache: a float32 file with --kv-dtype float16 (quantized weights: the scheme's policy)."""
+    return QuantizedPolicy(dtype, scheme, embeddings) if scheme else FloatPolicy(dtype, float16_cache=float16_cache)
 
 
 def judge(matrix: Matrix, runs: Iterable[RuntimeRun], cases: list[Case], policy, order_label: str | None = None,

@@ -92,7 +92,8 @@ def own_plan(file: ModelFile, lengths, batch: int, checkpoint: str | None, input
     settings = own_settings(contract, matrix.arch)
     cases = [Case(name, feeds, own_reference(model, contract, feeds, settings, contract.dtype)) for name, feeds in named]
     # quantized weights: judged by parity/quantized.py's policy
-    return Plan(matrix, cases, policy_for(contract.dtype, file.scheme), file.path, file.scheme)
+    policy = policy_for(contract.dtype, file.scheme, float16_cache=file.float16_cache)
+    return Plan(matrix, cases, policy, file.path, file.scheme)
 
 
 def run_matrix(

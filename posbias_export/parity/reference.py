@@ -95,6 +95,13 @@ class ModelFile:
         return runtimes_common("graph_facts").facts_of(self.proto).inplace_cache
 
     @property
+    def float16_cache(self) -> bool:
+        """A float32 file whose cache is float16 (--kv-dtype float16): from its graph."""
+        from ..export.quantize.kv_float16 import has_float16_cache
+
+        return has_float16_cache(self.proto)
+
+    @property
     def seq2seq_role(self) -> str | None:
         """"decoder" for a file fed an encoder's states, "encoder" for one whose output is
         last_hidden_state, else None."""
@@ -160,6 +167,7 @@ def generated_inputs(contract: FileContract, length: int, batch: int, seed: int,
     cfg, arch = model_config(contract), contract.arch
     gen = torch.Generator().manual_seed(seed)
     dtype = np.float16 if contract.dtype == "float16" else np.float32
+    cache_dtype = np.float16 if contract.kv_dtype == "float16" else dtype  # --kv-dtype float16
     if arch == "lm":
         feeds = {"input_ids": torch.randint(0, cfg.vocab_size, (batch, length), generator=gen).numpy()}
     elif arch == "attention":
@@ -175,7 +183,7 @@ def generated_inputs(contract: FileContract, length: int, batch: int, seed: int,
         shape = (batch, cfg.num_heads, cached, cfg.head_dim)
         for layer in range(cfg.num_layers):
             for kind in ("key", "value"):
-                feeds[f"past_{kind}.{layer}"] = torch.randn(shape, generator=gen).numpy().astype(dtype)
+                feeds[f"past_{kind}.{layer}"] = torch.randn(shape, generator=gen).numpy().astype(cache_dtype)
         return feeds
     if contract.attention_mask:
         feeds["attention_mask"] = np.ones((batch, length), dtype=np.int64)

@@ -51,7 +51,7 @@ class FileContract:
     quantized: str | None = None  # the scheme's name (the graph must show it: export/schemes.py)
     quantized_nodes: int | None = None
     quant: tuple[tuple[str, str], ...] = ()  # the scheme's options, quant_* keys
-    kv_dtype: str = "float"  # or "int8"
+    kv_dtype: str = "float"  # or "float16" (float32 weights), "int8"
     kv_calibration: str | None = None
     format_version: str = FORMAT_VERSION
     extra: tuple[tuple[str, str], ...] = field(default=())  # keys the exporting caller added
