@@ -19,7 +19,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..targets.inplace_body import FLOAT16_LOWEST
-from .kv_int8 import is_cached_attention
+from .kv_int8 import is_cached_attention, retyped_cache
 
 CAST_IN = ("q", "k", "v")  # the new rows and the queries: float32 from the layer, float16 inside
 
@@ -56,12 +56,7 @@ def to_float16_cache(proto: onnx.ModelProto) -> int:
         proto.functions.append(_float16_function(function))
     for node in calls:
         node.op_type += "Half"
-    for value in values:
-        value.type.tensor_type.elem_type = TensorProto.FLOAT16
-    used = {n.op_type for n in proto.graph.node}
-    kept = [f for f in proto.functions if not (f.name.startswith("CachedAttention") and f.name not in used)]
-    del proto.functions[:]
-    proto.functions.extend(kept)
+    retyped_cache(proto, cache_names, TensorProto.FLOAT16)
     return len(calls)
 
 

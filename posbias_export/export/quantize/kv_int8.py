@@ -111,14 +111,20 @@ def to_int8_cache(proto: onnx.ModelProto, absmax: dict[str, float]) -> int:
         node.input.extend([f"kv_scale.{present_key}", f"kv_scale.{present_value}"])
         node.op_type += "Int8"
         cache_names.update([node.input[3], node.input[4], present_key, present_value])
+    retyped_cache(proto, cache_names, TensorProto.INT8)
+    return len(calls)
+
+
+def retyped_cache(proto: onnx.ModelProto, cache_names: set[str], elem_type: int) -> None:
+    """The past / present graph values named given `elem_type`, and the CachedAttention
+    functions no node calls any more dropped (their rewritten copies are what the nodes call)."""
     for value in [*proto.graph.input, *proto.graph.output]:
         if value.name in cache_names:
-            value.type.tensor_type.elem_type = TensorProto.INT8
+            value.type.tensor_type.elem_type = elem_type
     used = {n.op_type for n in proto.graph.node}
     kept = [f for f in proto.functions if not (f.name.startswith("CachedAttention") and f.name not in used)]
     del proto.functions[:]
     proto.functions.extend(kept)
-    return len(calls)
 
 
 def has_int8_cache(proto: onnx.ModelProto) -> bool:
