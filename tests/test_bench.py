@@ -20,6 +20,7 @@ def _timing(bias, config, length, times=(), peak_rss=None, loaded_rss=None, **kw
     """A Timing from positional figures (times, peak RSS, loaded RSS), as the tables read them."""
     return bench.Timing(bias, config, length, times=list(times), peak_rss=peak_rss, loaded_rss=loaded_rss, **kw)
 
+@pytest.mark.slow
 def test_bench_command_end_to_end(tmp_path, capsys):
     out = tmp_path / "bench"
     # 300 > the 256-row block: the Loop runs (64 takes the If's one-block branch)
@@ -476,6 +477,7 @@ def test_client_results_name_no_path_of_this_machine(tmp_path, monkeypatch):
     assert json.loads(js.read_text())["rows"][0]["error"] == "Load model from …/decoder_model_merged.onnx failed: bad input"
 
 
+@pytest.mark.slow
 def test_bench_embed_runs_every_form_and_judges_its_targets(tmp_path, monkeypatch):
     """bench-embed end to end at a tiny size: each form in its own process, a padded short batch,
     the dense form's row where it dies, and the markdown's targets from the measured cells."""
@@ -533,6 +535,7 @@ def test_the_profile_runner_profiles_a_decode_step(exports, tmp_path):
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1 and "error" in missing.stderr
 
 
+@pytest.mark.slow
 def test_bench_quant_judges_a_sharded_encoder_alone_on_its_embedding(tmp_path, monkeypatch):
     """The UMT5-XXL row at a tiny size, end to end: bfloat16 shards written tensor by tensor, the
     streamed int8 export in its own process, a 512-token forward on ORT CPU, and the embedding judged

@@ -180,7 +180,7 @@ def shipped_inplace(shipped, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("kind", tiers.cases(["bloom", "mpt", "falcon"], ["bloom", "mpt", "falcon"], slow={"mpt"}))
+@pytest.mark.parametrize("kind", tiers.cases(["bloom", "mpt", "falcon"], ["bloom", "mpt", "falcon"], slow={"mpt", "falcon"}))
 def test_onnxruntime_genai_shares_the_buffer_of_an_inplace_folder(shipped, shipped_inplace, kind):
     """--target ort: genai_config.json says past_present_share_buffer, genai binds one
     [B, H, max_length, d] buffer as past and present, and its tokens are still transformers'
@@ -278,7 +278,7 @@ def _op_types(proto: onnx.ModelProto) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("kind", ["bloom", "t5"])
+@pytest.mark.parametrize("kind", tiers.cases(["bloom", "t5"], ["bloom", "t5"], slow={"t5"}))
 def test_gpu_target_folder_is_gpu_ready(shipped, tmp_path, kind):
     """--out-dir --target cuda-ort --dtype float16: Triton instances on the GPU (KIND_GPU, parsed
     by Triton's own proto), onnxruntime-genai on the CUDA provider, float16 files that ORT CPU
@@ -379,7 +379,7 @@ def test_out_dir_refusals_are_one_line_and_touch_nothing(shipped, tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
-@pytest.mark.parametrize("kind", [k for k in CLIENT_KINDS if k != "t5"])
+@pytest.mark.parametrize("kind", tiers.cases(["bloom", "mpt", "falcon"], ["bloom", "mpt", "falcon"], slow={"mpt", "falcon"}))
 def test_validate_judges_the_shipped_decoder(shipped, kind, tmp_path):
     """validate FILE --model DIR on a cached decoder (Hugging Face names): the folder's default
     in-place file on every runtime that runs it (ONNX Runtime bound to one buffer and not, Node);

@@ -58,6 +58,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", str(mount)], check=False)
 
 
+@pytest.mark.slow
 def test_t5_int8_out_dir_on_a_full_disk_is_one_line(small_disk, tmp_path):
     """The measured case: a T5 int8 --out-dir on a disk that fills while the quantizer works."""
     import hf_folders

@@ -20,7 +20,9 @@ CASES = [(b, arch, causal) for b in pbe.BIASES for arch in ("lm", "block") for c
 ids = [f"{b}-{arch}-{'causal' if c else 'bidir'}" for b, arch, c in CASES]
 
 
-@pytest.mark.parametrize("bias,arch,causal", tiers.cases(CASES, ids))
+# by default every family's causal LM, and ALiBi's every form
+@pytest.mark.parametrize("bias,arch,causal", tiers.cases(CASES, ids, slow={i for i in ids if not i.startswith("alibi")
+                                                                            and not i.endswith("lm-causal")}))
 def test_cli_export_passes_checks(exports, bias, arch, causal):
     path = exports.cli(bias, arch, causal)
     model = onnx.load(str(path))
@@ -41,7 +43,7 @@ def test_cli_export_passes_checks(exports, bias, arch, causal):
     assert (cfg.bias, cfg.causal, contract.arch, contract.trace_len) == (bias, causal, arch, TRACE_LEN)
 
 
-@pytest.mark.parametrize("bias", tiers.families())
+@pytest.mark.parametrize("bias", tiers.cases(list(pbe.BIASES), list(pbe.BIASES), slow={"window", "kerple_log"}))
 def test_file_independent_of_trace_length(tmp_path, bias):
     """Traced at 8 and at 256: the same initializers (dtype and shape), and file sizes within a
     few bytes (the metadata records the trace length). A baked [L] table of float32 would add

@@ -10,6 +10,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+import tiers  # noqa: E402
 from hf_folders import KINDS, MPT_MAX_SEQ_LEN, VOCAB, model_type, save_tiny_model  # noqa: E402
 from posbias_export.hf import load_model  # noqa: E402
 from posbias_export.hf.baselines import dynamo_export  # noqa: E402
@@ -86,7 +87,8 @@ def test_ours_equals_transformers_in_float64(folders, kind, atol):
         assert (ours(ids) - hf).abs().max().item() < atol
 
 
-@pytest.mark.parametrize("kind", ["bloom", "mpt", "falcon", "falcon_grouped", "t5_gated"])
+@pytest.mark.parametrize("kind", tiers.cases(["bloom", "mpt", "falcon", "falcon_grouped", "t5_gated"],
+                                             ["bloom", "mpt", "falcon", "falcon_grouped", "t5_gated"], slow={"mpt", "falcon", "t5_gated"}))
 def test_export_matches_on_every_runtime(folders, exported, kind):
     """The inlined blocked file on ORT, OpenVINO and the reference evaluator, left-padded, far
     beyond the trace length (16); MPT's 300 is past its max_seq_len (64): transformers cannot
@@ -103,7 +105,9 @@ def test_export_matches_on_every_runtime(folders, exported, kind):
         assert rows["transformers", "L=300 B=3"] == "pass"
 
 
-@pytest.mark.parametrize("kind", ["bloom", "mpt", "falcon", "falcon_grouped", "falcon_sequential"])
+@pytest.mark.parametrize("kind", tiers.cases(["bloom", "mpt", "falcon", "falcon_grouped", "falcon_sequential"],
+                                             ["bloom", "mpt", "falcon", "falcon_grouped", "falcon_sequential"],
+                                             slow={"falcon_grouped", "falcon_sequential"}))
 def test_cached_decoder_generates_transformers_greedy_tokens(folders, exported, kind):
     """--kv-cache file, left-padded batch of two prompts, 10 greedy steps through the ORT
     runner's CachedDecoder: the same tokens as transformers' generate (Falcon's three layouts:
@@ -163,7 +167,8 @@ def _pair_generates_transformers_tokens(folder, tmp_path, dtype, target, names="
     return ids, mask
 
 
-@pytest.mark.parametrize("dtype,target", [("float32", "portable"), ("float16", "cuda-ort")])
+@pytest.mark.parametrize("dtype,target", tiers.cases([("float32", "portable"), ("float16", "cuda-ort")],
+                                                    ["float32-portable", "float16-cuda-ort"], slow={"float16-cuda-ort"}))
 def test_t5_encoder_and_decoder_files_generate_transformers_tokens(folders, tmp_path, dtype, target):
     """The encoder file and the cached decoder file (ORT, runtimes/ort/seq2seq.py), greedy,
     a left-padded batch: the tokens of transformers' generate (float32); the float16 pair for
@@ -171,7 +176,8 @@ def test_t5_encoder_and_decoder_files_generate_transformers_tokens(folders, tmp_
     _pair_generates_transformers_tokens(folders["t5_gated"], tmp_path, dtype, target)
 
 
-@pytest.mark.parametrize("dtype,target", [("float32", "portable"), ("float16", "cuda-ort")])
+@pytest.mark.parametrize("dtype,target", tiers.cases([("float32", "portable"), ("float16", "cuda-ort")],
+                                                    ["float32-portable", "float16-cuda-ort"], slow={"float16-cuda-ort"}))
 def test_clients_t5_decoder_caches_the_cross_attention(folders, tmp_path, dtype, target):
     """The clients' merged decoder (Optimum's layout: use_cache_branch, past_key_values.N.encoder.*):
     the first step computes every layer's cross-attention keys and values, later steps take them

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import posbias_export as pbe
 import tiers
 from conftest import SMALL, TRACE_LEN, cli_model
 
@@ -87,7 +88,7 @@ def _ort_run(session, steps, shared: bool, capacity: int = CAPACITY):
     return got
 
 
-@pytest.mark.parametrize("bias", tiers.families())
+@pytest.mark.parametrize("bias", tiers.cases(list(pbe.BIASES), list(pbe.BIASES), slow={"window", "kerple_log"}))
 def test_inplace_file_equals_the_reference_bound_and_unbound(tmp_path, bias):
     inplace, concat = _export(tmp_path, bias, "ort"), _export(tmp_path, bias, "portable")
     steps = _sequence()
@@ -199,7 +200,7 @@ def test_generate_through_one_buffer_equals_the_concat_file(tmp_path):
         assert tokens[0] == tokens[1], prompts[0][:20]
 
 
-@pytest.mark.parametrize("kind", tiers.cases(["bloom", "mpt", "falcon"], ["bloom", "mpt", "falcon"], slow={"mpt"}))
+@pytest.mark.parametrize("kind", tiers.cases(["bloom", "mpt", "falcon"], ["bloom", "mpt", "falcon"], slow={"mpt", "falcon"}))
 def test_imported_inplace_file_equals_the_concat_file_and_the_folder(tmp_path, kind):
     """BLOOM (positions from the mask), MPT (from key indices), Falcon (one key/value head): the
     in-place file's steps, bound and unbound, equal the Concat file's within float32's error, and

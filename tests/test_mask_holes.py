@@ -79,7 +79,7 @@ def test_imported_file_and_transformers_agree_under_holes(folders, tmp_path, kin
         _judge_at_real_tokens(got, ref64, same32, mask)
 
 
-@pytest.mark.parametrize("kind", ["bloom", "mpt", "falcon"])
+@pytest.mark.parametrize("kind", tiers.cases(["bloom", "mpt", "falcon"], ["bloom", "mpt", "falcon"], slow={"mpt"}))
 def test_cached_decoder_after_right_padding_gives_transformers_logits(folders, tmp_path, kind):
     """Prefill the padded prompt [B, 23] (row 0 right-padded), then one token per step with the
     mask growing by a 1: each step's logits are transformers' logits of the whole sequence under

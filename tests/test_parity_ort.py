@@ -47,8 +47,10 @@ def test_ort_cpu_block(exports, bias, length, causal):
     _judge(session, cli_model(bias, "block", causal), (x,))
 
 
-@pytest.mark.parametrize("length", [1, 3 * TRACE_LEN + 1, 64 * TRACE_LEN], ids=lambda n: f"L{n}")
-@pytest.mark.parametrize("bias", tiers.families())
+@pytest.mark.parametrize("bias,length", tiers.cases(
+    [(b, n) for b in pbe.BIASES for n in (1, 3 * TRACE_LEN + 1, 64 * TRACE_LEN)],
+    [f"{b}-L{n}" for b in pbe.BIASES for n in (1, 3 * TRACE_LEN + 1, 64 * TRACE_LEN)],
+    slow={f"{b}-L{64 * TRACE_LEN}" for b in pbe.BIASES if b != "alibi"}))  # the long length: ALiBi's by default
 def test_ort_cpu_opset23_attention_op(exports, bias, length):
     session = ort_session(exports.cli(bias, "lm", True, ("--opset", "23")))
     _judge(session, cli_model(bias), (lm_inputs(3, length, seed=length),))
@@ -64,8 +66,9 @@ def test_ort_cpu_float16_at_2048(exports, bias):
     _judge(session, cli_model(bias), (ids, mask), FLOAT16, torch.float16)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("bias", tiers.families())
+@pytest.mark.parametrize("bias,dtype", tiers.cases(
+    [(b, d) for b in pbe.BIASES for d in ("float32", "float16")], [f"{b}-{d}" for b in pbe.BIASES for d in ("float32", "float16")],
+    slow={f"{b}-float16" for b in pbe.BIASES if b != "alibi"}))
 def test_padded_rows(exports, bias, dtype):
     """A batch with a fully padded row and a left-padded one: everything finite (a padded query
     sees no key: masks are finite, never -inf), and every row that holds tokens equals what the

@@ -66,7 +66,7 @@ def test_learned_positions_refuse_beyond_table():
     dict(position="sinusoidal"), dict(position="learned", max_positions=128),
     dict(rope=True, rope_scaling="ntk", rope_factor=4.0), dict(rope=True, rope_scaling="linear", rope_factor=2.0),
     dict(bias="alibi", logn_train_len=16),
-], ["sinusoidal", "learned", "rope-ntk", "rope-linear", "alibi-logn"], slow={"sinusoidal", "rope-linear"}))
+], ["sinusoidal", "learned", "rope-ntk", "rope-linear", "alibi-logn"], slow={"sinusoidal", "rope-linear", "learned"}))
 def test_position_schemes_export_and_match(tmp_path, kwargs):
     cfg = pbe.ModelConfig(**{"bias": "none", **SMALL, **kwargs})
     model = pbe.build_model(cfg, seed=0)

@@ -34,14 +34,14 @@ def _cells(matrix) -> list:
     return [c for c in matrix.cells if c.case.startswith("L=")]
 
 
-# int8 and int4 of ALiBi, int4 of a table family by default (quantization touches the linear layers
-# only, the same in every family); every family and scheme with -m slow
+# int4 of ALiBi by default (quantization touches the linear layers only, the same in every family;
+# int8 is judged on the imported BLOOM below); every family and scheme with -m slow
 CHECKPOINT_CASES = [(b, s) for b in pbe.BIASES for s in ("int8", "int4")]
 
 
 @pytest.mark.parametrize("bias,scheme", tiers.cases(
     CHECKPOINT_CASES, [f"{b}-{s}" for b, s in CHECKPOINT_CASES],
-    slow={f"{b}-{s}" for b, s in CHECKPOINT_CASES if b != "alibi" and (s == "int8" or b != "kerple_log")}))
+    slow={f"{b}-{s}" for b, s in CHECKPOINT_CASES if (b, s) != ("alibi", "int4")}))
 def test_quantized_checkpoint_passes_policy(tmp_path, bias, scheme):
     """Each family's trained checkpoint, quantized, passes the policy on ORT CPU at 1, 17 and
     16x the training length, in fresh sessions and in one session serving every length."""
@@ -87,7 +87,7 @@ def test_quantized_nodes_are_the_weights_and_the_tied_head(tmp_path):
     assert not [n.op_type for f in proto.functions for n in f.node if n.op_type in quantized_ops]
 
 
-@pytest.mark.parametrize("head", ["int8", "float"])
+@pytest.mark.parametrize("head", tiers.cases(["int8", "float"], ["int8", "float"], slow={"int8", "float"}))
 def test_the_head_keeps_the_precision_asked_for(tmp_path, head):
     """--quant-head: the LM head alone as an 8-bit MatMulNBits, or left float; every other layer
     int4 (ONNX Runtime's quantizer quantizes every MatMul of its op types unless excluded: the
@@ -132,7 +132,7 @@ def _scale_initializers(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
     return [t for t in proto.graph.initializer if t.name.endswith("_scale") or t.name.endswith("_scales")]
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("scheme", tiers.cases(["int8", "int4"], ["int8", "int4"], slow={"int8"}))
 def test_a_scale_off_by_two_fails_the_policy(tmp_path, scheme):
     """Sabotage: every weight scale doubled (a quantizer bug of the kind the policy exists for)."""
     path = _export("alibi", scheme, tmp_path / "q.onnx")
@@ -247,7 +247,7 @@ def t5_folder(tmp_path_factory):
     return save_initialized_t5(tmp_path_factory.mktemp("t5") / "t5")
 
 
-@pytest.mark.parametrize("scheme", tiers.cases(["int8", "int4"], ["int8", "int4"], slow={"int8"}))  # int4: the stricter
+@pytest.mark.parametrize("scheme", tiers.cases(["int8", "int4"], ["int8", "int4"], slow={"int8", "int4"}))
 def test_quantized_t5_folder_passes_validate(tmp_path, t5_folder, scheme):
     """A T5 folder shipped with --quantize: both files quantized (the encoder's and decoder's
     linear layers, the embedding, the head), the relative-position bias left float; validate
@@ -295,6 +295,7 @@ def test_a_t5_decoder_scale_off_by_two_fails_the_policy(tmp_path, t5_folder):
                                                                                           "(logits)"]), verdicts
 
 
+@pytest.mark.slow
 def test_float_t5_decoder_is_judged_by_validate(tmp_path, t5_folder):
     """validate --model on a float T5 decoder file (once refused): the float policy against the
     float64 reference, transformers' T5ForConditionalGeneration as a row, every length in one
@@ -353,6 +354,7 @@ def test_the_quantizers_temporaries_live_beside_the_output(tmp_path, monkeypatch
     assert tempfile.gettempdir() == before
 
 
+@pytest.mark.slow
 def test_t5_int4_takes_its_architecture_defaults_unless_asked(tmp_path):
     """T5's int4 default is block 16 with the decoder's head in 8 bits (what makes t5-base's pair
     pass the policy, docs/quantized.md); flags given on the command line win."""

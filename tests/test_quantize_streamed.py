@@ -60,7 +60,8 @@ CASES = {  # scheme, source, export flags, quantize flags
     "int8-t5-encoder": ("int8", "t5_gated", ["--part", "encoder"], []),
 }
 SLOW_CASES = {"int4-bloom", "int4-falcon", "int4-mpt", "int4-bloom-symmetric-block16", "int8-bloom-per-tensor",
-              "int8-falcon", "int8-mpt", "int8-t5-encoder"}
+              "int8-falcon", "int8-mpt", "int8-t5-encoder", "int4-t5-decoder", "int8-t5-decoder", "int8-checkpoint",
+              "int4-bloom-int8-head"}
 
 
 def _scheme_of(model: onnx.ModelProto, name: str):
@@ -96,7 +97,8 @@ def test_streamed_file_is_the_whole_model_quantizers_file(tmp_path, monkeypatch,
     assert not list(tmp_path.glob("**/skeleton.onnx*")) and not list(tmp_path.glob("**/quantized.bin"))
 
 
-@pytest.mark.parametrize("name,file_range", [("int4", (0.12, 0.16)), ("int8", (0.19, 0.24))], ids=["int4", "int8"])
+@pytest.mark.parametrize("name,file_range", tiers.cases([("int4", (0.12, 0.16)), ("int8", (0.19, 0.24))], ["int4", "int8"],
+                                                         slow={"int8"}))
 def test_streamed_quantized_export_peaks_within_its_bound_at_real_width(tmp_path, name, file_range):
     """A BLOOM of real width (hidden 2048, vocabulary 50432, 2 layers: 0.8 GB of float32, the
     largest weight 0.4 GB) exported quantized in its own process: peak RSS <= 1.5x the file +

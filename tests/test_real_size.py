@@ -71,7 +71,7 @@ def file_bytes(path: Path) -> int:
 
 
 # float32 by default (the streamed export at real width); float16's cast path at this width with -m slow
-@pytest.mark.parametrize("dtype", tiers.cases(["float32", "float16"], ["float32", "float16"], slow={"float16"}))
+@pytest.mark.parametrize("dtype", tiers.cases(["float32", "float16"], ["float32", "float16"], slow={"float32", "float16"}))
 def test_real_width_export_memory_is_bounded_by_the_weights(wide_bloom, tmp_path, dtype):
     """--model --kv-cache at BLOOM-560m's width: peak RSS <= 1.5 x the file's weight bytes + the
     interpreter's fixed overhead (the in-memory export took 6.0 GB for these 1.13 GB), every check
@@ -135,7 +135,9 @@ CASES = [(k, "float16", "portable") for k in ("bloom", "mpt", "falcon", "t5")] +
     ("falcon", "float16", "cuda"), ("t5", "float32", "cuda")]
 
 
-@pytest.mark.parametrize("kind,dtype,target", CASES, ids=["-".join(c) for c in CASES])
+@pytest.mark.parametrize("kind,dtype,target", tiers.cases(CASES, ["-".join(c) for c in CASES], slow={
+    "mpt-float16-portable", "falcon-float16-portable", "mpt-float32-cuda-ort", "t5-float16-cuda-ort", "mpt-float16-cuda",
+    "falcon-float16-cuda"}))  # by default each target and dtype once, BLOOM, Falcon and T5 among them
 def test_imported_float16_and_gpu_target_files_match_transformers(folders, tmp_path, kind, dtype, target):
     """--model with --dtype / --target: validate --model on ORT CPU (which runs the GPU targets'
     fused ops) at 1, 17 and 300 tokens, judged by the file's dtype policy (float16: against
@@ -150,7 +152,9 @@ def test_imported_float16_and_gpu_target_files_match_transformers(folders, tmp_p
     assert {c.dtype for c in matrix.cells if c.runtime == "ort-cpu"} == {dtype}
 
 
-@pytest.mark.parametrize("kind,kv_heads", [("falcon", 1), ("falcon_grouped", 2), ("falcon_sequential", 6)])
+@pytest.mark.parametrize("kind,kv_heads", tiers.cases([("falcon", 1), ("falcon_grouped", 2), ("falcon_sequential", 6)],
+                                                     ["falcon-1", "falcon_grouped-2", "falcon_sequential-6"],
+                                                     slow={"falcon-1", "falcon_sequential-6"}))
 def test_falcon_cache_holds_its_own_key_value_heads(folders, tmp_path, kind, kv_heads):
     """Multi-query (1) and grouped (num_kv_heads) Falcon files keep the layout's own key/value
     heads in past and present; the export summary says what a token costs in the cache; the
@@ -172,7 +176,7 @@ def test_falcon_cache_holds_its_own_key_value_heads(folders, tmp_path, kind, kv_
     assert genai["num_key_value_heads"] == kv_heads
 
 
-@pytest.mark.parametrize("kind", ["bloom", "falcon"])
+@pytest.mark.parametrize("kind", tiers.cases(["bloom", "falcon"], ["bloom", "falcon"], slow={"falcon"}))
 def test_last_logits_file_generates_transformers_tokens(folders, tmp_path, kind):
     """logits="last": [B, 1, V] out of the cached decoder (no [B, L, V] for a long prompt); a
     left-padded batch decoded through the ORT runner gives transformers' greedy tokens, and its
@@ -208,7 +212,7 @@ def test_last_logits_refused_without_a_cache(folders, tmp_path):
     assert not (tmp_path / "x.onnx").exists()
 
 
-@pytest.mark.parametrize("bias", ["alibi", "t5"])
+@pytest.mark.parametrize("bias", tiers.cases(["alibi", "t5"], ["alibi", "t5"], slow={"t5"}))
 def test_own_last_logits_file_passes_validate(tmp_path, bias):
     """Our own cached decoders with logits="last": [B, 1, V], judged by validate against the
     float64 cache path's last position (ORT CPU and the reference evaluator, order protocol)."""

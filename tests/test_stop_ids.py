@@ -87,6 +87,7 @@ def test_the_t5_runner_stops_at_any_stop_id(tmp_path):
     assert got == want
 
 
+@pytest.mark.slow
 def test_the_t5_runner_takes_zero_new_tokens_as_generate_does(tmp_path, capsys):
     from posbias_export.hf.ship import ship
 
