@@ -12,7 +12,6 @@ import onnx
 from onnx import numpy_helper
 
 from ...nn.lazy_weights import pieces
-from . import whole
 from ..streamed import PENDING, WeightRef, is_pending_tensor, pending_index
 
 SPILL_MIN_BYTES = 1024  # smaller tensors stay in the model proto (what onnx.save_model's threshold keeps inline)
@@ -134,9 +133,3 @@ def placeholder(name: str, data_type: int, dims, index: int, nbytes: int) -> onn
     for key, value in (("location", PENDING), ("offset", str(index)), ("length", str(nbytes))):
         tensor.external_data.add(key=key, value=value)
     return tensor
-
-
-def drop_unused(graph: onnx.GraphProto) -> None:
-    used = whole._used_names(graph)
-    for t in [t for t in graph.initializer if t.name not in used]:
-        graph.initializer.remove(t)

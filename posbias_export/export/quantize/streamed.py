@@ -25,7 +25,8 @@ from onnx import numpy_helper
 from ...errors import ExportCheckError
 from . import whole
 from .schemes import Int4, Int8, Scheme
-from .slabs import Weights, drop_unused
+from .graph_names import drop_unused
+from .slabs import Weights
 from .tied import share_tied_table, tied_heads
 
 

@@ -25,6 +25,7 @@ from ...errors import ExportCheckError
 from . import whole
 from .schemes import Int8
 from ..streamed import is_pending_tensor
+from .graph_names import used_names
 from .slabs import Weights
 
 # What quantize_dynamic passes its per-tensor routine (onnx_quantizer.py): weights int8,
@@ -98,7 +99,7 @@ def _restore(quantized: onnx.ModelProto, held_back: list[onnx.TensorProto], orig
     inputs = [i for i in graph.input if i.name not in names]
     del graph.input[:]
     graph.input.extend(inputs)
-    used = whole._used_names(graph)
+    used = used_names(graph)
     graph.initializer.extend(t for t in held_back if t.name in used)
     produced = {o for node in graph.node for o in node.output}
     del graph.value_info[:]

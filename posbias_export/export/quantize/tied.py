@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .slabs import drop_unused
+from .graph_names import drop_unused
 
 # the names ONNX Runtime's quantizers (and our streamed ones) give a weight's quantized tensors
 NBITS_SUFFIXES = ("_Q4", "_Q8")

@@ -23,20 +23,11 @@ from pathlib import Path
 import onnx
 
 from ...errors import ExportCheckError
+from .graph_names import drop_unused
+from .tied import share_tied_table, tied_heads
 from .schemes import Scheme
 
 WEIGHT_SHAPING = {"Transpose", "Split", "Reshape", "Squeeze", "Unsqueeze", "Slice", "Concat", "Cast"}
-
-
-def _used_names(graph: onnx.GraphProto) -> set[str]:
-    """Every value name a node of `graph` or of its subgraphs reads, and the graph's outputs."""
-    used = {o.name for o in graph.output}
-    for node in graph.node:
-        used.update(node.input)
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                used |= _used_names(sub)
-    return used
 
 
 def fold_weight_shaping(proto: onnx.ModelProto, read=None, keep=None, transposed=None) -> int:
@@ -84,10 +75,7 @@ def fold_weight_shaping(proto: onnx.ModelProto, read=None, keep=None, transposed
         folded += 1
     del graph.node[:]
     graph.node.extend(kept)
-    used = _used_names(graph)
-    unused = [t for t in graph.initializer if t.name not in used]
-    for t in unused:
-        graph.initializer.remove(t)
+    drop_unused(graph)
     return folded
 
 
@@ -154,8 +142,6 @@ def head_nodes(proto: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> tuple[str
 def quantize_file(float_path: Path, spec: Scheme) -> onnx.ModelProto:
     """The quantized model of a saved float file (its weights folded into initializers first,
     written beside it, then handed to the quantizer by path)."""
-    from .tied import share_tied_table, tied_heads
-
     tied = tied_heads(onnx.load(str(float_path), load_external_data=False))
     proto = prepared_float(float_path)
     picked = weight_nodes(proto)
