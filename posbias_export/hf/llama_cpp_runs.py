@@ -32,7 +32,8 @@ script = Path(sys.argv[1])
 sys.path[:0] = [str(script.parent), str(script.parent / "gguf-py")]
 import conversion.base as base
 owner = next(c for c in vars(base).values() if isinstance(c, type) and "get_vocab_base_pre" in vars(c))
-owner.get_vocab_base_pre = lambda self, tokenizer: sys.argv[2]
+pre = sys.argv[2]  # read now: sys.argv is the converter's below
+owner.get_vocab_base_pre = lambda self, tokenizer: pre
 sys.argv = [str(script), *sys.argv[3:]]
 runpy.run_path(str(script), run_name="__main__")
 """
@@ -141,9 +142,12 @@ def causal_steps(model: str, capacity: int, threads: int = 1):
         llm = llama_cpp.Llama(model_path=model, n_ctx=capacity, n_batch=512, n_ubatch=512, n_threads=threads,
                               n_threads_batch=threads, verbose=False)
 
+        vocab = llm.n_vocab()
+
         def step(ids, mask):
-            llm.eval([int(i) for i in ids[0]])
-            return np.asarray(llm.scores[llm.n_tokens - 1])[None, None]
+            llm.eval([int(i) for i in ids[0]])  # logits of the batch's last token only, as a server asks
+            last = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+            return np.ctypeslib.as_array(last, shape=(vocab,)).copy()[None, None]
         return step
     make_step.ran_on = "llama.cpp CPU"
     return make_step
