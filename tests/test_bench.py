@@ -206,7 +206,7 @@ def test_bench_serving_renders_targets_and_refuses_names_first(tmp_path, capsys)
     assert verdicts["int4 at 4096: in place / Concat <= 0.6"] == ("0.50", True)
     assert verdicts["int4 at 4096: in place / floor <= 1.3"] == ("2.50", False)
     assert verdicts["float32 at 4096: in place / floor <= 1.2"] == ("1.33", False)
-    assert "| bloom-560m | int4 | in place | 4096 | - | 1.00 | 1.00 | 1.20 | 25.0 | - | 10.0 | 2.50 | yes |" in render([row], "cmd")
+    assert "| bloom-560m | int4 | in place | 4096 | 2 | - | 1.00 | 1.00 | 1.20 | 25.0 | - | 10.0 | 2.50 | yes |" in render([row], "cmd")
     assert cli_main(["bench-serving", "--models", "gpt-17b", "--work", str(tmp_path / "w"),
                      "--out-dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -230,11 +230,11 @@ def test_bench_serving_measured_in_parts_keeps_what_it_did_not_repeat(tmp_path, 
     assert [(r["file"], r["decode_ms"]) for r in row.runs] == [("concat", 50.0), ("in place", 40.0), (OPTIMUM, 60.0),
                                                                (EAGER, 120.0)]
     table = render([row], "cmd")
-    assert f"| bloom-560m | float32 | {OPTIMUM} | 512 | - | 1.00 | 1.00 | 1.20 | 60.0 | - | 10.0 | 6.00 | yes |" in table
-    assert f"| bloom-560m | float32 | {EAGER} | 512 | - | 1.00 | 1.00 | 1.20 | 120.0 | - | 10.0 | 12.00 | no |" in table
+    assert f"| bloom-560m | float32 | {OPTIMUM} | 512 | 2 | - | 1.00 | 1.00 | 1.20 | 60.0 | - | 10.0 | 6.00 | yes |" in table
+    assert f"| bloom-560m | float32 | {EAGER} | 512 | 2 | - | 1.00 | 1.00 | 1.20 | 120.0 | - | 10.0 | 12.00 | no |" in table
     # a client that cannot serve a prompt is a row saying why (Optimum's MPT past its max_seq_len)
     row.runs.append({"scheme": "float32", "file": OPTIMUM, "context": 4096, "error": "RunnerError: 2048 by 4096"})
-    assert f"| bloom-560m | float32 | {OPTIMUM} | 4096 | | failed: RunnerError: 2048 by 4096 |" in render([row], "cmd")
+    assert f"| bloom-560m | float32 | {OPTIMUM} | 4096 | | | failed: RunnerError: 2048 by 4096 |" in render([row], "cmd")
     assert cli_main(["bench-serving", "--files", "optimum,tensorrt", "--work", str(tmp_path / "w"),
                      "--out-dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -261,7 +261,7 @@ def test_bench_serving_judges_our_files_beside_llama_cpp(monkeypatch):
     assert got[f"{name}: file bytes <= 1.05"] == ("1.03", True)
     assert got[f"{name}: peak RSS <= 1.1"] == ("0.90", True)
     assert got[f"{name}: decode CPU ms/token <= 0.9"] == ("0.80", True)
-    assert "| bloom-560m | int4 | llama.cpp | 4096 | 0.39 | 1.00 | 1.00 | 1.00 | 50.0 | 50.0 | 10.0 | 5.00 | - |" in render([row], "c")
+    assert "| bloom-560m | int4 | llama.cpp | 4096 | 2 | 0.39 | 1.00 | 1.00 | 1.00 | 50.0 | 50.0 | 10.0 | 5.00 | - |" in render([row], "c")
     monkeypatch.setitem(__import__("sys").modules, "llama_cpp", None)
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     assert "llama_cpp is not importable" in llama_cpp_runs.missing()
