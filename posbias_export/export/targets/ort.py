@@ -19,6 +19,10 @@ def inplace_notes(request, proto) -> list[str]:
         notes.append("on ONNX Runtime CUDA an int8 cache does not run on the GPU: with float32 weights its attention "
                      "falls back to the CPU, with float16 the CUDA kernel refuses a bias with a quantized cache; serve "
                      "it on the CPU")
+    elif request.options.kv_dtype == "float16":
+        notes.append("a float16 cache: attention runs in float16 (on ONNX Runtime CUDA, GroupQueryAttention's float16 "
+                     "kernel could take it: not measured there); on CPU it is slower than the float cache with quantized "
+                     "weights (benchmarks/serving.md)")
     elif request.dtype != "float16":
         notes.append("on ONNX Runtime CUDA GroupQueryAttention has a float16 kernel only: this float32 file's attention "
                      "runs on the CPU there (the cache crosses to the host each step); for a GPU export --dtype float16")
