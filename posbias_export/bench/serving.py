@@ -123,10 +123,16 @@ def _llama_cpp(row: ServingRow, folder: Path, files: Path, scheme: str, contexts
         return
     out = files / f"{row.name}_{llama_cpp_runs.GGUF_TYPES[scheme]}.gguf"
     progress(f"{row.name}: GGUF {llama_cpp_runs.GGUF_TYPES[scheme]} by llama.cpp's converter")
-    seconds, peak, _ = measured_python(["-c", "import sys; from pathlib import Path; "
-                                        "from posbias_export.hf.llama_cpp_runs import causal_gguf; "
-                                        "causal_gguf(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])",
-                                        str(folder), str(out), scheme])
+    try:
+        seconds, peak, _ = measured_python(["-c", "import sys; from pathlib import Path; "
+                                            "from posbias_export.hf.llama_cpp_runs import causal_gguf; "
+                                            "causal_gguf(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])",
+                                            str(folder), str(out), scheme])
+    except RuntimeError as err:  # its converter refuses the architecture (transformers' MptForCausalLM): rows saying so
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        row.runs += [{"scheme": scheme, "file": LLAMA_CPP, "context": c, "error": (lines[-1] if lines else "failed")[-300:]}
+                     for c in contexts]
+        return
     size = out.stat().st_size
     row.exports.append({"scheme": scheme, "file": LLAMA_CPP, "seconds": seconds, "peak_gb": peak, "file_gb": size / 1e9})
     _timed_runs(row, scheme, LLAMA_CPP, ["llama.cpp", str(out)], size, float_cache_bytes_per_token(folder) // 2,
