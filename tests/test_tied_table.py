@@ -101,11 +101,13 @@ def test_int4_embedding_is_the_heads_rows_dequantized(tmp_path, bloom, options):
     assert np.array_equal(embedding, table[IDS][..., :48])
 
 
-def test_int8_embedding_is_the_heads_columns_dequantized(tmp_path, bloom):
+@pytest.mark.parametrize("options", [{}, {"per_channel": False}], ids=["per-channel", "per-tensor"])
+def test_int8_embedding_is_the_heads_columns_dequantized(tmp_path, bloom, options):
     """int8: the embedding reads MatMulInteger's int8 weight [K, N] column by column, with that
-    column's scale (7-bit per row, in place of the table's own per-tensor uint8 copy)."""
-    path = _export(bloom, tmp_path / "m.onnx", "int8")
-    before = _export(bloom, tmp_path / "before" / "m.onnx", "int8", share=False)
+    column's scale (7-bit per row, in place of the table's own per-tensor uint8 copy), or the
+    weight's one scale (--quant-per-tensor)."""
+    path = _export(bloom, tmp_path / "m.onnx", "int8", **options)
+    before = _export(bloom, tmp_path / "before" / "m.onnx", "int8", share=False, **options)
     tensors = _tensors(path)
     head = next(n for n in onnx.load(str(path)).graph.node if n.op_type == "MatMulInteger"
                 and n.input[1].startswith(HEAD) and tensors[n.input[1]].shape == (48, 300))

@@ -64,7 +64,7 @@ def share_tied_table(proto: onnx.ModelProto, tied: dict[str, str]) -> bool:
         if head.op_type == "MatMulNBits":
             made = _rows_of_nbits(head, ids, out, shapes, dtypes)
         else:
-            made = _rows_of_int8(head, ids, out, dtypes)
+            made = _rows_of_int8(head, ids, out, shapes)
         nodes, constants = made
         at = list(graph.node).index(embedding[0])
         for node in embedding:
@@ -152,18 +152,23 @@ def _rows_of_nbits(head: onnx.NodeProto, ids: str, out: str, shapes: dict, dtype
     return b.nodes, b.constants
 
 
-def _rows_of_int8(head: onnx.NodeProto, ids: str, out: str, dtypes: dict):
+def _rows_of_int8(head: onnx.NodeProto, ids: str, out: str, shapes: dict):
     """Columns `ids` of MatMulInteger's weight [K, N], dequantized with their own scale and zero
-    point, as rows [B, S, K]."""
+    point (per channel; or the weight's one scale and zero point, --quant-per-tensor), as rows
+    [B, S, K]."""
     weight, weight_zero = head.input[1], head.input[3]
     scale = _int8_weight_scale(head)
     b = _Builder(out)
+
+    def per_row(name: str) -> str:  # [B, S, 1] for a per-channel tensor, the scalar itself otherwise
+        if not shapes.get(name):
+            return name
+        return b.op("Unsqueeze", [b.op("Gather", [name, ids], axis=0), b.const(np.array([-1]))])
+
     columns = b.op("Gather", [weight, ids], axis=1)  # [K, B, S]
     rows = b.op("Cast", [b.op("Transpose", [columns], perm=[1, 2, 0])], to=TensorProto.FLOAT)
-    zero = b.op("Unsqueeze", [b.op("Cast", [b.op("Gather", [weight_zero, ids], axis=0)], to=TensorProto.FLOAT),
-                              b.const(np.array([-1]))])
-    per_row = b.op("Unsqueeze", [b.op("Gather", [scale, ids], axis=0), b.const(np.array([-1]))])
-    b.op("Mul", [b.op("Sub", [rows, zero]), per_row], out)
+    zero = b.op("Cast", [per_row(weight_zero)], to=TensorProto.FLOAT)
+    b.op("Mul", [b.op("Sub", [rows, zero]), per_row(scale)], out)
     return b.nodes, b.constants
 
 
