@@ -1,6 +1,6 @@
 """A tied table stored once in a quantized file: the embedding reads the head's quantized weight.
 
-A tied LM head (BLOOM, MPT, Falcon, our checkpoints: logits = h @ E^T) is quantized as its own
+A tied LM head (BLOOM, MPT, Falcon: logits = h @ E^T) is quantized as its own
 copy of the table, because ONNX Runtime's quantizers see two nodes: the head's MatMul on
 Transpose(E), folded into an initializer, and the embedding's Gather on E. That is the largest
 tensor twice (257M parameters at BLOOM-560m). Here, after quantization, the embedding's node and
@@ -62,10 +62,9 @@ def share_tied_table(proto: onnx.ModelProto, tied: dict[str, str]) -> bool:
             continue
         ids, out = embedding[0].input[1], embedding[-1].output[0]
         if head.op_type == "MatMulNBits":
-            made = _rows_of_nbits(head, ids, out, shapes, dtypes)
+            nodes, constants = _rows_of_nbits(head, ids, out, shapes, dtypes)
         else:
-            made = _rows_of_int8(head, ids, out, shapes)
-        nodes, constants = made
+            nodes, constants = _rows_of_int8(head, ids, out, shapes)
         at = list(graph.node).index(embedding[0])
         for node in embedding:
             graph.node.remove(node)
@@ -107,6 +106,10 @@ class _Builder:
         self.nodes.append(helper.make_node(op_type, inputs, [output], name=f"{self.prefix}_tied_{self.count}", **attrs))
         return output
 
+    def rows(self, name: str, ids: str) -> str:
+        """[B, S, ..., 1]: the rows `ids` of a per-row tensor, a trailing axis to broadcast over a row's values."""
+        return self.op("Unsqueeze", [self.op("Gather", [name, ids], axis=0), self.const(np.array([-1]))])
+
     def nibbles(self, packed: str) -> str:
         """[..., n] uint8 of two 4-bit values each -> [..., 2n] uint8 (low nibble first)."""
         low = self.op("BitwiseAnd", [packed, self.const(np.array(15, np.uint8))])
@@ -144,7 +147,7 @@ def _rows_of_nbits(head: onnx.NodeProto, ids: str, out: str, shapes: dict, dtype
         zero = b.op("Unsqueeze", [b.op("Cast", [zero], to=dtype), b.const(np.array([-1]))])
     else:  # symmetric: the midpoint of the unsigned range
         zero = b.const(np.array(2 ** (bits - 1), helper.tensor_dtype_to_np_dtype(dtype)))
-    scale = b.op("Unsqueeze", [b.op("Gather", [scales, ids], axis=0), b.const(np.array([-1]))])
+    scale = b.rows(scales, ids)
     dequantized = b.op("Mul", [b.op("Sub", [quantized, zero]), scale])  # [B, S, blocks, block]
     flat = b.op("Reshape", [dequantized, b.const(np.array([0, 0, blocks * block]))], None if k % block else out)
     if k % block:
@@ -161,9 +164,7 @@ def _rows_of_int8(head: onnx.NodeProto, ids: str, out: str, shapes: dict):
     b = _Builder(out)
 
     def per_row(name: str) -> str:  # [B, S, 1] for a per-channel tensor, the scalar itself otherwise
-        if not shapes.get(name):
-            return name
-        return b.op("Unsqueeze", [b.op("Gather", [name, ids], axis=0), b.const(np.array([-1]))])
+        return b.rows(name, ids) if shapes.get(name) else name
 
     columns = b.op("Gather", [weight, ids], axis=1)  # [K, B, S]
     rows = b.op("Cast", [b.op("Transpose", [columns], perm=[1, 2, 0])], to=TensorProto.FLOAT)
@@ -173,6 +174,6 @@ def _rows_of_int8(head: onnx.NodeProto, ids: str, out: str, shapes: dict):
 
 
 def _int8_weight_scale(head: onnx.NodeProto) -> str:
-    """The weight's scale of a MatMulInteger quantize_dynamic wrote: its zero point's name with
-    `_scale` for `_zero_point` (`W_quantized` -> `W_scale`)."""
+    """The weight's scale of a MatMulInteger quantize_dynamic wrote: the quantized weight's name
+    with `_scale` for `_quantized` (`W_quantized` -> `W_scale`)."""
     return head.input[1][: -len(INT8_SUFFIX)] + "_scale"
