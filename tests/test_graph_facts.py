@@ -61,3 +61,41 @@ def test_the_graph_facts_of_each_kind_of_file(tmp_path):
         got = facts.read_graph_facts(path)
         assert (got.embedding_rows, got.inplace_cache) == (rows, inplace), argv
     assert facts.read_graph_facts(tmp_path / "missing.onnx") is None
+
+
+def _prepacking_off(decoder) -> bool:
+    options = decoder.session.get_session_options()
+    try:
+        return options.get_session_config_entry("session.disable_prepacking") == "1"
+    except RuntimeError:  # never set: ONNX Runtime's default, prepacking on
+        return False
+
+
+def test_a_cpu_decoder_prepacks_only_quantized_weights(tmp_path):
+    """generate's session holds float weights once (no prepacked copies: their steps cost the same)
+    and keeps the packed copies integer matmuls need; --lean-memory / --prepack override it."""
+    runner = load_runner("ort/generate.py")
+    files = {}
+    for name, argv in (("float", []), ("int8", ["--quantize", "int8"]), ("int4", ["--quantize", "int4"])):
+        files[name] = tmp_path / f"{name}.onnx"
+        assert cli_main(["--bias", "alibi", "--kv-cache", "--target", "ort", "--out", str(files[name]), *SMALL, *argv]) == 0
+    chosen = {name: runner.CachedDecoder(str(path)) for name, path in files.items()}
+    assert {name: (d.lean, _prepacking_off(d)) for name, d in chosen.items()} == {
+        "float": (True, True), "int8": (False, False), "int4": (False, False)}
+    packed = runner.CachedDecoder(str(files["float"]), lean=False)
+    assert not _prepacking_off(packed) and _prepacking_off(runner.CachedDecoder(str(files["int4"]), lean=True))
+    # the same numbers either way: the same float32 products, summed by a packed or an unpacked kernel
+    # (K = 32 terms of this width: 1e-5 is some hundred roundings of float32's 6e-8)
+    ids = np.random.default_rng(0).integers(0, 256, (1, 302))
+    steps = [runner.stepper(d, 1, 320) for d in (chosen["float"], packed)]
+    for length in (300, 301, 302):
+        got, want = (step(ids[:, :length] if length == 300 else ids[:, length - 1:length], np.ones((1, length), np.int64))
+                     for step in steps)
+        np.testing.assert_allclose(got[:, -1], want[:, -1], rtol=0, atol=1e-5)
+
+
+def test_generate_takes_one_prepacking_choice(tmp_path, capsys):
+    runner = load_runner("ort/generate.py")
+    with pytest.raises(SystemExit) as stop:
+        runner.main([str(tmp_path / "m.onnx"), "--prompt", "x", "--lean-memory", "--prepack"])
+    assert stop.value.code == 2 and "not allowed with" in capsys.readouterr().err

@@ -168,7 +168,7 @@ def _our_runs(row: RealRow, folder: Path, work: Path, bandwidth: float, threads:
     name, path = row.name, work / f"{row.name}_float32.onnx"
     for prompt, lean in ((512, False), (4096, False), (4096, True)):
         progress(f"{name}: ORT prefill {prompt} + decode{' (lean session)' if lean else ''}")
-        ours = worker_run("ort", path, prompt, new_tokens, threads, *(["lean"] if lean else []))
+        ours = worker_run("ort", path, prompt, new_tokens, threads, "lean" if lean else "prepack")
         entry = _decode_entry(ours, {"prompt": prompt, "lean": lean}, 1e3 * weight_bytes(path) / 1e9 / bandwidth,
                               bandwidth, weight_bytes(path))
         if prompt == 512:
@@ -308,14 +308,15 @@ def run_and_write(names: list[str], work: Path, out_dir: Path, run_names: set[st
 
 
 def main_worker(argv: list[str]) -> None:
-    """python -m posbias_export.bench.real_models KIND FILE|FOLDER PROMPT NEW THREADS [lean]
+    """python -m posbias_export.bench.real_models KIND FILE|FOLDER PROMPT NEW THREADS [lean|prepack]
     [--device D] [--dtype T] [--vocab V] [--save STATES.npy]"""
     kind, target, prompt, new, threads, *rest = argv
     prompt, new, threads = int(prompt), int(new), int(threads)
     device, dtype, vocab, save = (rest[rest.index(flag) + 1] if flag in rest else default for flag, default in
                                   (("--device", "cpu"), ("--dtype", "float32"), ("--vocab", "30000"), ("--save", None)))
     ids = prompt_ids(prompt, int(vocab))
-    steps = {"ort": lambda: ort_runs.ort_steps(target, prompt + new, threads, "lean" in rest, device),
+    lean = True if "lean" in rest else False if "prepack" in rest else None  # None: as generate chooses
+    steps = {"ort": lambda: ort_runs.ort_steps(target, prompt + new, threads, lean, device),
              "transformers": lambda: eager_runs.causal_lm_steps(target, device, dtype, threads),
              "llama.cpp": lambda: llama_cpp_runs.causal_steps(target, prompt + new, threads)}
     runs = {"encoder": lambda: ort_runs.encoder_forward(target, prompt, threads, save),

@@ -8,6 +8,8 @@ steps allocate), is the decode time. The floor a step cannot beat on this machin
 must read, weights plus the cache at that length, over the read bandwidth measured in the same
 run (copy bandwidth, in earlier runs, overestimated it). Beside each decode time, the step's CPU
 time on its calling thread (`--threads 1`: the work itself, without a loaded machine's waits).
+Our files are written with --external-data (ONNX Runtime maps the tensors and drops what it
+prepacks) and run as `generate` runs them (prepacking off for float weights).
 
 llama.cpp (when `llama_cpp` is importable and LLAMA_CPP_CONVERTER names its converter; skipped
 with the reason otherwise) is the CPU engine people pick instead of us: its GGUF made from the
@@ -153,7 +155,8 @@ def measure(name: str, work: Path, files: Path, contexts, schemes, new_tokens: i
             path = files / f"{name}_{scheme}_{label.replace(',', '').replace(' ', '_')}.onnx"
             progress(f"{name}: export {scheme}, {label}")
             seconds, peak, _ = measured_python(["-m", "posbias_export", "--model", str(folder), "--kv-cache", "--logits",
-                                                "last", *target, *flags, "--skip-growth-check", "--out", str(path)])
+                                                "last", *target, *flags, "--skip-growth-check", "--external-data",
+                                                "--out", str(path)])
             row.exports.append({"scheme": scheme, "file": label, "seconds": seconds, "peak_gb": peak,
                                 "file_gb": weight_bytes(path) / 1e9})
             _timed_runs(row, scheme, label, ["ort", str(path)], weight_bytes(path), cache_bytes_per_token(path), contexts,

@@ -100,6 +100,10 @@ def _file_flags(p) -> None:
                    "half the cache bytes: attention in float16) or int8 (a quarter of float32's cache bytes: one "
                    "calibrated scale per layer's keys and values); both for ONNX Runtime's own loops, not Optimum or "
                    "transformers.js")
+    p.add_argument("--external-data", action="store_true",
+                   help="the tensors in <out>.data beside the file at any size (else only past ~2 GB): ONNX Runtime "
+                   "maps them and drops what it prepacks, so a session holds each weight once (BLOOM-560m int4: "
+                   "1.10 GB instead of 1.26); transformers.js reads one file")
     p.add_argument("--attention", choices=ATTENTION_FORMS, default=None,
                    help="blocked: a Loop over query blocks, memory linear in L (default for opset 18); plain: the "
                    "whole [heads, L, L] bias and scores at once (default for opset 23)")
@@ -174,7 +178,8 @@ def export_options(args):
                          attention=args.attention, block=args.block, inline_functions=args.inline_functions,
                          check_growth=not args.skip_growth_check, attention_mask=bool(args.attention_mask),
                          kv_cache=args.kv_cache, logits=args.logits or "all", quantize=quantize_spec(args),
-                         part=args.part or "encoder", context_length=args.context_length, kv_dtype=args.kv_dtype)
+                         part=args.part or "encoder", context_length=args.context_length, kv_dtype=args.kv_dtype,
+                         external_data=args.external_data)
 
 
 def run_export(args) -> int:
@@ -230,7 +235,8 @@ def run_export_folder(args) -> int:
         from ..hf.ship import ship
 
         refused = [f for f, on in (("--kv-cache", args.kv_cache), ("--part", args.part), ("--attention", args.attention),
-                                   ("--validate", args.validate), (f"--kv-dtype {args.kv_dtype}", args.kv_dtype != "float")) if on]
+                                   ("--validate", args.validate), (f"--kv-dtype {args.kv_dtype}", args.kv_dtype != "float"),
+                                   ("--external-data", args.external_data)) if on]
         if refused:
             raise UsageError(f"--out-dir decides what each client needs; drop {', '.join(refused)}")
         print(ship(args.model, args.out_dir, options if args.target else options.replace(target=None)).summary())

@@ -184,11 +184,13 @@ def _write_external(proto: onnx.ModelProto, data, data_name: str, pending: list[
 
 
 def save_checked(proto: onnx.ModelProto, path: Path, check: Callable[[str], None],
-                 refs: list[WeightRef] | None = None) -> SavedModel:
+                 refs: list[WeightRef] | None = None, external: bool = False) -> SavedModel:
     """Write to a temporary folder beside `path`, run `check` on the written file (by path, so
     models over protobuf's 2 GB limit are checked with their external data), then rename into
     place: a failure leaves no partial file and never clobbers an existing one. Models over
-    ~2 GB keep their tensors in `<name>.data` beside the model. Placeholder weights of a
+    ~2 GB keep their tensors in `<name>.data` beside the model, and so does any model with
+    `external` (ONNX Runtime maps such tensors and releases what it prepacks, where it holds a
+    one-file model's tensors as parsed as well: benchmarks/serving.md). Placeholder weights of a
     streamed export (streamed.py) are read from `refs` as they are written. Note: saving
     moves tensors out of `proto`."""
     path = Path(path)
@@ -197,7 +199,7 @@ def save_checked(proto: onnx.ModelProto, path: Path, check: Callable[[str], None
         raise ValueError("the model holds weights still to be written: give their references")
     # the tensors decide; proto.ByteSize() itself fails past 2 GB
     total = sum(t.ByteSize() for t in proto.graph.initializer) + sum(refs[pending_index(t)].nbytes for t in pending)
-    external = total > EXTERNAL_DATA_THRESHOLD
+    external = external or total > EXTERNAL_DATA_THRESHOLD
     data_name = path.name + ".data"
     with atomic().temporary_folder(path) as tmp:  # named after this process: a killed run's is swept later
         tmp_model, tmp_data = Path(tmp) / path.name, Path(tmp) / data_name

@@ -32,6 +32,7 @@ class ExportOptions:
     part: str = "encoder"  # a T5 folder: which half
     context_length: int | None = None  # --out-dir: genai_config.json's context_length
     kv_dtype: str = "float"  # "float16" / "int8": an in-place file's KV cache (kv_float16.py, kv_int8.py)
+    external_data: bool = False  # the tensors in <file>.data at any size (else only past files.EXTERNAL_DATA_THRESHOLD)
 
     def __post_init__(self):
         if self.dtype not in DTYPE_NAMES:

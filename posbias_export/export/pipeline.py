@@ -347,7 +347,8 @@ def save(state: ExportState) -> None:
     quantized = state.request.options.quantize is not None or state.request.options.kv_dtype != "float"
     # quantized: contrib ops the checker's shape inference does not know; ONNX Runtime must load it
     check = checks.check_loads_in_ort if quantized else checks.check_full_and_loads
-    state.saved = save_checked(state.proto, state.request.path, check, state.weights)
+    state.saved = save_checked(state.proto, state.request.path, check, state.weights,
+                               external=state.request.options.external_data)
     session = quantized or state.saved.model_bytes + state.saved.data_bytes <= checks.SESSION_CHECK_MAX_BYTES
     state.done.append(("onnx.checker" if quantized else "onnx.checker full check")
                       + (" + ONNX Runtime default session" if session else ""))

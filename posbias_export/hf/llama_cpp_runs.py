@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,6 +62,9 @@ def write_wordpiece_vocab(folder: Path, vocab: int) -> None:
 
 # a causal LM's pre-tokenizer as llama.cpp names it (the folder's tokenizer is one made here)
 CAUSAL_PRE_TOKENIZERS = {"bloom": "bloom", "mpt": "mpt", "falcon": "falcon"}
+# architectures the converter knows by another name: transformers' MPT port keeps MosaicML's
+# config keys and tensor names, but the converter registers only the remote-code class name
+CONVERTER_NAMES = {"MptForCausalLM": "MPTForCausalLM"}
 # bench-serving's scheme -> the GGUF type of the same bit width (Q4_0: blocks of 32 with one
 # float16 scale, as our int4's block 32; Q8_0 likewise)
 GGUF_TYPES = {"float32": "f32", "int8": "q8_0", "int4": "q4_0"}
@@ -85,6 +89,10 @@ def causal_gguf(folder: Path, out: Path, scheme: str) -> Path:
         save_tokenizer(folder, vocab=300)
     pre = CAUSAL_PRE_TOKENIZERS[config["model_type"]]
     kind = GGUF_TYPES[scheme]
+    names = [CONVERTER_NAMES.get(a, a) for a in config.get("architectures") or []]
+    if names != (config.get("architectures") or []):
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.folder-") as view:
+            return causal_gguf(_renamed(folder, Path(view), names), out, scheme)
     if kind != "q4_0":
         return _convert(folder, out, pre, kind)
     whole = _convert(folder, out.with_name(out.name + ".f32"), pre, "f32")
@@ -98,6 +106,16 @@ def causal_gguf(folder: Path, out: Path, scheme: str) -> Path:
     finally:
         whole.unlink(missing_ok=True)
     return out
+
+
+def _renamed(folder: Path, view: Path, architectures: list[str]) -> Path:
+    """`view` made the folder with its config's architectures renamed: every other file linked."""
+    for item in folder.iterdir():
+        if item.name != "config.json":
+            (view / item.name).symlink_to(item.resolve())
+    config = json.loads((folder / "config.json").read_text())
+    (view / "config.json").write_text(json.dumps({**config, "architectures": architectures}, indent=2))
+    return view
 
 
 def _convert(folder: Path, out: Path, pre_tokenizer: str, outtype: str) -> Path:

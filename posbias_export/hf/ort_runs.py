@@ -13,10 +13,11 @@ import numpy as np
 from .eager_runs import prompt_ids
 
 
-def ort_steps(model_path: str, capacity: int, threads: int = 0, lean: bool = False, device: str = "cpu"):
+def ort_steps(model_path: str, capacity: int, threads: int = 0, lean: bool | None = None, device: str = "cpu"):
     """make_step (eager_runs.timed_greedy) for our file on ONNX Runtime, the cache kept as
     `generate` keeps it (runtimes/ort/generate.py stepper: an in-place file's in one buffer
-    written where it lies, another's as ONNX Runtime values between steps)."""
+    written where it lies, another's as ONNX Runtime values between steps). lean None: as
+    `generate` chooses (no prepacked copies on CPU for float weights)."""
     from ..parity.runtimes import load_runner
 
     runner = load_runner("ort/generate.py")

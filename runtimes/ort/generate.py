@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from common.atomic import Terminated, clashing_input, on_sigterm_raise, write_bytes  # noqa: E402
 from common.cache import cache_layout  # noqa: E402
 from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
-from common.graph_facts import inplace_cache, read_graph_facts, token_limit  # noqa: E402
+from common.graph_facts import inplace_cache, prepacking_pays, read_graph_facts, token_limit  # noqa: E402
 from common.memory import check_allocation  # noqa: E402
 from common.runner_cli import contract_of  # noqa: E402
 from common.loading import load_runner  # noqa: E402
@@ -39,11 +39,13 @@ class CachedDecoder:
     """A session over a --kv-cache export, with its cache layout read from the model."""
 
     def __init__(self, model_path: str, provider: str = "cpu", threads: int = 0, tf32: bool = False,
-                 lean: bool = False):
+                 lean: bool | None = None):
         # what the file is comes from its graph, read before the session exists: a file with its
         # tensors inside is parsed whole, and that copy is gone before ONNX Runtime holds the weights
         facts = read_graph_facts(model_path)
-        self.session = create_session(model_path, provider, threads, tf32, lean)
+        # lean (no prepacked weight copies): None chooses by the file, on CPU (graph_facts.prepacking_pays)
+        self.lean = lean if lean is not None else provider == "cpu" and not prepacking_pays(facts)
+        self.session = create_session(model_path, provider, threads, tf32, self.lean)
         self.device = "cuda" if provider == "cuda" else "cpu"  # where the cache lives between steps
         inputs = {i.name: i for i in self.session.get_inputs()}
         try:
@@ -326,8 +328,13 @@ def main(argv=None) -> int:
     p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu",
                    help="ONNX Runtime execution provider; the KV cache stays on its device between steps")
     p.add_argument("--tf32", action="store_true", help="cuda: allow TF32 matmuls (faster; off by default)")
-    p.add_argument("--lean-memory", action="store_true", help="no prepacked copies of the weights (they stay "
-                   "memory-mapped): less memory for a large model, a slower prefill")
+    packing = p.add_mutually_exclusive_group()
+    packing.add_argument("--lean-memory", action="store_const", const=True, dest="lean", help="no prepacked copies "
+                         "of the weights (they stay memory-mapped): less memory, a slower prefill; the default on CPU "
+                         "for float weights, whose steps cost the same (quantized weights need their packed copies)")
+    packing.add_argument("--prepack", action="store_const", const=False, dest="lean",
+                         help="prepacked weight copies for float weights too: a faster prefill, the weights held twice "
+                         "while the session loads")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampling")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--max-context", type=_positive, default=DEFAULT_MAX_CONTEXT,
@@ -342,7 +349,7 @@ def main(argv=None) -> int:
         if args.output:  # before the model loads: the model, its weights, the prompt files, --tokenizer
             _check_output(args.output, [args.model, args.model + ".data", *(args.prompt_file or []),
                                         *([args.tokenizer] if args.tokenizer else [])])
-        decoder = CachedDecoder(args.model, args.provider, tf32=args.tf32, lean=args.lean_memory)
+        decoder = CachedDecoder(args.model, args.provider, tf32=args.tf32, lean=args.lean)
         vocab = vocabulary_for(args.model, decoder.contract, args.tokenizer)
         if args.output:  # and none of what the vocabulary read (tokenizer.json, config.json, generation_config.json)
             _check_output(args.output, [args.model, *(args.prompt_file or []), *vocab.files])
