@@ -249,13 +249,14 @@ def test_bench_serving_judges_our_files_beside_llama_cpp(monkeypatch):
     from posbias_export.bench.serving import LLAMA_CPP, ServingRow, llama_cpp_targets, render
     from posbias_export.hf import llama_cpp_runs
 
-    def run(file, context, cpu, file_gb, peak):
-        return {"scheme": "int4", "file": file, "context": context, "prefill_s": 1.0, "prefill_peak_gb": 1.0,
+    def run(file, context, cpu, file_gb, peak, scheme="int4"):
+        return {"scheme": scheme, "file": file, "context": context, "prefill_s": 1.0, "prefill_peak_gb": 1.0,
                 "peak_gb": peak, "decode_ms": cpu, "decode_cpu_ms": cpu, "file_gb": file_gb, "floor_ms": 10.0,
                 "tokens": [1]}
 
     row = ServingRow("bloom-560m", runs=[run("in place", 4096, 99.0, 0.40, 1.0), run("in place, float16 cache", 4096, 40.0, 0.40, 0.9),
-                                         run(LLAMA_CPP, 4096, 50.0, 0.39, 1.0)], bandwidth_gbs=16.0)
+                                         run(LLAMA_CPP, 4096, 50.0, 0.39, 1.0),
+                                         run("in place", 4096, 60.0, 0.37, 1.0, scheme="int4-b64")], bandwidth_gbs=16.0)
     got = {t: (v, ok) for _, t, v, ok in llama_cpp_targets([row])}
     name = "int4 at 4096, ours (in place, float16 cache) / llama.cpp"
     assert got[f"{name}: peak RSS <= 1.1"] == ("0.90", True)
@@ -263,6 +264,8 @@ def test_bench_serving_judges_our_files_beside_llama_cpp(monkeypatch):
     plain = "int4 at 4096, ours (in place) / llama.cpp"
     assert got[f"{plain}: file bytes <= 1.05"] == ("1.03", True)
     assert got[f"{plain}: decode CPU ms/token <= 0.9"] == ("1.98", False)
+    # blocks of 64 (4.56 bits a weight) are judged beside Q4_0 (4.5), as int4's blocks of 32 are
+    assert got["int4-b64 at 4096, ours (in place) / llama.cpp: file bytes <= 1.05"] == ("0.95", True)
     assert "| bloom-560m | int4 | llama.cpp | 4096 | 2 | 0.39 | 1.00 | 1.00 | 1.00 | 50.0 | 50.0 | 10.0 | 5.00 | - |" in render([row], "c")
     monkeypatch.setitem(__import__("sys").modules, "llama_cpp", None)
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
