@@ -32,7 +32,7 @@ def _export(folder: Path, out: Path, name: str, share: bool = True, **options) -
     out.parent.mkdir(parents=True, exist_ok=True)
     if not share:  # the file as it was: the embedding quantized on its own
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(streamed, "share_tied_table", lambda proto, tied: False)
+            patch.setattr(streamed, "share_tied_table", lambda proto, tied, aliases=False: False)
             export_model(folder, out, kv_cache=True, quantize=quant_scheme(name, **options), check_growth=False)
     else:
         export_model(folder, out, kv_cache=True, quantize=quant_scheme(name, **options), check_growth=False)

@@ -136,6 +136,25 @@ def _field(number: int, length: int) -> bytes:
 _GRAPH, _INITIALIZER, _RAW_DATA = 7, 5, 9
 
 
+def _one_name_per_bytes(graph: onnx.GraphProto) -> None:
+    """Tensors that name the same bytes of the data file (tied.py's aliases) made one, the first
+    name read everywhere: one file cannot point two tensors at one copy, and a second would
+    store the bytes twice."""
+    first, gone = {}, {}
+    for t in graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            where = tuple((e.key, e.value) for e in t.external_data)
+            if where in first:
+                gone[t.name] = first[where]
+            else:
+                first[where] = t.name
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = gone.get(name, name)
+    for t in [t for t in graph.initializer if t.name in gone]:
+        graph.initializer.remove(t)
+
+
 def _inline_external(model_path: Path, data_path: Path, out_path: Path) -> None:
     """Rewrite a model whose tensors lie in `data_path` as one .onnx file, streaming: the model
     without those tensors, then a second `graph` field holding only them (protobuf merges
@@ -143,6 +162,7 @@ def _inline_external(model_path: Path, data_path: Path, out_path: Path) -> None:
     initializer), each tensor's bytes copied from the data file in pieces. Nothing the size of
     the weights is held."""
     proto = onnx.load_model(str(model_path), load_external_data=False)
+    _one_name_per_bytes(proto.graph)
     moved = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     for t in moved:
         proto.graph.initializer.remove(t)
@@ -170,17 +190,20 @@ def _write_external(proto: onnx.ModelProto, data, data_name: str, pending: list[
                     refs: list[WeightRef]) -> None:
     """The pending weights streamed into the external data file, each at a 4096-byte aligned
     offset (ONNX Runtime memory-maps aligned tensors), their references pointed at it."""
-    offset = 0
+    offset, written = 0, {}
     for t in pending:
-        ref = refs[pending_index(t)]
-        offset = -(-offset // 4096) * 4096
-        data.seek(offset)
-        for chunk in ref.chunks():  # a file write, not ndarray.tofile: a full disk is then ENOSPC, with its errno
-            data.write(memoryview(np.ascontiguousarray(chunk)).cast("B"))
+        index = pending_index(t)
+        ref = refs[index]
+        if index not in written:  # placeholders of one reference (tied.py's aliases) share its bytes
+            offset = -(-offset // 4096) * 4096
+            data.seek(offset)
+            for chunk in ref.chunks():  # a file write, not ndarray.tofile: a full disk is then ENOSPC, with its errno
+                data.write(memoryview(np.ascontiguousarray(chunk)).cast("B"))
+            written[index] = offset
+            offset += ref.nbytes
         del t.external_data[:]
-        for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(ref.nbytes))):
+        for key, value in (("location", data_name), ("offset", str(written[index])), ("length", str(ref.nbytes))):
             t.external_data.add(key=key, value=value)
-        offset += ref.nbytes
 
 
 def save_checked(proto: onnx.ModelProto, path: Path, check: Callable[[str], None],

@@ -141,7 +141,7 @@ def quantize_streamed(proto: onnx.ModelProto, refs: list, spec: Scheme, spill: P
         quantized = quantize_int8_streamed(proto, weights, spec, [n.name for n in picked], head)
     else:
         quantized = _quantize_int4(proto, weights, spec, [n.name for n in picked], head)
-    share_tied_table(quantized, tied)
+    share_tied_table(quantized, tied, aliases=True)  # the writer stores an alias's bytes once
     return quantized
 
 
