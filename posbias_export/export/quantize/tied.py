@@ -66,7 +66,7 @@ def share_tied_table(proto: onnx.ModelProto, tied: dict[str, str], aliases: bool
             nodes, constants = _rows_of_nbits(head, ids, out, shapes, dtypes)
         else:
             nodes, constants = _rows_of_int8(head, ids, out, shapes)
-        if aliases:
+        if aliases and head.op_type == "MatMulNBits":  # int8's column gathers: measured slower, no lower peak
             _aliased(graph, nodes, set(head.input))
         at = list(graph.node).index(embedding[0])
         for node in embedding:
@@ -85,7 +85,10 @@ def _aliased(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], head_inputs: s
     (export/files.py). ONNX Runtime maps each external tensor on its own and unmaps what it
     prepacks: the head's mapping goes once packed, and the embedding's stays, touched only where
     it gathers rows. Read through one name, the pages the packing read stay resident beside the
-    packed copy (int8 BLOOM-560m: 0.26 GB; benchmarks/serving.md)."""
+    packed copy: int4 BLOOM-560m's peak 1.10 -> 1.00 GB after 512 tokens (benchmarks/serving.md).
+    Not for int8's MatMulInteger: its embedding gathers columns of the head's [K, N] weight, which
+    brought every page back during a prompt (no lower peak) and made a step after 4096 tokens
+    slower (73 -> 102 ms)."""
     placeholders = {t.name: t for t in graph.initializer if t.data_location == TensorProto.EXTERNAL}
     made = {}
     for node in nodes:
