@@ -103,7 +103,7 @@ def _file_flags(p) -> None:
     p.add_argument("--external-data", action="store_true",
                    help="the tensors in <out>.data beside the file at any size (else only past ~2 GB): ONNX Runtime "
                    "maps them and drops what it prepacks, so a session holds each weight once (BLOOM-560m int4: "
-                   "1.10 GB instead of 1.26); transformers.js reads one file")
+                   "1.00 GB instead of 1.26); transformers.js reads one file")
     p.add_argument("--attention", choices=ATTENTION_FORMS, default=None,
                    help="blocked: a Loop over query blocks, memory linear in L (default for opset 18); plain: the "
                    "whole [heads, L, L] bias and scores at once (default for opset 23)")
