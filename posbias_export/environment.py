@@ -9,23 +9,50 @@ import platform
 import time
 
 
-def cpu_model() -> str:
-    """The CPU's model name and its vector extensions that matter here, e.g.
-    'Intel(R) Xeon(R) ... (avx512, bf16)'; the machine type where /proc/cpuinfo is missing."""
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             info = f.read()
     except OSError:
+        return {}
+    fields = {}
+    for line in info.split("\n\n")[0].splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_model() -> str:
+    """The CPU's vendor, model name, family and model numbers and the vector extensions that
+    change the numbers, e.g. 'GenuineIntel Intel(R) Xeon(R) ... (family 6 model 207; avx2, avx512,
+    bf16, amx)': the vendor decides what a subnormal float costs (Intel cores take a slow assist,
+    AMD's barely), the extensions the kernels ONNX Runtime picks. The machine type where
+    /proc/cpuinfo is missing."""
+    info = _cpuinfo()
+    if not info:
         return platform.processor() or platform.machine()
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
-                platform.machine())
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    name = info.get("model name", platform.machine())
+    vendor = info.get("vendor_id", "")
+    flags = set(info.get("flags", "").split())
     extras = [label for label, flag in (("avx2", "avx2"), ("avx512", "avx512f"), ("bf16", "avx512_bf16"),
                                         ("amx", "amx_tile")) if flag in flags]
-    return f"{name} ({', '.join(extras)})" if extras else name
+    numbers = f"family {info['cpu family']} model {info['model']}" if "cpu family" in info and "model" in info else ""
+    inside = "; ".join(part for part in (numbers, ", ".join(extras)) if part)
+    label = f"{vendor} {name}" if vendor and vendor not in name else name
+    return f"{label} ({inside})" if inside else label
 
 
-def environment() -> dict:
+def cpu_vendor() -> str:
+    """'intel', 'amd' or 'other': whether subnormal floats are slow here (Intel: a microcode
+    assist per operand, 2-8x a softmax block's time; AMD: barely)."""
+    vendor = _cpuinfo().get("vendor_id", "")
+    return {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(vendor, "other")
+
+
+def environment(bandwidth: bool = True) -> dict:
+    """The machine of a results file: CPU (cpu_model), its count, libraries, and the read bandwidth
+    measured now (read_bandwidth_gbs; bandwidth=False skips the second it takes)."""
     import onnxruntime
     import torch
 
@@ -37,14 +64,16 @@ def environment() -> dict:
         ov_version = None
     return {"machine": platform.machine(), "processor": cpu_model(), "cpus": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "onnxruntime": onnxruntime.__version__, "openvino": ov_version}
+            "onnxruntime": onnxruntime.__version__, "openvino": ov_version,
+            "read_gbs": round(read_bandwidth_gbs(), 1) if bandwidth else None}
 
 
 def describe(env: dict | None = None) -> str:
     """One line for a results header."""
     env = env or environment()
     ov = f", openvino {env['openvino']}" if env.get("openvino") else ""
-    return (f"Machine: {env['cpus']} CPUs ({env['processor']}), Python {env['python']}, torch {env['torch']} "
+    read = f", read bandwidth {env['read_gbs']} GB/s (measured in this run)" if env.get("read_gbs") else ""
+    return (f"Machine: {env['cpus']} CPUs ({env['processor']}){read}, Python {env['python']}, torch {env['torch']} "
             f"({env['torch_threads']} threads), onnxruntime {env['onnxruntime']}{ov}.")
 
 

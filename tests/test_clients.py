@@ -479,3 +479,40 @@ def test_quantized_folder_runs_in_the_clients(shipped, tmp_path, scheme):
             assert _stepwise_greedy(folder / "model.onnx", web, start) == web
         else:
             assert _greedy_consistent(folder / "model.onnx", web, start) == []
+
+
+def test_each_folder_says_how_its_clients_set_the_denormal_flag(shipped, tmp_path):
+    """SERVING.md names each client of the folder's role and its knob for
+    session.set_denormal_as_zero; genai_config.json sets it, and the two knobs we claim pass
+    through really reach ONNX Runtime: a dotted key in genai's session_options, and
+    transformers.js's session_options.extra.session (a key ONNX Runtime acts on at load, ORT
+    format on an ONNX file, then fails the load)."""
+    from posbias_export.hf.cpu_notes import CLIENTS, FLAG
+
+    for kind, (_, folder) in shipped.items():
+        notes = (folder / "SERVING.md").read_text()
+        role = "seq2seq" if kind == "t5" else "lm"
+        assert all((client in notes) == (role in roles) for client, (roles, _) in CLIENTS.items()), kind
+        if kind != "t5":
+            options = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
+            assert options[FLAG] == "1"
+    og = pytest.importorskip("onnxruntime_genai")
+    bloom = shipped["bloom"][1]
+    og.Model(str(bloom))  # the shipped config, the flag in it, loads
+    probe = tmp_path / "probe"
+    shutil.copytree(bloom, probe)
+    config = json.loads((probe / "genai_config.json").read_text())
+    config["model"]["decoder"]["session_options"]["session.load_model_format"] = "ORT"
+    (probe / "genai_config.json").write_text(json.dumps(config))
+    with pytest.raises(Exception, match="ORT model"):
+        og.Model(str(probe))
+    if shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir():
+        return
+    results = {}
+    for key, value in (("set_denormal_as_zero", "1"), ("load_model_format", "ORT")):
+        proc = subprocess.run(["node", str(JS / "session_entry.mjs"), str(bloom.resolve()), key, value],
+                              capture_output=True, text=True, timeout=300, cwd=JS)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        results[key] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results["set_denormal_as_zero"]["loaded"], results
+    assert not results["load_model_format"]["loaded"] and "ORT model" in results["load_model_format"]["error"], results

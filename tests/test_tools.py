@@ -3,6 +3,7 @@ results live in benchmarks/). Each still imports against today's package and ans
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 import posbias_export as pbe
+from posbias_export.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "tools").glob("*.py"))
@@ -348,3 +350,18 @@ def test_gpu_cure_variants_drop_the_ifs_and_keep_the_outputs(tmp_path):
     assert "If" not in ops["loop"] and "Loop" in ops["loop"]
     assert not {"If", "Loop"} & ops["flat"]
     assert cure.check_variants(tmp_path, lengths=(1, 16, 45)) == []
+
+
+def test_floor_cost_compares_two_folders_of_one_file(tmp_path, monkeypatch):
+    """tools/floor_cost_cpu.py times namesakes in two folders, default session and flag, and writes its table."""
+    for side in ("before", "after"):
+        (tmp_path / side).mkdir()
+        assert cli_main(["--bias", "alibi", "--arch", "attention", "--heads", "2", "--dim", "32", "--skip-growth-check",
+                         "--out", str(tmp_path / side / "alibi.onnx")]) == 0
+    out = tmp_path / "cost.md"
+    monkeypatch.setattr(sys, "argv", ["floor_cost_cpu.py", str(tmp_path / "before"), str(tmp_path / "after"),
+                                      "--lengths", "40", "--runs", "1", "--out", str(out)])
+    assert load_tool("floor_cost_cpu").main() == 0
+    text = out.read_text()
+    assert "| alibi | 40 |" in text and "CPU vendor:" in text
+    assert set(json.loads(out.with_suffix(".json").read_text())["alibi.onnx@40"]) == {"defaults", "flag"}

@@ -22,12 +22,14 @@ from ..plots import length_axes, pyplot_for, save_figure
 from .harness import Measured, run_into, write_results
 
 LENGTHS = (512, 2048, 8192, 16384)
-CONFIGS = ("ort-blocked", "ort-plain", "openvino", "torch-eager", "torch-sdpa")
+# ort-blocked-flag: the same file in a session with session.set_denormal_as_zero (the knob clients
+# do not set): beside ort-blocked, whether the file's speed depends on it on this CPU
+CONFIGS = ("ort-blocked", "ort-blocked-flag", "ort-plain", "openvino", "torch-eager", "torch-sdpa")
 VARIANTS = ("causal", "bidirectional", "block")
 # The bidirectional and block variants: our default export, OpenVINO on it, and the fused anchor,
 # at the long lengths only (the targets are there; the plain forms would not fit anyway).
-VARIANT_CONFIGS = {"causal": CONFIGS, "bidirectional": ("ort-blocked", "openvino", "torch-sdpa"),
-                   "block": ("ort-blocked", "openvino", "torch-sdpa")}
+VARIANT_CONFIGS = {"causal": CONFIGS, "bidirectional": ("ort-blocked", "ort-blocked-flag", "openvino", "torch-sdpa"),
+                   "block": ("ort-blocked", "ort-blocked-flag", "openvino", "torch-sdpa")}
 LONG = 8192
 DEFAULT_BLOCK_ROWS = 256  # the blocked form's rows per block (nn/plans.py DEFAULT_BLOCK)
 WORKER = Path(__file__).with_name("worker.py")
@@ -39,6 +41,7 @@ TARGET_RSS_BYTES = 1 << 30
 TARGET_LENGTHS = (8192, 16384)
 TARGET_DEFAULT_RATIO = 1.0  # ALiBi and "none" vs fused SDPA without a bias
 TARGET_OTHER_RATIO = 1.5  # every other bias; a block; bidirectional
+TARGET_FLAG_RATIO = 1.05  # a default session's time vs the same file with subnormals flushed: no dependence
 
 
 @dataclass
@@ -80,9 +83,10 @@ def variant_lengths(variant: str, lengths) -> list[int]:
 
 
 def run_cell(cell: Timing, model: Path | None, heads: int, head_dim: int, repeats: int, timeout: float) -> Timing:
-    runner = {"ort-blocked": "ort", "ort-plain": "ort"}.get(cell.config, cell.config)
+    runner = {"ort-blocked": "ort", "ort-blocked-flag": "ort", "ort-plain": "ort"}.get(cell.config, cell.config)
     cmd = [sys.executable, str(WORKER), "--runner", runner, "--bias", cell.bias, "--length", str(cell.length),
-           "--heads", str(heads), "--head-dim", str(head_dim), "--repeats", str(repeats), "--variant", cell.variant]
+           "--heads", str(heads), "--head-dim", str(head_dim), "--repeats", str(repeats), "--variant", cell.variant,
+           "--session", "flag" if cell.config == "ort-blocked-flag" else "defaults"]
     got = run_into(cell, cmd + (["--model", str(model)] if model is not None else []), timeout)
     cell.loaded_rss = got and got["loaded_rss"]
     return cell
@@ -118,7 +122,7 @@ def run(biases=BIASES, lengths=LENGTHS, configs=CONFIGS, repeats: int = 3, heads
                 cell.skipped = f"skipped: needs ~{need / 1e9:.0f} GB (H*L^2 scores), budget {budget / 1e9:.0f} GB"
             else:
                 model = None
-                if cell.config in ("ort-blocked", "ort-plain", "openvino"):
+                if cell.config in ("ort-blocked", "ort-blocked-flag", "ort-plain", "openvino"):
                     key = (cell.bias, "plain" if cell.config == "ort-plain" else "blocked", cell.variant)
                     if key not in models:
                         models[key] = export_attention(*key[:2], heads, head_dim, Path(tmp), key[2])
@@ -177,6 +181,13 @@ def targets(cells) -> list[dict]:
         cell = _find(cells, bias, "ort-blocked", TARGET_LENGTHS[-1], "bidirectional")
         out.append(_target(f"bidirectional {bias} L={TARGET_LENGTHS[-1]}: ORT peak RSS <= 1 GiB (1.07 GB)",
                            cell.peak_rss if cell is not None and cell.ok else None, TARGET_RSS_BYTES))
+    for variant in VARIANTS:
+        for bias in biases:
+            for n in TARGET_LENGTHS:
+                measured = ratio(cells, bias, n, "ort-blocked", "ort-blocked-flag", variant)
+                if measured is not None:
+                    out.append(_target(f"{variant} {bias} L={n}: default session <= {TARGET_FLAG_RATIO:g}x the same file "
+                                       "with session.set_denormal_as_zero", measured, TARGET_FLAG_RATIO))
     for bias in biases:
         for n in TARGET_LENGTHS:
             out.append(_target(f"causal {bias} L={n}: OpenVINO f32 time <= 1x ORT on the same file",
@@ -215,9 +226,13 @@ def _variant_tables(cells, variant: str) -> list[str]:
     lengths = sorted({c.length for c in ours})
     configs = [c for c in CONFIGS if any(x.config == c for x in ours)]
     anchors = ["torch-sdpa"] + (["torch-eager"] if "torch-eager" in configs else [])
-    lines = [f"## {VARIANT_TITLES[variant]}", "", "Ratios (min time): ORT blocked vs the PyTorch anchors.", "",
-             "| bias | " + " | ".join(f"L={n} vs {a.removeprefix('torch-')}" for n in lengths for a in anchors) + " |",
-             "|---|" + "---|" * (len(lengths) * len(anchors))]
+    anchors += ["ort-blocked-flag"] if "ort-blocked-flag" in configs else []
+    named = {"ort-blocked-flag": "flag on"}
+    lines = [f"## {VARIANT_TITLES[variant]}", "", "Ratios (min time): ORT blocked in a default session vs the PyTorch "
+             "anchors" + (", and vs itself with session.set_denormal_as_zero (`flag on`: 1.00x means the default session "
+                          "loses nothing to subnormal floats on this CPU)" if "ort-blocked-flag" in anchors else "") + ".", "",
+             "| bias | " + " | ".join(f"L={n} vs {named.get(a, a.removeprefix('torch-'))}" for n in lengths for a in anchors)
+             + " |", "|---|" + "---|" * (len(lengths) * len(anchors))]
     for bias in biases:
         row = [_fmt_ratio(ratio(cells, bias, n, "ort-blocked", a, variant)) for n in lengths for a in anchors]
         lines.append(f"| {bias} | " + " | ".join(row) + " |")
@@ -238,7 +253,9 @@ def markdown(cells, env: dict, heads: int, head_dim: int) -> str:
         "Generated by `python -m posbias_export bench` (do not edit by hand). Attention alone: "
         f"query/key/value [1, {heads}, L, {head_dim}], float32, batch 1; also a whole block. Every cell ran in "
         "its own process; time is seconds per forward, min / median over the repeats after one warm-up; RSS is "
-        "that process's peak. `ort-blocked` is our default export (a Loop over query blocks), `ort-plain` "
+        "that process's peak. `ort-blocked` is our default export (a Loop over query blocks) in ONNX Runtime's "
+        "default session (what Optimum, transformers.js, fastembed, genai and Triton give you), `ort-blocked-flag` "
+        "the same file with `session.set_denormal_as_zero=1`, `ort-plain` "
         "the whole [H, L, L] form, `openvino` the default export on OpenVINO f32, `torch-eager` the "
         "PyTorch model with the same bias, `torch-sdpa` PyTorch's fused kernel WITHOUT a bias "
         "(the practical limit here).", "",
@@ -270,7 +287,8 @@ def plot(cells, path: Path) -> bool:
         return False
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.8))
-    styles = {"ort-blocked": "-o", "ort-plain": "--s", "openvino": "-^", "torch-eager": ":x", "torch-sdpa": "-k"}
+    styles = {"ort-blocked": "-o", "ort-blocked-flag": ":o", "ort-plain": "--s", "openvino": "-^", "torch-eager": ":x",
+              "torch-sdpa": "-k"}
     for config in CONFIGS:
         points = sorted((c.length, c.min, c.peak_rss) for c in cells
                         if c.config == config and c.ok and c.bias in (DEFAULT_BIAS, "-") and c.variant == "causal")
@@ -308,22 +326,43 @@ def profile_biases(biases) -> list[str]:
     return [b for b in biases if b == DEFAULT_BIAS] + full[:1]
 
 
+def scores_per_forward(heads: int, length: int, variant: str) -> int:
+    """The (query, key) scores attention computes: the lower triangle with its diagonal (causal), or all."""
+    return heads * length * (length + 1) // 2 if variant == "causal" else heads * length * length
+
+
 def write_profile(biases, length: int, heads: int, head_dim: int, out_dir: Path, stem: str = "attention") -> Path:
-    """ORT's profiler on the blocked export at `length`, for profile_biases(biases)."""
+    """ORT's profiler (a default session) on the blocked export at `length`: every family's bytes
+    moved per score, causal and bidirectional, and the per-operator tables of profile_biases(biases)."""
     from .worker import make_inputs, ort_runner
 
     profiler = ort_runner("profile.py")
-
-    sections = [f"# Where ONNX Runtime's time goes: blocked attention at L={length}", "",
-                f"Generated by `python -m posbias_export bench` with ORT's profiler (H={heads}, d={head_dim}, "
-                "causal, fp32, batch 1). Node kernel time summed by operator, per forward.", ""]
     inputs = dict(zip(("query", "key", "value"), make_inputs(heads, head_dim, length)))
+    moved, tables = {}, []
     with tempfile.TemporaryDirectory() as tmp:
-        for bias in profile_biases(biases):
-            model = export_attention(bias, "blocked", heads, head_dim, Path(tmp))
-            sections.append(profiler.markdown(profiler.profile(model, inputs), f"{bias}, blocked form"))
+        for variant in ("causal", "bidirectional"):
+            for bias in biases:
+                result = profiler.profile(export_attention(bias, "blocked", heads, head_dim, Path(tmp), variant), inputs)
+                moved[bias, variant] = (result["bytes"] / scores_per_forward(heads, length, variant), result["kernel_us"])
+                if variant == "causal" and bias in profile_biases(biases):
+                    tables.append(profiler.markdown(result, f"{bias}, blocked form"))
+    lines = [f"# Where ONNX Runtime's time goes: blocked attention at L={length}", "",
+             f"Generated by `python -m posbias_export bench` with ORT's profiler, a default session (H={heads}, "
+             f"d={head_dim}, fp32, batch 1). {describe(environment(bandwidth=False))}", "",
+             "## Bytes moved per score", "",
+             "Every kernel's inputs and outputs (ONNX Runtime's activation and output sizes; shapes and aliasing "
+             "views left out) summed over a forward, divided by the scores attention computes (H L (L + 1) / 2 "
+             "causal, H L^2 bidirectional). A score is 4 bytes: the floor of a form that writes the scores once "
+             "and reads them once is 8; every pass over [H, rows, keys] adds 4 (a read) or 8 (a read and a write).",
+             "", "| bias | causal B/score | causal kernels s | bidirectional B/score | bidirectional kernels s |",
+             "|---|---|---|---|---|"]
+    for bias in biases:
+        cells = [moved[bias, v] for v in ("causal", "bidirectional")]
+        lines.append(f"| {bias} | " + " | ".join(f"{b:.1f} | {us / 1e6:.3f}" for b, us in cells) + " |")
+    lines += ["", "## Kernel time by operator (causal)", "",
+              "Node kernel time summed by operator, per forward.", "", *tables]
     path = out_dir / f"{stem}_profile.md"
-    write_text_atomic(path, "\n".join(sections))
+    write_text_atomic(path, "\n".join(lines))
     return path
 
 

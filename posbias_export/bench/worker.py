@@ -78,13 +78,23 @@ def served_providers(model: str, provider: str) -> list:
     return [(name, {**cuda, "arena_extend_strategy": "kSameAsRequested"}), cpu]
 
 
+SESSIONS = ("defaults", "flag", "runners")
+
+
 def ort_session(model: str, provider: str = "cpu", options: str = "defaults"):
-    """options (CPU): "defaults", ONNX Runtime's own (what a tool's session gets), or "runners", our
-    runners' session_options; CUDA always runs with the runners'."""
+    """options (CPU): "defaults", ONNX Runtime's own (what a tool's session gets); "flag", those
+    with session.set_denormal_as_zero (subnormals read and written as zero: what the file would
+    gain from a knob clients do not set); or "runners", our runners' session_options (the flag
+    included). CUDA always runs with the runners'."""
     import onnxruntime as ort
 
     if provider == "cpu":
-        opts = ort_runner().session_options(ort) if options == "runners" else None
+        opts = None
+        if options == "runners":
+            opts = ort_runner().session_options(ort)
+        elif options == "flag":
+            opts = ort.SessionOptions()
+            ort_runner().set_denormal_as_zero(opts)
         return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
@@ -210,8 +220,9 @@ def main(argv=None) -> int:
     p.add_argument("--save", help="where to save the first output of the last run (.npy)")
     p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ort: the execution provider")
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="the inputs' dtype")
-    p.add_argument("--session", choices=("defaults", "runners"), default="defaults",
-                   help="ort on CPU: ONNX Runtime's default session options, or our runners'")
+    p.add_argument("--session", choices=SESSIONS, default="defaults",
+                   help="ort on CPU: ONNX Runtime's default session options, those with session.set_denormal_as_zero, "
+                        "or our runners'")
     args = p.parse_args(argv)
     session = ort_session(args.model, args.provider, args.session) if args.runner == "ort" else None
     before = process_memory().process_gpu_bytes() if args.provider == "cuda" else None

@@ -26,6 +26,28 @@ FLOAT32_LOWEST = float(np.finfo(np.float32).min)  # a masked key: finite, so a f
 # Added to masked scores in the blocked form: absorbs any score (exp(-1e30 - max) == 0) yet stays
 # finite even on top of FLOAT32_LOWEST, so a fully masked row cannot become NaN.
 MASK_PENALTY = -1e30
+# Every softmax we write floors its scores at (row maximum - SCORE_FLOOR) first (floor_scores; the
+# ONNX twin is posbias.FlooredSoftmax). Why: a score 87-104 below its row's maximum gives a
+# probability below float32's smallest normal number (2^-126), and Intel cores take a slow assist
+# on every subnormal operand (in the Softmax and again in the MatMul with V: 2-8x a block's time
+# in a default ONNX Runtime session). Floored, each probability is at least e^-64 / W for W keys:
+# normal up to W = e^23 keys, and its products with values above 1e-10 stay normal too. What it
+# changes: a key whose weight was below e^-64 = 1.6e-28 of the row's largest gets that weight, so
+# an output moves by at most W * 1.6e-28 * max|v| (2.6e-24 * max|v| at 16384 keys), 2^-56 of
+# float32's resolution: outputs are bit for bit those of the unfloored softmax in practice.
+# Masked keys (MASK_PENALTY, FLOAT32_LOWEST) are raised with them; a fully masked row's maximum
+# is itself masked, so that row stays as it was (uniform).
+SCORE_FLOOR = 64.0
+# A fused attention op (ONNX Runtime's GroupQueryAttention and MultiHeadAttention, ONNX Attention)
+# softmaxes inside, where no floor can reach; what a file controls is the bias it hands over. There
+# every bias value below -BIAS_FLOOR is raised to -BIAS_FLOOR before the masks are added
+# (floor_bias): a far key's score then sits at most BIAS_FLOOR + (its row's raw q.k spread) below
+# the row maximum, so no probability is subnormal while that spread stays under 87 - 32 - ln(keys)
+# (47 nats at 4096 keys; the trained and published-shape models measure far less:
+# tests/test_subnormals.py). A raised key weighs at most e^-32 = 1.3e-14 of the row's largest
+# times e^(its raw score above the row maximum): 2e-10 of an output at 16384 keys, under float32's
+# resolution.
+BIAS_FLOOR = 32.0
 
 FAMILIES: dict[str, type["AttentionBias"]] = {}  # filled as family classes are defined
 
@@ -45,6 +67,24 @@ def relative_distance(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
 def mask_value(dtype: torch.dtype = torch.float32) -> float:
     """The dtype's lowest finite value: a fully masked row stays finite (uniform), never NaN."""
     return torch.finfo(dtype).min
+
+
+def floor_scores(scores: torch.Tensor) -> torch.Tensor:
+    """scores [..., W] floored at each row's maximum minus SCORE_FLOOR (see there): the softmax
+    of the result has no subnormal probability. A float64 reference stays the paper's formula.
+
+    ONNX: posbias.FlooredSoftmax (export/targets/blocked_script.py)"""
+    if scores.dtype == torch.float64:
+        return scores
+    return torch.maximum(scores, scores.amax(-1, keepdim=True) - SCORE_FLOOR)
+
+
+def floor_bias(bias: torch.Tensor) -> torch.Tensor:
+    """A bias handed to a fused attention op, raised to -BIAS_FLOOR where it is lower (see there).
+
+    ONNX: posbias.FlooredBias (export/targets/blocked_script.py). A float64 reference is left
+    as the paper's formula."""
+    return bias if bias.dtype == torch.float64 else bias.clamp_min(-BIAS_FLOOR)
 
 
 # the largest value a hyper-parameter takes unless its family says less: sizes that become

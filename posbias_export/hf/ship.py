@@ -11,6 +11,8 @@
     OUT/config.json, generation_config.json, tokenizer files   copied from the folder (config.json
                                    describing the cache our file holds, where it differs: Falcon)
     OUT/modules.json, 1_Pooling/   an embedder's pooling, as sentence-transformers reads it
+    OUT/SERVING.md                 how each of those clients sets session.set_denormal_as_zero on a CPU,
+                                   and why these files need it not (hf/cpu_notes.py)
 
 The graphs are our exports (blocked, checked), renamed: nothing about the computation changes.
 The copies of one file are hard links where the file system allows. Written into a temporary
@@ -32,6 +34,7 @@ from ..export.options import ExportOptions, options_from
 from ..export.pipeline import ExportReport
 from ..export.targets import target
 from ..runners import atomic
+from .cpu_notes import FLAG, serving_notes
 from .export import export_model
 from .folder import check_token_ids, own_file, read_json_object
 from .models import has_decoder, load_model
@@ -45,8 +48,8 @@ DEFAULT_CONTEXT = 8192
 MAX_CONTEXT = 2 ** 31 - 1  # onnxruntime-genai keeps it in an int32
 # a causal LM's folder unless a target is asked for: the in-place cache file, which every client
 # the folder names runs (genai with one buffer; Optimum, transformers.js, Triton, onnxruntime-web
-# growing it as the portable file does: docs/serving.md); --target portable for OpenVINO / the
-# reference evaluator, which have no GroupQueryAttention
+# growing it as the portable file does: docs/serving.md); --target portable for OpenVINO, which has no
+# GroupQueryAttention
 LM_TARGET = "ort"
 NO_GENAI_NOTE = ("no genai_config.json: onnxruntime-genai reads each row's last real token of a right-padded batch, "
                  "which a --logits last file does not give (its rows' last positions); ship without --logits last "
@@ -131,7 +134,9 @@ def genai_config(model, config: dict, generation: dict, filename: str = "model.o
             "pad_token_id": token("pad_token_id", 0), "context_length": context, "vocab_size": model.vocab_size,
             "type": "llama",
             "decoder": {
-                "session_options": {"log_id": "onnxruntime-genai", "provider_options": [{"cuda": {}}] if gpu else []},
+                # a dotted key there is an ONNX Runtime session config entry (cpu_notes.py: measured)
+                "session_options": {"log_id": "onnxruntime-genai", "provider_options": [{"cuda": {}}] if gpu else [],
+                                    FLAG: "1"},
                 "filename": filename, "head_size": model.head_dim, "hidden_size": model.head_dim * model.num_heads,
                 "num_attention_heads": model.num_heads, "num_key_value_heads": model.num_kv_heads,
                 "num_hidden_layers": model.num_layers,
@@ -231,6 +236,8 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
             report.notes.append(_context_note(genai["model"]["context_length"], context, config))
         _lay_out(stage, files, gpu=gpu, onnx_names=_transformers_js_names(source, model, options))
         _write_companions(stage, source, copied, model, config)
+        role = "lm" if model.arch == "lm" else "seq2seq" if has_decoder(source) else "encoder"
+        (stage / "SERVING.md").write_text(serving_notes(role))
         if out.exists():
             out.rmdir()  # checked empty above
         os.replace(stage, out)

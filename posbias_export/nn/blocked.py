@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ..biases import MASK_PENALTY, AttentionBias
+from ..biases import MASK_PENALTY, AttentionBias, floor_scores
 from .plans import BlockPlan
 
 def keep_mask(key_mask: torch.Tensor | None, k_len, device=None) -> torch.Tensor:
@@ -72,7 +72,7 @@ def blocked_attention(q, k, v, q_pos, k_pos, keep, bias: AttentionBias, block: i
             penalty = torch.where(allowed, 0.0, MASK_PENALTY).to(work)  # [B|1, 1, Bq, W], see BlockAttend
             block_bias = bias.from_positions(q_pos[..., start:stop], k_pos[..., lo:end]).to(work)  # [.., H|1, Bq, W]
             masked_bias = block_bias + penalty
-        probs = torch.softmax(scores.to(work) + masked_bias, dim=-1)  # [B, H, Bq, W]
+        probs = torch.softmax(floor_scores(scores.to(work) + masked_bias), dim=-1)  # [B, H, Bq, W], FlooredSoftmax
         outputs.append(probs.to(v.dtype) @ v[:, :, lo:end])  # [B, H, Bq, d]
     return torch.cat(outputs, dim=2)  # [B, H, Lq, d]
 

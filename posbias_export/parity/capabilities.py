@@ -48,7 +48,6 @@ class Gap:
 GAPS = (
     Gap("quantized weights", ("reference",), "the ONNX reference evaluator implements no quantized op "
         "(GatherBlockQuantized, int8 DequantizeLinear at opset 18)"),
-    Gap("in-place cache", ("reference",), "the reference evaluator's GroupQueryAttention takes no cache"),
     Gap("com.microsoft.GroupQueryAttention", OPENVINO, "OpenVINO has no com.microsoft.GroupQueryAttention"),
     Gap("an int4 table wider than a whole number of blocks", OPENVINO, "OpenVINO's GatherBlockQuantized needs the "
         "quantized width to be a multiple of the block (--quant-block dividing the hidden size avoids it)"),

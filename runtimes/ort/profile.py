@@ -28,11 +28,16 @@ from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
 from common.tensor_io import RunnerError, data_sets, read_tensors  # noqa: E402
 
 CONTAINER_OPS = ("If", "Loop", "Scan")  # their events span the kernels of their subgraphs
+# kernels that read no tensor data (a shape) or hand back their input's buffer (ONNX Runtime aliases
+# these): their tensors' bytes are not moved, so they are left out of the bytes a forward moves
+NO_DATA_OPS = ("Shape", "Size", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 
 
 def profile(model, feeds: dict[str, np.ndarray], runs: int = 2, providers=None, options=None, during=None) -> dict:
     """Run `runs` profiled forwards after one warm-up; per-op-type totals (microseconds, averaged
-    per forward), the kernel calls per forward and the wall time per forward. providers /
+    per forward), the kernel calls per forward, the bytes its kernels read and wrote (ONNX
+    Runtime's activation and output sizes: what a forward moves through memory, the measure of a
+    bandwidth-bound graph) and the wall time per forward. providers /
     options: the session's (default ORT CPU, fresh options); during: a context manager around
     the timed runs (the GPU tools' CUDA kernel trace)."""
     import onnxruntime as ort
@@ -51,19 +56,24 @@ def profile(model, feeds: dict[str, np.ndarray], runs: int = 2, providers=None, 
     start = min(e["ts"] for e in timed)
     per_op: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
+    moved: dict[str, float] = defaultdict(float)  # bytes each op type's kernels read and wrote, per forward
     for e in events:
         if e.get("cat") == "Node" and e["ts"] >= start and e.get("name", "").endswith("_kernel_time"):
-            op = e.get("args", {}).get("op_name", "?")
+            args = e.get("args", {})
+            op = args.get("op_name", "?")
             per_op[op] += e["dur"] / runs
             calls[op] += 1
+            if op not in NO_DATA_OPS and op not in CONTAINER_OPS:
+                moved[op] += (int(args.get("activation_size", 0)) + int(args.get("output_size", 0))) / runs
     containers = {op: per_op.pop(op) for op in CONTAINER_OPS if op in per_op}  # apart, never summed
     kernels = sum(per_op.values())
     return {
         "wall_us": sum(e["dur"] for e in timed) / len(timed),
         "kernel_us": kernels,
         "containers": [{"op": op, "us": us, "calls": calls[op] // runs} for op, us in containers.items()],
-        "ops": [{"op": op, "us": us, "share": us / kernels if kernels else 0.0, "calls": calls[op] // runs}
-                for op, us in sorted(per_op.items(), key=lambda kv: -kv[1])],
+        "ops": [{"op": op, "us": us, "share": us / kernels if kernels else 0.0, "calls": calls[op] // runs,
+                 "bytes": moved.get(op, 0.0)} for op, us in sorted(per_op.items(), key=lambda kv: -kv[1])],
+        "bytes": sum(moved.values()),  # every kernel's inputs and outputs (views and shapes left out)
     }
 
 
@@ -95,8 +105,9 @@ def markdown(result: dict, title: str) -> str:
              f"Wall time per forward {result['wall_us'] / 1e6:.3f} s; operator kernels {result['kernel_us'] / 1e6:.3f} s; "
              f"control-flow spans (they contain those kernels): {spans}. The gap between the kernels and "
              "the spans is the Loop's own work: feeding each iteration, collecting scan outputs.", "",
-             "| op | s per forward | share of kernel time | calls |", "|---|---|---|---|"]
-    lines += [f"| {r['op']} | {r['us'] / 1e6:.3f} | {100 * r['share']:.1f}% | {r['calls']} |" for r in result["ops"]]
+             "| op | s per forward | share of kernel time | calls | GB read + written |", "|---|---|---|---|---|"]
+    lines += [f"| {r['op']} | {r['us'] / 1e6:.3f} | {100 * r['share']:.1f}% | {r['calls']} | {r.get('bytes', 0) / 1e9:.2f} |"
+              for r in result["ops"]]
     return "\n".join(lines) + "\n"
 
 

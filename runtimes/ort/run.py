@@ -37,8 +37,18 @@ def provider_list(provider: str, tf32: bool = False) -> list:
             PROVIDERS["cpu"]]
 
 
+def set_denormal_as_zero(opts) -> None:
+    """Subnormal floats read and written as zero on the session's threads (x86 FTZ/DAZ): an Intel
+    core takes a slow assist on each one. Our files make none in their attention (biases/base.py:
+    SCORE_FLOOR), so this changes nothing there; it is belt and braces for what we cannot floor (a
+    model's own activations, a GPU file's whole-sequence ALiBi call run on a CPU). Clients set it
+    through their session options (docs/cpu-kinds.md)."""
+    opts.add_session_config_entry("session.set_denormal_as_zero", "1")
+
+
 def session_options(ort, threads: int = 0, lean: bool = False, provider: str = "cpu"):
-    """SessionOptions for a server that sees a new length at every call: no memory patterns
+    """SessionOptions for a server that sees a new length at every call: subnormals as zero
+    (set_denormal_as_zero), no memory patterns
     (ONNX Runtime keys them by the XOR of the input dims, and a Loop body's inputs key the same
     at every length; they only pay off for repeated shapes; benchmarks/session_options.md
     measures that turning them off costs nothing on CPU), and a quiet log (errors reach the
@@ -57,6 +67,7 @@ def session_options(ort, threads: int = 0, lean: bool = False, provider: str = "
     opts.enable_mem_pattern = False
     opts.enable_mem_reuse = provider != "cpu"
     opts.log_severity_level = 4
+    set_denormal_as_zero(opts)
     if lean:
         opts.add_session_config_entry("session.disable_prepacking", "1")
     if threads:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from onnxscript import BOOL, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
-from ...biases import MASK_PENALTY
+from ...biases import BIAS_FLOOR, MASK_PENALTY, SCORE_FLOOR
 from ...biases.onnx_domain import posbias
 
 
@@ -284,6 +284,35 @@ def AddPaddingPenalty(bias: FLOAT, keep_b: BOOL) -> FLOAT:
 
 
 @script(posbias, default_opset=op)
+def FlooredSoftmax(scores: FLOAT) -> FLOAT:
+    """Softmax over the last axis after flooring each score at its row's maximum minus
+    SCORE_FLOOR (64): no probability is then a subnormal float32, which Intel cores process
+    through a slow assist in this Softmax and again in the MatMul with V, in every session that
+    does not set session.set_denormal_as_zero (no client does). A key whose weight was below
+    e^-64 of the row's largest gets that weight: outputs move by at most W * 1.6e-28 * max|v|
+    (biases/base.py: SCORE_FLOOR). Two passes over the scores, free while a block's scores
+    stay in cache (measured in benchmarks/attention.md).
+
+    scores [..., W] float32 -> [..., W]
+    PyTorch: softmax(maximum(s, s.amax(-1, keepdim=True) - 64), -1)
+    """
+    floor = op.Sub(op.ReduceMax(scores, [-1], keepdims=1), op.CastLike(SCORE_FLOOR, scores))  # [..., 1]
+    return op.Softmax(op.Max(scores, floor), axis=-1)  # [..., W]
+
+
+@script(posbias, default_opset=op)
+def FlooredBias(bias: FLOAT) -> FLOAT:
+    """A bias for a fused attention op (its softmax is out of reach) raised to -BIAS_FLOOR (32)
+    where it is lower, before any mask is added: a far key's probability then stays a normal
+    float32 while its row's raw scores span less than ~47 nats (biases/base.py: BIAS_FLOOR).
+
+    bias [...] float32 -> [...]
+    PyTorch: bias.clamp_min(-32)
+    """
+    return op.Max(bias, op.CastLike(-BIAS_FLOOR, bias))
+
+
+@script(posbias, default_opset=op)
 def BlockAttendMasked(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, bias: FLOAT) -> FLOAT:
     """softmax(q_b k_b^T + bias) v_b, [B, H, Bq, d], for a bias that already carries the masks
     (a slice of a masked distance table): one Add over the scores instead of BlockAttend's two.
@@ -291,7 +320,7 @@ def BlockAttendMasked(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, bias: FLOAT) -> FLOA
     PyTorch: softmax((q_b @ k_t_b).float() + bias, -1).to(v_b.dtype) @ v_b
     """
     scores = op.Add(op.Cast(op.MatMul(q_b, k_t_b), to=1), bias)  # [B, H, Bq, W] float32
-    probs = op.Softmax(scores, axis=-1)  # [B, H, Bq, W]
+    probs = FlooredSoftmax(scores)  # [B, H, Bq, W]
     return op.MatMul(op.CastLike(probs, v_b), v_b)  # [B, H, Bq, d]
 
 
@@ -309,7 +338,7 @@ def BlockAttendFolded(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, key_row: FLOAT, mask
     row_shape = op.Concat(op.Shape(k_t_b, start=0, end=2), op.Constant(value_ints=[1]), op.Shape(k_t_b, start=3, end=4), axis=0)
     k_ext = op.Concat(k_t_b, op.Expand(op.CastLike(key_row, k_t_b), row_shape), axis=2)  # [B, H, d+1, W]
     scores = op.Add(op.MatMul(q_ext, k_ext), mask)  # [B, H, Bq, W]
-    return op.MatMul(op.Softmax(scores, axis=-1), v_b)  # [B, H, Bq, d]
+    return op.MatMul(FlooredSoftmax(scores), v_b)  # [B, H, Bq, d]
 
 
 @script(posbias, default_opset=op)
@@ -341,7 +370,7 @@ def BlockAttendTwoSided(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, row_left: FLOAT, r
     sides = op.Concat(op.LessOrEqual(k_idx_left, q_idx), op.Greater(k_idx_right, q_idx), axis=-1)  # [Bq, W]
     mask = op.Where(op.And(sides, keep_b), op.Constant(value_float=0.0), op.Constant(value_float=MASK_PENALTY))  # [B|1, 1, Bq, W]
     scores = op.Add(op.Cast(op.MatMul(q_ext, k_ext), to=1), mask)  # [B, H, Bq, W] float32
-    probs = op.Softmax(scores, axis=-1)  # [B, H, Bq, W]
+    probs = FlooredSoftmax(scores)  # [B, H, Bq, W]
     return op.MatMul(op.CastLike(probs, v_b), v_b)  # [B, H, Bq, d]
 
 
@@ -361,7 +390,7 @@ def BlockAttend(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, bias: FLOAT, q_idx: INT64,
     allowed = op.And(op.LessOrEqual(k_idx, q_idx), keep_b)  # [B|1, 1, Bq, W]
     penalty = op.Where(allowed, op.Constant(value_float=0.0), op.Constant(value_float=MASK_PENALTY))  # [B|1, 1, Bq, W]
     scores = op.Add(op.Cast(op.MatMul(q_b, k_t_b), to=1), op.Add(bias, penalty))  # [B, H, Bq, W] float32
-    probs = op.Softmax(scores, axis=-1)  # [B, H, Bq, W]
+    probs = FlooredSoftmax(scores)  # [B, H, Bq, W]
     return op.MatMul(op.CastLike(probs, v_b), v_b)  # [B, H, Bq, d]
 
 
@@ -383,6 +412,6 @@ def BlockAssemble(blocks: FLOAT, q: FLOAT, block: INT64) -> FLOAT:
     return op.Slice(joined, [0], op.Shape(q, start=2, end=3), [2])  # [B, H, Lq, d]
 
 
-BLOCK_FUNCTIONS = (FitsOneBlock, DirectQueries, DirectPrepare, DirectWindowKeys, PadQueries, BlockPrepare, BlockQueries, BlockKeys, BlockKeysTwoSided,
+BLOCK_FUNCTIONS = (FlooredSoftmax, FlooredBias, FitsOneBlock, DirectQueries, DirectPrepare, DirectWindowKeys, PadQueries, BlockPrepare, BlockQueries, BlockKeys, BlockKeysTwoSided,
                    DistanceTablePositions, DistanceVectorPositions, ExpandDistanceVector, SliceByDistance, MaskTable,
                    MaskFutureInTable, HasPadding, AddPaddingPenalty, BlockAttend, BlockAttendMasked, BlockAttendFolded, BlockAttendTwoSided, BlockAssemble)

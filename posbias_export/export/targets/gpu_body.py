@@ -54,7 +54,10 @@ class _GpuBody:
         self.out_type = ELEM_TYPES[dtype]
 
     def bias_node(self, q_pos, k_pos, out):
-        return call(self.bias.function_name, [q_pos, k_pos, *self.params], [out], **self.attrs)
+        """The family's bias, raised to -BIAS_FLOOR (FlooredBias): the fused op softmaxes it where
+        our floor cannot reach, so this keeps its far keys' probabilities normal floats on a CPU."""
+        return [call(self.bias.function_name, [q_pos, k_pos, *self.params], [out + "_raw"], **self.attrs),
+                call("FlooredBias", [out + "_raw"], [out])]
 
     def no_causal_mask(self, name):  # one index past every key: only padding is masked
         if self.bias.causal:
@@ -157,7 +160,8 @@ def _slim_vector(body: _GpuBody) -> list[onnx.NodeProto]:
     raw = "vector_unmasked" if bias.causal else "vector_f32"
     return [
         call("SlimVectorPositions", ["k", "block", "lookahead"], ["vector_row", "vector_cols"]),
-        call(bias.function_name, ["vector_row", "vector_cols", *body.params], [raw], **body.attrs),
+        call(bias.function_name, ["vector_row", "vector_cols", *body.params], ["vector_family"], **body.attrs),
+        call("FlooredBias", ["vector_family"], [raw]),  # before the causal mask: see _GpuBody.bias_node
         *([call("MaskFutureInTable", [raw, "vector_row", "vector_cols"], ["vector_f32"])] if bias.causal else []),
         *body.in_model_dtype("vector_f32", "vector_3d"),
         helper.make_node("Constant", [], ["vector_axis"], value=helper.make_tensor("vector_axis", TensorProto.INT64,
@@ -212,7 +216,7 @@ def _direct(body: _GpuBody) -> onnx.GraphProto:
         call("DirectQueries", ["q", k], ["q_scaled", "q_idx_all", "k_idx_unaligned"]),
         # keys padded to a multiple of 8 (masked: not kept, after every query), as the blocks'
         call("AlignDirectKeys", [k, v, k_pos, keep], ["k_8", "v_8", "k_pos_8", "keep_8", "k_idx_all"]),
-        body.bias_node("q_pos", "k_pos_8", "bias_all"),
+        *body.bias_node("q_pos", "k_pos_8", "bias_all"),
         *body.no_causal_mask("q_idx_none"),
         call("MaskedBias", ["bias_all", q_idx, "k_idx_all", "keep_8"], ["mask_all_f32"]),
         *body.in_model_dtype("mask_all_f32", "mask_all"),
@@ -265,7 +269,7 @@ def _blocks(body: _GpuBody) -> onnx.GraphProto:
     else:
         q_idx = "q_idx" if body.bias.causal else "q_idx_none"
         table = [loop(_block(body, [
-            body.bias_node("q_pos_b", "k_pos_b", "bias_b"),
+            *body.bias_node("q_pos_b", "k_pos_b", "bias_b"),
             *body.no_causal_mask("q_idx_none"),
             call("MaskedBias", ["bias_b", q_idx, "k_idx", "keep_b"], ["mask_b_f32"]),
             *body.in_model_dtype("mask_b_f32", "mask_b"),

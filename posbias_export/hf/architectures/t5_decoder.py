@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ...biases import MASK_PENALTY, create_bias
+from ...biases import MASK_PENALTY, create_bias, floor_scores
 from ...nn.attention import EAGER
 from ..folder import FolderError
 from ..layers import ImportedModel, RMSNorm, Shape, merge_heads, scale_queries, self_attention, split_heads
@@ -42,7 +42,7 @@ def cross_attention(attn: T5Projections, x, k, v, encoder_mask):
     scores = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))  # [B, H, L, Le]
     keep = encoder_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, Le]
     scores = scores + torch.where(keep, 0.0, MASK_PENALTY).to(scores.dtype)
-    return attn.o(merge_heads(torch.softmax(scores, dim=-1).to(v.dtype) @ v))  # [B, L, D]
+    return attn.o(merge_heads(torch.softmax(floor_scores(scores), dim=-1).to(v.dtype) @ v))  # [B, L, D]
 
 
 class T5DecoderSelfLayer(nn.Module):

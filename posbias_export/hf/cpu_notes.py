@@ -1,0 +1,55 @@
+"""SERVING.md in a serving folder: how each client that loads it sets ONNX Runtime's
+`session.set_denormal_as_zero`, and why the folder's files do not need it.
+
+Measured for each knob (Nov 2026): onnxruntime-genai 0.18 hands a dotted key of a decoder's
+`session_options` to ONNX Runtime as a session config entry (a bad value there fails the load:
+checked with session.load_model_format), so genai_config.json carries the flag itself;
+transformers.js passes `session_options.extra.session` through to onnxruntime-node (checked the
+same way); Optimum and sentence-transformers take an `onnxruntime.SessionOptions`; fastembed
+exposes only `enable_cpu_mem_arena` and Triton's onnxruntime backend a fixed list of session keys,
+so there the file's own floors are all there is (docs/cpu-kinds.md)."""
+from __future__ import annotations
+
+FLAG = "session.set_denormal_as_zero"
+
+# client -> (the folder roles it serves, how its users set the flag)
+CLIENTS = {
+    "onnxruntime-genai": (("lm",), f'already set: genai_config.json\'s decoder `session_options` has `"{FLAG}": "1"`'),
+    "Optimum": (("lm", "seq2seq", "encoder"),
+                f'`so = onnxruntime.SessionOptions(); so.add_session_config_entry("{FLAG}", "1")`, then '
+                "`ORTModelFor...from_pretrained(folder, session_options=so)`"),
+    "sentence-transformers": (("encoder",), '`SentenceTransformer(folder, backend="onnx", model_kwargs={"session_options": '
+                              "so})` with Optimum's `so`"),
+    "transformers.js": (("lm", "seq2seq", "encoder"),
+                        "`from_pretrained(folder, { session_options: { extra: { session: { set_denormal_as_zero: "
+                        '"1" } } } })` (pipelines take the same option)'),
+    "onnxruntime (Python, Node, web)": (("lm", "seq2seq", "encoder"),
+                                        f'`add_session_config_entry("{FLAG}", "1")`; in JavaScript '
+                                        '`{ extra: { session: { set_denormal_as_zero: "1" } } }`'),
+    "fastembed": (("encoder",), "no knob (it exposes only `enable_cpu_mem_arena`): the file needs none"),
+    "Triton (onnxruntime backend)": (("lm", "seq2seq", "encoder"),
+                                     "no knob (its config.pbtxt reads a fixed list of session keys): the file needs "
+                                     "none"),
+}
+
+
+def serving_notes(role: str) -> str:
+    """SERVING.md for a folder whose files have this role ("lm", "seq2seq" or "encoder")."""
+    rows = [f"| {client} | {how} |" for client, (roles, how) in CLIENTS.items() if role in roles]
+    return "\n".join([
+        "# Serving this folder on a CPU",
+        "",
+        "The attention in these files makes no subnormal float: every softmax floors its scores at the row's",
+        "maximum minus 64 (a far key's weight, below e^-64 of the largest, is kept at that), and a bias handed to",
+        "ONNX Runtime's fused attention ops is floored at -32. Subnormal floats cost Intel cores a slow assist per",
+        "operand (2-8x a long prompt's attention time in a default session); AMD cores barely notice them. So a",
+        "default session is fast on both. The model's other layers can still make a few (an activation far below",
+        f"zero); where your client has a knob, set ONNX Runtime's `{FLAG}` to `\"1\"` as well:",
+        "",
+        "| client | how |",
+        "|---|---|",
+        *rows,
+        "",
+        "Written by posbias_export (docs/cpu-kinds.md).",
+        "",
+    ])
