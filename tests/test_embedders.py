@@ -60,6 +60,9 @@ def test_the_folder_is_laid_out_for_the_embedding_clients(shipped):
     assert "auto_map" not in json.loads((out / "config.json").read_text())  # no code to fetch for an ONNX folder
     pooling = json.loads((out / "1_Pooling" / "config.json").read_text())
     assert pooling["pooling_mode_mean_tokens"] and json.loads((out / "modules.json").read_text())[1]["path"] == "1_Pooling"
+    notes = (out / "SERVING.md").read_text()  # the embedding clients' knob for subnormal floats, or why none is needed
+    assert all(client in notes for client in ("fastembed", "sentence-transformers", "transformers.js", "Triton"))
+    assert "onnxruntime-genai" not in notes
 
 
 @pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir(),

@@ -57,30 +57,37 @@ def export(tmp_path, *argv) -> onnx.ModelProto:
     return onnx.load(path)
 
 
+def softmax_then_matmul(op_type: str, domain: str = "") -> onnx.ModelProto:
+    """s [1, 3] -> op_type(s) (a softmax) -> MatMul with v [3, 2]: the smallest graph a subnormal
+    probability passes through twice."""
+    from posbias_export.export.functions import function_protos
+
+    nodes = [onnx.helper.make_node(op_type, ["s"], ["p"], domain=domain, **({"axis": -1} if not domain else {})),
+             onnx.helper.make_node("MatMul", ["p", "v"], ["y"])]
+    g = onnx.helper.make_graph(nodes, "g", [onnx.helper.make_tensor_value_info("s", onnx.TensorProto.FLOAT, [1, 3]),
+                                            onnx.helper.make_tensor_value_info("v", onnx.TensorProto.FLOAT, [3, 2])],
+                               [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2])])
+    imports = [onnx.helper.make_opsetid("", 18)] + ([onnx.helper.make_opsetid(domain, 1)] if domain else [])
+    model = onnx.helper.make_model(g, opset_imports=imports)
+    if domain:
+        model.functions.extend(function_protos({op_type}, 18))
+    return model
+
+
+FAR_KEY = {"s": np.array([[0.0, -1.0, -95.0]], np.float32), "v": np.ones((3, 2), np.float32)}  # e^-95: 2^-137
+
+
 def test_the_counter_sees_a_softmax_subnormal_and_a_floored_one_has_none():
     """The watch is not blind: a row whose far key sits 95 below its maximum gives one subnormal
     probability through a plain Softmax (and again as the MatMul's operand), none through ours."""
-    from posbias_export.export.functions import function_protos
-
-    def graph(op_type, domain):
-        nodes = [onnx.helper.make_node(op_type, ["s"], ["p"], domain=domain, **({"axis": -1} if not domain else {})),
-                 onnx.helper.make_node("MatMul", ["p", "v"], ["y"])]
-        g = onnx.helper.make_graph(nodes, "g", [onnx.helper.make_tensor_value_info("s", onnx.TensorProto.FLOAT, [1, 3]),
-                                                onnx.helper.make_tensor_value_info("v", onnx.TensorProto.FLOAT, [3, 2])],
-                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2])])
-        imports = [onnx.helper.make_opsetid("", 18)] + ([onnx.helper.make_opsetid(domain, 1)] if domain else [])
-        model = onnx.helper.make_model(g, opset_imports=imports)
-        if domain:
-            model.functions.extend(function_protos({op_type}, 18))
-        return model
-
-    feeds = {"s": np.array([[0.0, -1.0, -95.0]], np.float32), "v": np.ones((3, 2), np.float32)}
-    assert subnormals(np.exp(np.float32(-95.0))) == 1
-    plain, _ = count_subnormals(graph("Softmax", ""), feeds)
+    # 2^-130, -2^-149, 2^-126 (the smallest normal), 0, made from their bits (a conversion would flush them where
+    # this process's thread treats subnormals as zero, as ONNX Runtime's flag leaves it)
+    assert subnormals(np.array([0x00100000, 0x80000001, 0x00800000, 0], np.uint32).view(np.float32)) == 2
+    plain, _ = count_subnormals(softmax_then_matmul("Softmax"), FAR_KEY)
     assert plain.softmax_outputs == 1 and plain.matmul_inputs == 1, plain.where()
-    floored, out = count_subnormals(graph("FlooredSoftmax", "posbias"), feeds)
+    floored, out = count_subnormals(softmax_then_matmul("FlooredSoftmax", "posbias"), FAR_KEY)
     assert floored.total == 0, floored.where()
-    np.testing.assert_array_equal(out[0], count_subnormals(graph("Softmax", ""), feeds)[1][0])  # the same output
+    np.testing.assert_array_equal(out[0], count_subnormals(softmax_then_matmul("Softmax"), FAR_KEY)[1][0])
 
 
 ALONE = [(bias, causal) for bias in ("alibi", "kerple_power", "kerple_log", "sandwich", "t5", "window", "none")
@@ -200,3 +207,15 @@ def test_t5_and_umt5_encoders_and_decoders(tmp_path, kind, part):
         named = {"encoder_hidden_states": g.standard_normal((1, 2048, width)).astype(np.float32),
                  "encoder_attention_mask": np.ones((1, 2048), np.int64)}
     assert_no_subnormal(model, feeds_for(declared(model), Case(ids, np.ones_like(ids), named)))
+
+
+def test_a_process_flushed_by_onnx_runtimes_flag_still_counts():
+    """A session with session.set_denormal_as_zero sets FTZ/DAZ on the thread that made it, for the
+    rest of the process (numpy's float32 exp then returns 0 where a client's would be subnormal): the
+    counter notices and counts in a fresh process, as one never flushed."""
+    run = runtimes_common("loading").load_runner("ort/run.py")
+    model = softmax_then_matmul("Softmax")
+    ort.InferenceSession(model.SerializeToString(), run.session_options(ort), providers=["CPUExecutionProvider"])
+    assert float(np.exp(np.float32(-95.0))) == 0.0  # this thread now flushes
+    counts, _ = count_subnormals(model, FAR_KEY)
+    assert counts.softmax_outputs == 1 and counts.matmul_inputs == 1, counts.where()

@@ -4,7 +4,10 @@ ONNX Runtime CPU in a default session (what clients get) and with session.set_de
 Each file in BEFORE has its namesake in AFTER (exports of one model from two checkouts). For every
 pair and length: a fresh process per (file, session), one warm-up, `--runs` timed forwards, two
 interleaved rounds (before, after, before, after) so that drift hits both; the median of the
-forwards. The inputs are query, key, value [1, H, L, d] N(0, 1), as the attention bench feeds.
+forwards. An attention file gets query, key, value [1, H, L, d] N(0, 1), as the attention bench
+feeds; a cached decoder (--kv-cache) a prompt of L random tokens, then `--runs` one-token steps
+after two warm-up steps, its cache kept as `generate` keeps it (an in-place file's in one buffer;
+runtimes/ort/generate.py, whose session options are the runners' with the flag on or off).
 
     python tools/floor_cost_cpu.py BEFORE_DIR AFTER_DIR [--lengths 8192] [--runs 3] [--out benchmarks/softmax_floor_cpu.md]
 """
@@ -23,18 +26,41 @@ from posbias_export.bench.harness import write_results
 SESSIONS = ("defaults", "flag")
 # one process per (file, length, session): its own session, a warm-up, then `runs` timed forwards
 _WORKER = r"""
-import json, sys
+import json, sys, time
 import numpy as np, onnxruntime as ort
 from posbias_export.bench.worker import timed
+from posbias_export.parity import load_runner
+from posbias_export.runners import runtimes_common
 path, length, runs, session_kind = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+rng = np.random.default_rng(0)
 options = ort.SessionOptions()
 if session_kind == "flag":
     options.add_session_config_entry("session.set_denormal_as_zero", "1")
 session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-rng = np.random.default_rng(0)
-shape = lambda dims: [1] + [length if isinstance(d, str) or d is None else d for d in dims[1:]]  # batch 1
-feeds = {i.name: rng.standard_normal(shape(i.shape), dtype=np.float32) for i in session.get_inputs()}
-times, _ = timed(lambda: session.run(None, feeds), runs)  # after one warm-up
+names = {i.name for i in session.get_inputs()}
+if "input_ids" not in names:  # attention alone
+    shape = lambda dims: [1] + [length if isinstance(d, str) or d is None else d for d in dims[1:]]  # batch 1
+    feeds = {i.name: rng.standard_normal(shape(i.shape), dtype=np.float32) for i in session.get_inputs()}
+    times, _ = timed(lambda: session.run(None, feeds), runs)  # after one warm-up
+elif not any(n.startswith("past") for n in names):  # an encoder (an embedder): one text of `length` tokens
+    inputs = runtimes_common("inputs")
+    declared = [(i.name, i.shape, np.int64) for i in session.get_inputs()]
+    ids = rng.integers(3, 1000, (1, length))
+    feeds = inputs.feeds_for(declared, inputs.Case(ids, np.ones_like(ids)))
+    times, _ = timed(lambda: session.run(None, feeds), runs)
+else:  # a cached decoder: a prompt of `length` tokens, then steps
+    del session
+    generate = load_runner("ort/generate.py")
+    decoder = generate.CachedDecoder(path, "cpu", denormal_as_zero=session_kind == "flag")
+    step = generate.stepper(decoder, 1, length + runs + 3)
+    ids = rng.integers(0, decoder.vocab or 256, (1, length + runs + 2))
+    step(ids[:, :length], np.ones((1, length), np.int64))
+    times = []
+    for t in range(length, length + runs + 2):
+        start = time.perf_counter()
+        step(ids[:, t:t + 1], np.ones((1, t + 1), np.int64))
+        times.append(time.perf_counter() - start)
+    times = times[2:]  # a session's first steps allocate
 print(json.dumps({"times": times}))
 """
 

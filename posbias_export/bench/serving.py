@@ -9,7 +9,9 @@ must read, weights plus the cache at that length, over the read bandwidth measur
 run (copy bandwidth, in earlier runs, overestimated it). Beside each decode time, the step's CPU
 time on its calling thread (`--threads 1`: the work itself, without a loaded machine's waits).
 Our files are written with --external-data (ONNX Runtime maps the tensors and drops what it
-prepacks) and run as `generate` runs them (prepacking off for float weights).
+prepacks) and run as `generate` runs them (prepacking off for float weights; subnormals flushed by
+session.set_denormal_as_zero since 2026-11-28, which our files no longer need: docs/cpu-kinds.md).
+Each run names the CPU it ran on.
 
 llama.cpp (when `llama_cpp` is importable and LLAMA_CPP_CONVERTER names its converter; skipped
 with the reason otherwise) is the CPU engine people pick instead of us: its GGUF made from the
@@ -22,7 +24,7 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..environment import read_bandwidth_gbs
+from ..environment import cpu_model, read_bandwidth_gbs
 from ..export.files import check_work_folder, scratch, work_folder
 from .harness import kept_rows, measured_python, targets_section, write_results
 from ..hf.published import PUBLISHED, check_published_folder, published_folder
@@ -261,6 +263,12 @@ def render(rows: list[ServingRow], command: str) -> str:
               for row in rows for e in row.exports]
     bandwidth = ", ".join(f"{row.name} {row.bandwidth_gbs:.1f} GB/s" for row in rows)
     lines += ["", f"Read bandwidth measured beside each model (the floors' divisor): {bandwidth}."]
+    cpus = {}
+    for row in rows:
+        for r in row.runs:
+            cpus.setdefault(r.get("cpu", "not recorded (runs before 2026-11-28's)"), []).append(
+                f"{row.name} {r['scheme']} {r['file']} {r['context']}")
+    lines += ["", "The CPU of each run:", ""] + [f"- {cpu}: {', '.join(runs)}" for cpu, runs in cpus.items()]
     return "\n".join(lines + targets_section(targets(rows) + llama_cpp_targets(rows))) + "\n"
 
 
@@ -300,6 +308,8 @@ def run_and_write(names, work: Path, out_dir: Path, contexts=CONTEXTS, schemes=t
         with scratch(work) as files:
             row = measure(name, work, Path(files), contexts, schemes, new_tokens, threads, progress, kinds)
         row.command = command
+        for run in row.runs:  # this run's rows: the CPU they ran on (rows kept from earlier runs say theirs, or none)
+            run["cpu"] = cpu_model()
         rows.append(merged(earlier.get(name), row))
     every = sorted(kept + rows, key=lambda r: list(PUBLISHED).index(r.name))
     return write_results(out_dir, "serving", [asdict(r) for r in every], render(every, command))

@@ -42,11 +42,14 @@ def set_denormal_as_zero(opts) -> None:
     core takes a slow assist on each one. Our files make none in their attention (biases/base.py:
     SCORE_FLOOR), so this changes nothing there; it is belt and braces for what we cannot floor (a
     model's own activations, a GPU file's whole-sequence ALiBi call run on a CPU). Clients set it
-    through their session options (docs/cpu-kinds.md)."""
+    through their session options (docs/cpu-kinds.md). ONNX Runtime also sets FTZ/DAZ on the
+    thread that creates the session, for the rest of the process: numpy and PyTorch there then
+    flush subnormals too (our runners are processes of their own: validate and the benches start
+    them, `generate` is the whole program; runtimes/reference/subnormals.py counts in a fresh one)."""
     opts.add_session_config_entry("session.set_denormal_as_zero", "1")
 
 
-def session_options(ort, threads: int = 0, lean: bool = False, provider: str = "cpu"):
+def session_options(ort, threads: int = 0, lean: bool = False, provider: str = "cpu", denormal_as_zero: bool = True):
     """SessionOptions for a server that sees a new length at every call: subnormals as zero
     (set_denormal_as_zero), no memory patterns
     (ONNX Runtime keys them by the XOR of the input dims, and a Loop body's inputs key the same
@@ -67,7 +70,8 @@ def session_options(ort, threads: int = 0, lean: bool = False, provider: str = "
     opts.enable_mem_pattern = False
     opts.enable_mem_reuse = provider != "cpu"
     opts.log_severity_level = 4
-    set_denormal_as_zero(opts)
+    if denormal_as_zero:  # off only to measure what a client's session without the flag does
+        set_denormal_as_zero(opts)
     if lean:
         opts.add_session_config_entry("session.disable_prepacking", "1")
     if threads:
@@ -105,7 +109,8 @@ def host_synchronous_cuda(*model_paths: str) -> None:
     os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
 
 
-def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf32: bool = False, lean: bool = False):
+def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf32: bool = False, lean: bool = False,
+                   denormal_as_zero: bool = True):
     """An InferenceSession on exactly the requested provider, or RunnerError naming the cause."""
     try:
         import onnxruntime as ort
@@ -129,7 +134,7 @@ def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf3
                 f"(available: {', '.join(available)}); install onnxruntime-gpu"
             )
     ort.set_default_logger_severity(4)  # load-time warnings too (see session_options)
-    opts = session_options(ort, threads, lean, provider)
+    opts = session_options(ort, threads, lean, provider, denormal_as_zero)
     if tf32 and provider != "cuda":
         raise RunnerError("--tf32 applies to the cuda provider only")
     try:

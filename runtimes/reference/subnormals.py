@@ -29,18 +29,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from contrib_ops import ContribEvaluator, GroupQueryAttention, MultiHeadAttention  # noqa: E402
 
-SMALLEST_NORMAL = {np.dtype(np.float32): np.finfo(np.float32).tiny, np.dtype(np.float16): np.finfo(np.float16).tiny}
+# dtype -> (its bits as an unsigned integer, the exponent field's mask, the mantissa's mask)
+_FIELDS = {np.dtype(np.float32): (np.uint32, 0x7F800000, 0x007FFFFF), np.dtype(np.float16): (np.uint16, 0x7C00, 0x03FF)}
 
 
 def subnormals(x) -> int:
-    """How many entries of x are subnormal (nonzero, below the dtype's smallest normal); 0 for
-    other dtypes."""
+    """How many entries of x are subnormal (exponent field zero, mantissa not): read from the
+    bits, so a thread that treats subnormal operands as zero (DAZ) still sees them. 0 for other
+    dtypes."""
     x = np.asarray(x)
-    tiny = SMALLEST_NORMAL.get(x.dtype)
-    if tiny is None:
+    if x.dtype not in _FIELDS:
         return 0
-    a = np.abs(x)
-    return int(np.count_nonzero((a > 0) & (a < tiny)))
+    unsigned, exponent, mantissa = _FIELDS[x.dtype]
+    bits = np.ascontiguousarray(x).view(unsigned)
+    return int(np.count_nonzero(((bits & exponent) == 0) & ((bits & mantissa) != 0)))
 
 
 @dataclass
@@ -120,9 +122,36 @@ class WatchingEvaluator(ContribEvaluator):
     OPS = [WatchedSoftmax, WatchedMatMul, WatchedMultiHeadAttention, WatchedGroupQueryAttention]
 
 
+def flushes_subnormals() -> bool:
+    """Whether this thread reads and writes subnormal floats as zero (x86 FTZ/DAZ): ONNX Runtime
+    sets both on the thread that creates a session with session.set_denormal_as_zero, for the rest
+    of the process, so numpy here would then never make the values this module counts."""
+    return float(np.exp(np.float32(-95.0))) == 0.0
+
+
 def count_subnormals(model, feeds: dict[str, np.ndarray]) -> tuple[Counts, list[np.ndarray]]:
     """Run `model` (a ModelProto) on `feeds` with the reference evaluator and count the
-    subnormal Softmax outputs, MatMul operands and fused-attention probabilities: (counts, outputs)."""
+    subnormal Softmax outputs, MatMul operands and fused-attention probabilities: (counts, outputs).
+    In a process whose thread flushes subnormals (flushes_subnormals) the count runs in a fresh
+    one, where numpy makes them as a client's session would."""
+    if flushes_subnormals():
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            return pool.submit(_count_serialized, model.SerializeToString(), feeds).result()
+    return _count(model, feeds)
+
+
+def _count_serialized(model_bytes: bytes, feeds):
+    import onnx
+
+    return _count(onnx.load_from_string(model_bytes), feeds)
+
+
+def _count(model, feeds):
+    if flushes_subnormals():
+        raise RuntimeError("this process flushes subnormal floats to zero: nothing could be counted")
     _COUNTS.append(Counts())
     try:
         outputs = WatchingEvaluator(model).run(None, feeds)
