@@ -281,6 +281,13 @@ def test_family_declarations(name):
     protos = cls.function_protos()
     assert protos[0].name == cls.function_name and protos[0].domain == DOMAIN
     assert [p.name for p in protos[1:]] == ([cls.key_row_name()] if cls.key_row_function else [])
+    if bias.far_distance is not None:  # one value per head and side from that distance on (the near-far body)
+        far, wide = bias.far_distance, np.arange(4 * bias.far_distance)
+        grid = bias.reference(wide, wide)  # [H, N, N], bidirectional: both sides
+        gap = wide[:, None] - wide[None, :]  # i - j
+        for side, at in ((gap >= far, (far, 0)), (gap <= -far, (0, far))):
+            constant = bias.reference(np.array([at[0]]), np.array([at[1]]))[:, 0, 0]  # [H]
+            assert np.array_equal(grid[:, side], np.broadcast_to(constant[:, None], grid[:, side].shape))
 
 
 @pytest.mark.parametrize("name", pbe.BIASES)

@@ -77,7 +77,11 @@ def test_distance_table_is_evaluated_once_outside_the_loop(tmp_path, as_built, b
     """The ...ByDistance body calls the family's function once, before the Loop, and folds the
     causal mask into that table; each Loop body only slices and adds the slice once to the
     scores (BlockAttendMasked), the padding penalty only in the Loop taken when some key is
-    padding; the per-pair body is kept for the one-block branch (decode steps)."""
+    padding; the per-pair body is kept for the one-block branch (decode steps). A family whose
+    bias is constant from some distance on (T5) calls it once more, before the Loop too, for
+    those constants (FarKeys), builds a table of the keys near a block only (NearVectorPositions),
+    and each block slices it for its near keys (NearFarScores)."""
+    far = pbe.create_bias(bias, 8).far_distance is not None
     _, path = _export_core(tmp_path, bias, 16)
     model = onnx.load(str(path))
     name = "BlockedAttention" + bias_class(bias).function_name + "ByDistance"
@@ -85,12 +89,16 @@ def test_distance_table_is_evaluated_once_outside_the_loop(tmp_path, as_built, b
     branches = {g.name: g for n in body.node if n.op_type == "If" for a in n.attribute for g in [a.g]}
     blocks = branches["query_blocks"]
     outer_ops = [n.op_type for n in blocks.node]
-    assert outer_ops.count(bias_class(bias).function_name) == 1 and "MaskFutureInTable" in outer_ops
+    assert outer_ops.count(bias_class(bias).function_name) == 1 + far and "MaskFutureInTable" in outer_ops
+    assert ("FarKeys" in outer_ops) == ("NearVectorPositions" in outer_ops) == far
     padding_if = next(n for n in blocks.node if n.op_type == "If")
     loops = {a.g.name: next(b.g for b in a.g.node[0].attribute) for a in padding_if.attribute}
     for branch, loop_body in loops.items():
         ops = [n.op_type for n in loop_body.node]
-        assert "SliceByDistance" in ops and "BlockAttendMasked" in ops, branch
+        if far:
+            assert "NearFarScores" in ops and "AttendScores" in ops and "SliceByDistance" not in ops, branch
+        else:
+            assert "SliceByDistance" in ops and "BlockAttendMasked" in ops, branch
         assert bias_class(bias).function_name not in ops and "BlockAttend" not in ops, branch
         assert ("AddPaddingPenalty" in ops) == (branch == "blocks_padded"), branch
     direct_ops = [n.op_type for n in branches["one_block"].node]
@@ -356,3 +364,49 @@ def test_distance_table_rows_are_capped_by_the_budget(tmp_path, monkeypatch, as_
     got = ort_session(path).run(None, {"query": q.numpy(), "key": k.numpy(), "value": v.numpy()})[0]
     parity = compare(got, *_reference(core, q, k, v, 16), FLOAT32)
     assert parity.passed, str(parity)
+
+
+NEAR_FAR = dict(bias_params={"max_distance": 20, "num_buckets": 16})  # T5's constant from 20 on: far keys in short inputs
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_near_far_blocks_match_float64(tmp_path, causal):
+    """T5's bias is one constant per side from max_distance on (AttentionBias.far_distance): each
+    block adds it inside the MatMul for the keys that far from all its queries and slices a table
+    of the near keys for the rest (NearFarScores). Blocks of 8 rows, max_distance 20: lengths
+    where the far keys are none (1, 8, 9), on one side (29), and on both sides of most blocks (60,
+    bidirectional), on ONNX Runtime and the reference evaluator (the function form and inlined),
+    judged against the float64 model by the float32 policy."""
+    core, path = _export_core(tmp_path, "t5", 8, shape={**SMALL, **NEAR_FAR}, causal=causal)
+    assert block_plan(core.bias, indices=True).far == 20
+    session, model = ort_session(path), onnx.load(path)
+    for length in (1, 8, 9, 29, 60):
+        q, k, v = _qkv(2, SMALL["num_heads"], length, length, SMALL["dim"] // SMALL["num_heads"], seed=length,
+                       dtype=torch.float32)
+        feeds = {"query": q.numpy(), "key": k.numpy(), "value": v.numpy()}
+        ref64, torch32 = _reference(core, q, k, v, 8)
+        runs = {"ort": session.run(None, feeds)[0]}
+        if length in (9, 60):
+            runs.update(reference=ReferenceEvaluator(model).run(None, feeds)[0],
+                        inlined=ReferenceEvaluator(functions.inline(model)).run(None, feeds)[0])
+        for name, got in runs.items():
+            parity = compare(got, ref64, torch32, FLOAT32)
+            assert parity.passed, f"{name} L={length}: {parity}"
+
+
+def test_near_far_t5_encoder_with_padding_equals_transformers(tmp_path):
+    """The near-far body with a key mask (transformers' T5 layers pass index positions and a
+    padding mask: the padded Loop adds the penalty to the joined scores): a tiny T5 encoder
+    (max_distance 20) exported in blocks of 8 rows, validated on left-padded batches of 40 and 61
+    tokens against transformers and our float64 model."""
+    from hf_folders import save_tiny_model
+    from posbias_export.hf.export import export_model
+    from posbias_export.validation import validate
+
+    pytest.importorskip("transformers")
+    folder = save_tiny_model("t5", tmp_path / "t5")
+    path = tmp_path / "t5.onnx"
+    export_model(folder, path, block=8, check_growth=False)
+    result = validate([path], ["ort-cpu"], (40, 61), batch=3, model_dir=folder, order=False)
+    assert result.ok, [(c.runtime, c.case, c.verdict) for c in result.matrices[0].cells if not c.ok]
+    assert "transformers" in {c.runtime for c in result.matrices[0].cells}

@@ -264,6 +264,15 @@ class AttentionBias(nn.Module):
         return None
 
     @property
+    def far_distance(self) -> int | None:
+        """A distance from which the bias stops changing, on each side of the diagonal (None: it
+        changes at every distance). The portable body then adds that constant inside the MatMul
+        for the keys that far from every query of a block, and slices its table only for the
+        others (export/targets/blocked_script.py: NearFarScores); tests/test_biases.py checks the
+        claim against the family's float64 oracle."""
+        return None
+
+    @property
     def lookahead(self) -> int | None:
         """How many keys after its own position a query can attend to (None: all). Causal: 0;
         bidirectional: the look-back mirrored (a symmetric window), else all."""

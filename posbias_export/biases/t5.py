@@ -120,6 +120,11 @@ class T5Bias(AttentionBias):
     def function_inputs(self):
         return [self.bucket_of_offset, self.relative_attention_bias.weight], {"max_distance": self.max_distance}
 
+    @property
+    def far_distance(self) -> int:
+        """Every distance from max_distance on is the last bucket of its side."""
+        return self.max_distance
+
     def from_positions(self, q_pos, k_pos):
         offset = (-relative_distance(q_pos, k_pos)).clamp(-self.max_distance, self.max_distance)  # j - i, [..., Lq, Lk]
         buckets = self.bucket_of_offset[offset + self.max_distance]  # [..., Lq, Lk]

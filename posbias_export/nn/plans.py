@@ -62,6 +62,10 @@ class BlockPlan:
     row_budget: table entries per table head that cap the rows of a block (None: no cap).
     lookback / lookahead: keys before / after its own position a query can see (None: all).
     whole: the fused whole-sequence call of a GPU-shaped body (WHOLE_PATHS), else None.
+    far: on the portable table path, the distance from which the family's bias is one constant
+      per side (AttentionBias.far_distance): each block adds it inside the MatMul for the keys
+      that far from all its queries and slices the table for the rest only (fewer bytes per
+      score); None: the whole block's bias is sliced. The PyTorch twin computes the same sums.
     """
 
     name: str
@@ -73,6 +77,7 @@ class BlockPlan:
     lookback: int | None
     lookahead: int | None
     whole: str | None = None
+    far: int | None = None
 
     @property
     def by_distance(self) -> bool:
@@ -138,8 +143,12 @@ def block_plan(bias: AttentionBias, fused: bool = False, dtype: torch.dtype = to
         # TABLE_ROW_BUDGET per head of the model: a one-head table gets H times the rows, a
         # bidirectional one (keys on both sides, twice as wide) twice the entries
         budget = TABLE_ROW_BUDGET * (1 if bias.causal else 2) * bias.num_heads // heads
+    # a far constant rides in the MatMul: float32 scores only (a float16 product would round it); its
+    # table holds the keys near a block only ([H, rows, rows + 2 far - 1]), so no row budget
+    far = bias.far_distance if path == "table" and dtype != torch.float16 and bias.lookback is None else None
+    budget = None if far is not None else budget
     return BlockPlan(function_name(bias, path != "positions"), fused, path, key_row, heads, budget,
-                     bias.lookback, bias.lookahead, _whole_path(bias, dtype) if fused else None)
+                     bias.lookback, bias.lookahead, _whole_path(bias, dtype) if fused else None, far)
 
 
 def _whole_path(bias: AttentionBias, dtype: torch.dtype) -> str | None:

@@ -87,18 +87,39 @@ def _table(body: _Body) -> list[onnx.NodeProto]:
                  call("MaskTable", ["table_rows", "table_cols"], ["distance_table"])]
     else:
         nodes = [
-            call("DistanceVectorPositions", ["k", "block", "lookahead"], ["table_row", "vector_cols", "table_idx"]),
+            *([scalar_node("far", body.plan.far),  # a near-far body's table holds the keys near a block only
+               call("NearVectorPositions", ["block", "far"], ["table_row", "vector_cols", "table_idx"])]
+              if body.plan.far is not None else
+              [call("DistanceVectorPositions", ["k", "block", "lookahead"], ["table_row", "vector_cols", "table_idx"])]),
             call(bias.function_name, ["table_row", "vector_cols", *body.params],
                  ["distance_vector_unmasked" if bias.causal else "distance_vector"], **body.attrs),
             *([call("MaskFutureInTable", ["distance_vector_unmasked", "table_row", "vector_cols"], ["distance_vector"])]
               if bias.causal else []),
             call("ExpandDistanceVector", ["distance_vector", "table_idx"], ["distance_table"])]
+    if body.plan.far is not None:  # the far constants ride in two more rows of the transposed keys
+        nodes += [call("FarPositions", ["far"], ["far_q_pos", "far_k_pos"]),
+                  call(bias.function_name, ["far_q_pos", "far_k_pos", *body.params], ["far_bias"], **body.attrs),
+                  call("FarKeys", ["k_t", "far_bias"], ["k_t_ext"])]
     return nodes + [call("HasPadding", ["keep"], ["has_padding"])]
+
+
+def _near_far_block(padded: bool) -> list[onnx.NodeProto]:
+    """A far-constant family (BlockPlan.far): the constants inside the MatMul for the far keys, a
+    table slice for the near ones only (NearFarScores), the padding penalty in the padded Loop."""
+    scores = "scores_unpadded" if padded else "scores_b"
+    return [
+        call("NearFarScores", ["it", "q_b", "k_t_ext", "v", "keep", "distance_table", "block", "offset", "far",
+                               "lookahead"], [scores, "v_b", "keep_b"]),
+        *([call("AddPaddingPenalty", [scores, "keep_b"], ["scores_b"])] if padded else []),
+        call("AttendScores", ["scores_b", "v_b"], ["attended_b"]),
+    ]
 
 
 def _table_block(body: _Body, padded: bool) -> list[onnx.NodeProto]:
     """A block's bias is a slice of the (masked) table, plus the padding penalty only in the
     Loop that runs when some key is padding: unpadded inputs see one Add over the scores."""
+    if body.plan.far is not None:
+        return _near_far_block(padded)
     slice_out = "bias_slice" if padded else "bias_b"
     if body.plan.path == "folded":
         attend = [call(body.plan.key_row, ["q_pos_b", "k_pos_b", *body.params], ["key_row_b"]),
@@ -147,11 +168,12 @@ def _blocks(body: _Body, out_type: int) -> onnx.GraphProto:
         query_loop = loop(_positions_block(body), "blocks", out_type)
     return graph([
         *([] if plan.path == "two_sided" else [  # the two-sided keys are all keys
-            scalar_node("lookback", UNBOUNDED if plan.lookback is None else plan.lookback),
+            *([] if plan.far is not None else  # a near-far block's keys start at 0
+              [scalar_node("lookback", UNBOUNDED if plan.lookback is None else plan.lookback)]),
             scalar_node("lookahead", UNBOUNDED if plan.lookahead is None else plan.lookahead)]),
         scalar_node("go", True, TensorProto.BOOL),
-        *(budgeted_rows(plan.row_budget) if plan.uses_table else []),
-        call("BlockPrepare", ["q", "k", "v", "q_pos", "loop_block" if plan.uses_table else "max_block"],
+        *(budgeted_rows(plan.row_budget) if plan.row_budget is not None else []),
+        call("BlockPrepare", ["q", "k", "v", "q_pos", "loop_block" if plan.row_budget is not None else "max_block"],
              ["q_pad", "k_t", "q_pos_pad", "block", "n_blocks", "offset"]),
         *loop_scalar_carrier(),
         *(_table(body) if plan.uses_table else []),

@@ -235,6 +235,85 @@ def SliceByDistance(table: FLOAT, it: INT64, block: INT64, offset: INT64, lookba
 
 
 @script(posbias, default_opset=op)
+def NearVectorPositions(block: INT64, far: INT64):
+    """The generating vector's positions of a near-far body's table: only the keys within `far`
+    of some query of a block are ever read from it, so its columns c = 0..N-1 (N = Bq + 2 far - 1)
+    stand for the keys first - far + 1 + c, whatever the block: table[h, r, c] = g_h(r + far - 1 - c),
+    the family's function on one query position (Bq - 1) and T = Bq - 1 + N key positions
+    cols[t] = t + 1 - far, expanded by idx[r, c] = Bq - 1 - r + c. [H, Bq, N] however long the input.
+
+    PyTorch: [Bq - 1], arange(Bq - 1 + N) + 1 - far, (Bq - 1 - arange(Bq))[:, None] + arange(N)
+    """
+    one = op.Constant(value_int=1)
+    zero = op.Constant(value_int=0)
+    last = op.Sub(block, one)  # scalar Bq - 1
+    width = op.Sub(op.Add(block, op.Add(far, far)), one)  # scalar N
+    cols = op.Sub(op.Add(op.Range(zero, op.Add(last, width), one), one), far)  # [T]
+    idx = op.Add(op.Unsqueeze(op.Sub(last, op.Range(zero, block, one)), [1]), op.Range(zero, width, one))  # [Bq, N]
+    return op.Reshape(last, [1]), cols, idx
+
+
+@script(posbias, default_opset=op)
+def FarPositions(far: INT64):
+    """Positions at which a family's far constants sit (AttentionBias.far_distance): one query
+    at `far`, keys 0 (a distance of `far` before it) and 2 far (after it): the family's function
+    on them gives [H|1, 1, 2], the bias of every key at least `far` before / after its query.
+
+    PyTorch: [far], [0, 2 far]
+    """
+    at = op.Reshape(far, [1])  # [1]
+    return at, op.Concat(op.Constant(value_ints=[0]), op.Add(at, at), axis=0)  # [1], [2]
+
+
+@script(posbias, default_opset=op)
+def FarKeys(k_t: FLOAT, far_bias: FLOAT) -> FLOAT:
+    """The transposed keys with two more rows, the far constants before and after (far_bias
+    [H|1, 1, 2]): k_t [B, H, d, Lk] -> [B, H, d + 2, Lk]. A query with the columns [q, 1, 0]
+    then gets q.k + the constant before it, [q, 0, 1] the one after it, inside the MatMul.
+
+    PyTorch: cat([k_t, far_bias.transpose(-1, -2)[..., None].expand(B, H, 2, Lk)], -2)
+    """
+    rows = op.Unsqueeze(op.Squeeze(far_bias, [1]), [-1])  # [H|1, 2, 1]
+    shape = op.Concat(op.Shape(k_t, start=0, end=2), op.Constant(value_ints=[2]), op.Shape(k_t, start=3, end=4), axis=0)
+    return op.Concat(k_t, op.Expand(op.CastLike(rows, k_t), shape), axis=2)  # [B, H, d + 2, Lk]
+
+
+@script(posbias, default_opset=op)
+def NearFarScores(it: INT64, q_b: FLOAT, k_t_ext: FLOAT, v: FLOAT, keep: BOOL, table: FLOAT, block: INT64,
+                  offset: INT64, far: INT64, lookahead: INT64):
+    """Query block `it`'s scores with a far-constant family's bias (positions = indices), float32:
+    the keys at least `far` before every query of the block, [0, lo), get the constant before
+    inside the MatMul ([q, 1, 0] k_t_ext), those at least `far` after every query, [hi, end),
+    the constant after ([q, 0, 1] k_t_ext), and only the keys between, [lo, hi), add a slice of the
+    (masked) near table (NearVectorPositions: column c is key first - far + 1 + c): H x Bq x (hi - lo)
+    bias values per block instead of H x Bq x end. first = it Bq + offset, end = min(Lk, first + Bq
+    + lookahead), hi = min(end, first + Bq - 1 + far), lo = clamp(first - far + 1, 0, hi).
+
+    Returns scores [B, H, Bq, end], v_b [B, H, end, d], keep_b [B|1, 1, 1, end].
+    PyTorch: cat([q1 @ k_ext[..., :lo], q @ k_t[..., lo:hi] + near[..., s:s + hi - lo], q2 @ k_ext[..., hi:end]], -1)
+    """
+    k_len = op.Shape(k_t_ext, start=3, end=4)  # [1]
+    head_dim = op.Sub(op.Shape(k_t_ext, start=2, end=3), op.Constant(value_ints=[2]))  # [1]
+    one = op.Constant(value_ints=[1])
+    zero = op.Constant(value_ints=[0])
+    rows = op.Reshape(block, [1])  # [1]
+    first = op.Reshape(op.Add(op.Mul(it, block), offset), [1])  # [1] key index of the first query
+    end = op.Min(op.Add(op.Add(first, rows), op.Reshape(lookahead, [1])), k_len)  # [1]
+    hi = op.Min(end, op.Add(op.Sub(op.Add(first, rows), one), op.Reshape(far, [1])))  # [1]
+    lo = op.Max(zero, op.Min(hi, op.Add(op.Sub(first, op.Reshape(far, [1])), one)))  # [1]
+    ones = op.Expand(op.CastLike(op.Constant(value_float=1.0), q_b), op.Concat(op.Shape(q_b, start=0, end=3), one, axis=0))
+    zeros = op.Sub(ones, ones)  # [B, H, Bq, 1]
+    before = op.MatMul(op.Concat(q_b, ones, zeros, axis=-1), op.Slice(k_t_ext, zero, lo, [3]))  # [B, H, Bq, lo]
+    start = op.Sub(op.Add(op.Sub(lo, first), op.Reshape(far, [1])), one)  # [1] the near table's column of key lo
+    near_bias = op.Slice(table, start, op.Add(start, op.Sub(hi, lo)), [-1])  # [H|1, Bq, hi - lo]
+    near_keys = op.Slice(k_t_ext, op.Concat(zero, lo, axis=0), op.Concat(head_dim, hi, axis=0), [2, 3])  # [B, H, d, hi - lo]
+    near = op.Add(op.MatMul(q_b, near_keys), near_bias)  # [B, H, Bq, hi - lo]
+    after = op.MatMul(op.Concat(q_b, zeros, ones, axis=-1), op.Slice(k_t_ext, hi, end, [3]))  # [B, H, Bq, end - hi]
+    scores = op.Concat(before, near, after, axis=-1)  # [B, H, Bq, end]
+    return scores, op.Slice(v, zero, end, [2]), op.Slice(keep, zero, end, [-1])
+
+
+@script(posbias, default_opset=op)
 def MaskTable(rows: INT64, cols: INT64) -> FLOAT:
     """The causal mask alone as a distance table, once per call, for a family whose bias goes
     into the MatMul (folded key row): 0 where cols[m] <= r, else MASK_PENALTY.
@@ -298,6 +377,16 @@ def FlooredSoftmax(scores: FLOAT) -> FLOAT:
     """
     floor = op.Sub(op.ReduceMax(scores, [-1], keepdims=1), op.CastLike(SCORE_FLOOR, scores))  # [..., 1]
     return op.Softmax(op.Max(scores, floor), axis=-1)  # [..., W]
+
+
+@script(posbias, default_opset=op)
+def AttendScores(scores: FLOAT, v_b: FLOAT) -> FLOAT:
+    """softmax(scores) v_b for scores that carry their bias and masks already: [B, H, Bq, W] x
+    [B, H, W, d] -> [B, H, Bq, d].
+
+    PyTorch: softmax(scores, -1) @ v_b
+    """
+    return op.MatMul(FlooredSoftmax(scores), v_b)
 
 
 @script(posbias, default_opset=op)
@@ -413,5 +502,7 @@ def BlockAssemble(blocks: FLOAT, q: FLOAT, block: INT64) -> FLOAT:
 
 
 BLOCK_FUNCTIONS = (FlooredSoftmax, FlooredBias, FitsOneBlock, DirectQueries, DirectPrepare, DirectWindowKeys, PadQueries, BlockPrepare, BlockQueries, BlockKeys, BlockKeysTwoSided,
-                   DistanceTablePositions, DistanceVectorPositions, ExpandDistanceVector, SliceByDistance, MaskTable,
+                   DistanceTablePositions, DistanceVectorPositions, ExpandDistanceVector, SliceByDistance, NearVectorPositions,
+                   FarPositions,
+                   FarKeys, NearFarScores, AttendScores, MaskTable,
                    MaskFutureInTable, HasPadding, AddPaddingPenalty, BlockAttend, BlockAttendMasked, BlockAttendFolded, BlockAttendTwoSided, BlockAssemble)
