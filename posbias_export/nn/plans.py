@@ -144,9 +144,11 @@ def block_plan(bias: AttentionBias, fused: bool = False, dtype: torch.dtype = to
         # bidirectional one (keys on both sides, twice as wide) twice the entries
         budget = TABLE_ROW_BUDGET * (1 if bias.causal else 2) * bias.num_heads // heads
     # a far constant rides in the MatMul: float32 scores only (a float16 product would round it); its
-    # table holds the keys near a block only ([H, rows, rows + 2 far - 1]), so no row budget
+    # table holds the keys near a block only ([H, rows, rows + 2 far - 1]), so a causal block needs no row
+    # budget (T5 at 16384: 256 rows, 0.91 GB); a bidirectional block's scores span every key, and 256
+    # rows there peaked at 1.21 GB: it keeps the table's budget (128 rows at 16384)
     far = bias.far_distance if path == "table" and dtype != torch.float16 and bias.lookback is None else None
-    budget = None if far is not None else budget
+    budget = None if far is not None and bias.causal else budget
     return BlockPlan(function_name(bias, path != "positions"), fused, path, key_row, heads, budget,
                      bias.lookback, bias.lookahead, _whole_path(bias, dtype) if fused else None, far)
 
