@@ -147,7 +147,8 @@ def block_plan(bias: AttentionBias, fused: bool = False, dtype: torch.dtype = to
     # table holds the keys near a block only ([H, rows, rows + 2 far - 1]), so a causal block needs no row
     # budget (T5 at 16384: 256 rows, 0.91 GB); a bidirectional block's scores span every key, and 256
     # rows there peaked at 1.21 GB: it keeps the table's budget (128 rows at 16384)
-    far = bias.far_distance if path == "table" and dtype != torch.float16 and bias.lookback is None else None
+    # the GPU-shaped body fuses each block's bias into one attention op: no far constant there
+    far = bias.far_distance if not fused and path == "table" and dtype != torch.float16 and bias.lookback is None else None
     budget = None if far is not None and bias.causal else budget
     return BlockPlan(function_name(bias, path != "positions"), fused, path, key_row, heads, budget,
                      bias.lookback, bias.lookahead, _whole_path(bias, dtype) if fused else None, far)
