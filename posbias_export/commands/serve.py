@@ -1,0 +1,61 @@
+"""serve: a folder written by --out-dir behind an OpenAI-compatible HTTP API, on Ray Serve
+(posbias_export/serve/)."""
+from __future__ import annotations
+
+import argparse
+
+from ..errors import UsageError
+from .options import parser, positive_int
+
+SERVE_EXAMPLES = """examples:
+  python -m posbias_export serve jina_onnx/                            # embeddings on 127.0.0.1:8000
+  python -m posbias_export serve bloom_onnx/ --port 8001 --replicas 2  # completions, two replicas
+  python -m posbias_export serve bloom_onnx/ --address ray://head:10001 --host 0.0.0.0   # a Ray cluster
+
+Then any OpenAI client: OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="-").embeddings.create(
+model="jina_onnx", input=["..."]). GET /health, /v1/models, /metrics (Prometheus).
+"""
+
+
+def port(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is at most 65535, got {value}")
+    return value
+
+
+def build_serve_parser() -> argparse.ArgumentParser:
+    p = parser("serve", "Serve a folder written by --out-dir (an embedder, a decoder with the in-place cache, a T5/UMT5 pair) "
+               "behind the OpenAI API on Ray Serve: /v1/embeddings batched by token budget, /v1/completions "
+               "continuously batched (a seq2seq pair: by request). Runs until Ctrl-C or SIGTERM (requests in flight finish first).",
+               SERVE_EXAMPLES)
+    p.add_argument("folder", metavar="DIR", help="a folder written by --out-dir")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: every one)")
+    p.add_argument("--port", type=port, default=8000, help="HTTP port (default 8000)")
+    p.add_argument("--replicas", type=positive_int, default=1, help="model replicas (default 1)")
+    p.add_argument("--address", help="an existing Ray cluster's address (default: start Ray on this machine)")
+    p.add_argument("--max-batch-tokens", type=positive_int,
+                   help="embeddings: padded tokens per batch (default: from this machine's free memory)")
+    p.add_argument("--slots", type=positive_int, help="completions: requests decoding together per replica (default 8)")
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads per replica (default 0: its own choice)")
+    return p
+
+
+def run_serve(args) -> int:
+    from ..serve.folder import FolderError, ServedFolder
+
+    if args.threads < 0:
+        raise UsageError(f"--threads must be >= 0, got {args.threads}")
+    try:
+        served = ServedFolder.read(args.folder)
+    except FolderError as err:
+        raise UsageError(str(err)) from None
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError:
+        raise UsageError("serve needs Ray Serve: pip install 'posbias_export[serve]'") from None
+    from ..serve.launch import launch
+
+    return launch(served, args.host, args.port, args.replicas, args.address, args.max_batch_tokens, args.threads,
+                  args.slots)

@@ -1,0 +1,249 @@
+"""`serve DIR` on Ray Serve: an OpenAI-compatible HTTP ingress (FastAPI) in front of N model
+replicas (replica.py), on a local Ray or an existing cluster.
+
+    ingress   parses and checks each request (openai_api.py: every bad input a 4xx with OpenAI's
+              error object), tokenizes, sends token ids to a replica through Ray Serve's handle,
+              detokenizes, streams server-sent events, counts what /metrics reports; a replica that
+              dies under a request is a 503 with the same error object, never a hang
+    replicas  the folder's engine: embeddings batched by token budget, completions continuously
+              batched over the in-place cache; Ray restarts one that dies
+"""
+# no `from __future__ import annotations` here: FastAPI reads the handlers' annotations (Request)
+# at run time, and a string it cannot resolve turns the request into a query parameter (422)
+import asyncio
+import json
+import time
+import uuid
+
+from .folder import ServedFolder
+from .openai_api import MAX_BODY_BYTES, ApiError, CompletionRequest, EmbeddingsRequest, encode_embedding, parse_body
+from .replica import Replica
+
+DRAIN_S = 30  # after a stop signal, requests in flight get this long to finish
+REPLICA_TIMEOUT_S = 600  # a replica's answer to one call: past this the request is a 504, not a hang
+
+
+def build_app(folder: str, replicas: int = 1, threads: int = 0, max_batch_tokens: int | None = None,
+              slots: int | None = None):
+    """The Ray Serve application for `folder` (deployments bound, not yet run)."""
+    from fastapi import FastAPI
+    from fastapi import Request as HttpRequest
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from ray import serve
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    served = ServedFolder.read(folder)
+    api = FastAPI(title=f"posbias_export serve: {served.name}")
+
+    @api.exception_handler(ApiError)
+    async def api_error(_, err: ApiError):
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @api.exception_handler(StarletteHTTPException)
+    async def http_error(_, err):
+        return JSONResponse(ApiError(err.status_code, str(err.detail), kind="invalid_request_error").body(),
+                            status_code=err.status_code)
+
+    @serve.deployment(name="model", max_ongoing_requests=256, health_check_period_s=5,
+                      graceful_shutdown_timeout_s=DRAIN_S, ray_actor_options={"num_cpus": 0})
+    class Model:
+        def __init__(self, folder_path: str, threads: int, max_batch_tokens, slots):
+            self.replica = Replica(folder_path, threads, max_batch_tokens, **({"slots": slots} if slots else {}))
+
+        async def embed(self, rows):
+            return await self.replica.embed(rows)
+
+        async def complete(self, prompt, max_tokens, temperature, stop_ids, seed):
+            async for item in self.replica.complete(prompt, max_tokens, temperature, stop_ids, seed):
+                yield item
+
+        def ready(self) -> str:
+            return self.replica.id
+
+        def check_health(self):
+            if not self.replica.healthy():
+                raise RuntimeError("the decoding loop stopped")
+
+    @serve.deployment(name="ingress", max_ongoing_requests=1024, graceful_shutdown_timeout_s=DRAIN_S,
+                      ray_actor_options={"num_cpus": 0})
+    @serve.ingress(api)
+    class Ingress:
+        def __init__(self, model, folder_path: str):
+            from tokenizers import Tokenizer
+
+            from .metrics import Metrics
+
+            self.model = model
+            self.served = ServedFolder.read(folder_path)
+            self.tokenizer = Tokenizer.from_file(str(self.served.files["tokenizer"]))
+            self.tokenizer.no_truncation()
+            self.tokenizer.no_padding()
+            self.vocab = self.tokenizer.get_vocab_size()
+            self.eos = _eos_ids(self.served.settings)
+            self.metrics = Metrics()
+
+        async def _body(self, request: HttpRequest) -> dict:
+            """The JSON body; one past MAX_BODY_BYTES is read to its end and dropped, then refused
+            (413): a client still sending would otherwise see its connection reset, not the answer."""
+            kept, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size <= MAX_BODY_BYTES:
+                    kept.append(chunk)
+            if size > MAX_BODY_BYTES:
+                raise ApiError(413, f"the request body is {size} bytes; the limit is {MAX_BODY_BYTES}",
+                               code="body_too_large")
+            return parse_body(b"".join(kept))
+
+        def _need(self, kind: str, route: str) -> None:
+            if self.served.kind != kind and not (kind == "decoder" and self.served.kind == "seq2seq"):
+                raise ApiError(400, f"{route} is not served here: {self.served.name} is a {self.served.kind}")
+
+        @api.get("/health")
+        async def health(self):
+            try:
+                await self.model.ready.remote()
+            except Exception as err:  # noqa: BLE001 - a replica not up yet
+                return JSONResponse({"status": "starting", "detail": str(err).splitlines()[0] if str(err) else ""},
+                                    status_code=503)
+            return {"status": "ok"}
+
+        @api.get("/v1/models")
+        async def models(self):
+            return {"object": "list", "data": [{"id": self.served.name, "object": "model", "created":
+                                                int(self.served.path.stat().st_mtime), "owned_by": "posbias_export"}]}
+
+        @api.get("/metrics")
+        async def metrics(self):
+            return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+        @api.post("/v1/embeddings")
+        async def embeddings(self, request: HttpRequest):
+            started = time.perf_counter()
+            self._need("embedder", "/v1/embeddings")
+            parsed = EmbeddingsRequest.parse(await self._body(request), self.served.name, self.vocab)
+            rows = parsed.ids or [e.ids for e in self.tokenizer.encode_batch(parsed.texts)]
+            for k, row in enumerate(rows):
+                if len(row) > self.served.context:
+                    raise ApiError(400, f"input {k} has {len(row)} tokens; this model's maximum is "
+                                   f"{self.served.context}", param="input", code="context_length_exceeded")
+                if not row:
+                    raise ApiError(400, f"input {k} has no token", param="input")
+            got = await self._call(self.model.embed.remote(rows))
+            tokens = sum(len(r) for r in rows)
+            self.metrics.observe("embeddings", tokens, 0, got, time.perf_counter() - started)
+            data = [{"object": "embedding", "index": k, "embedding": encode_embedding(v, parsed.encoding)}
+                    for k, v in enumerate(got["vectors"])]
+            return {"object": "list", "data": data, "model": self.served.name,
+                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+        @api.post("/v1/completions")
+        async def completions(self, request: HttpRequest):
+            started = time.perf_counter()
+            self._need("decoder", "/v1/completions")
+            parsed = CompletionRequest.parse(await self._body(request), self.served.name, self.vocab)
+            prompt = parsed.prompt_ids or self.tokenizer.encode(parsed.prompt_text).ids
+            if not prompt:
+                raise ApiError(400, "the prompt has no token", param="prompt")
+            parsed.check_length(len(prompt), self.served.context)
+            tokens = self.model.options(stream=True).complete.remote(prompt, parsed.max_tokens, parsed.temperature,
+                                                                     self.eos, parsed.seed)
+            run = _Completion(self, parsed, prompt, tokens, started)
+            if parsed.stream:
+                return StreamingResponse(run.events(), media_type="text/event-stream")
+            return await run.whole()
+
+        async def _call(self, response):
+            async def answer():
+                return await response
+
+            try:
+                return await asyncio.wait_for(answer(), REPLICA_TIMEOUT_S)
+            except ApiError:
+                raise
+            except asyncio.TimeoutError:
+                response.cancel()
+                raise ApiError(504, f"the model replica gave no answer in {REPLICA_TIMEOUT_S} s; retry",
+                               kind="server_error", code="timeout") from None
+            except Exception as err:  # noqa: BLE001 - a replica that died or failed: a 503, not a 500
+                raise ApiError(503, f"the model replica failed: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}; retry",
+                               kind="server_error", code="replica_failed") from None
+
+    model = Model.options(num_replicas=replicas).bind(str(served.path), threads, max_batch_tokens, slots)
+    return Ingress.bind(model, str(served.path))
+
+
+def _eos_ids(settings: dict) -> tuple[int, ...]:
+    eos = settings.get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (eos,)
+
+
+class _Completion:
+    """One completion's tokens -> text, stop strings, the OpenAI objects (whole or as events)."""
+
+    def __init__(self, ingress, parsed: CompletionRequest, prompt: list[int], tokens, started: float):
+        self.ingress, self.parsed, self.prompt, self.tokens, self.started = ingress, parsed, prompt, tokens, started
+        self.id, self.created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        self.made: list[int] = []
+        self.text, self.finish, self.stats = "", None, {}
+
+    async def _pieces(self):
+        """Text deltas as tokens arrive; stops at a stop string (the text before it kept)."""
+        sent = 0
+        try:
+            async for item in self.tokens:
+                if isinstance(item, dict):
+                    if "error" in item:
+                        raise ApiError(503, f"the model replica failed: {item['error']}",
+                                       kind="server_error", code="replica_failed")
+                    self.finish, self.stats = self.finish or item["finish"], item
+                    break
+                self.made.append(item)
+                self.text = self.ingress.tokenizer.decode(self.made, skip_special_tokens=True)
+                cut = min((self.text.find(s) for s in self.parsed.stop if s in self.text), default=-1)
+                if cut >= 0:
+                    self.text, self.finish = self.text[:cut], "stop"
+                    if len(self.text) > sent:
+                        yield self.text[sent:]
+                    self.tokens.cancel()
+                    return
+                if len(self.text) > sent and not self.text.endswith("\ufffd"):  # a split character waits
+                    yield self.text[sent:]
+                    sent = len(self.text)
+        except ApiError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the replica died under the request
+            raise ApiError(503, f"the model replica failed: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}; retry",
+                           kind="server_error", code="replica_failed") from None
+        if len(self.text) > sent:
+            yield self.text[sent:]
+
+    def _object(self, text: str, finish):
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.ingress.served.name,
+                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+
+    def _usage(self) -> dict:
+        return {"prompt_tokens": len(self.prompt), "completion_tokens": len(self.made),
+                "total_tokens": len(self.prompt) + len(self.made)}
+
+    def _record(self) -> None:
+        self.ingress.metrics.observe("completions", len(self.prompt), len(self.made), self.stats,
+                                     time.perf_counter() - self.started)
+
+    async def whole(self) -> dict:
+        async for _ in self._pieces():
+            pass
+        self._record()
+        return {**self._object(self.text, self.finish or "length"), "usage": self._usage()}
+
+    async def events(self):
+        try:
+            async for piece in self._pieces():
+                yield f"data: {json.dumps(self._object(piece, None))}\n\n"
+            yield f"data: {json.dumps({**self._object('', self.finish or 'length'), 'usage': self._usage()})}\n\n"
+        except ApiError as err:
+            yield f"data: {json.dumps(err.body())}\n\n"
+        self._record()
+        yield "data: [DONE]\n\n"

@@ -1,0 +1,16 @@
+"""The application builder Ray Serve's config files name (`import_path:
+posbias_export.serve.deploy:app`, KubeRay's RayService, `serve run`): `args` are `serve`'s options."""
+from __future__ import annotations
+
+from .app import build_app
+
+OPTIONS = ("folder", "replicas", "threads", "max_batch_tokens", "slots")
+
+
+def app(args: dict):
+    """args: folder (required), replicas, threads, max_batch_tokens, slots -> the bound application."""
+    unknown = sorted(set(args) - set(OPTIONS))
+    if unknown or "folder" not in args:
+        raise ValueError(f"args take {', '.join(OPTIONS)} (folder required); got {sorted(args)}")
+    numbers = {k: int(args[k]) for k in OPTIONS[1:] if args.get(k) is not None}
+    return build_app(str(args["folder"]), **numbers)

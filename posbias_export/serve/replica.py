@@ -1,0 +1,107 @@
+"""One model replica's work, apart from Ray: the folder's engine, the embedding inputs of
+concurrent requests batched by token budget, completions streamed token by token. app.py wraps a
+Replica in a Ray Serve deployment; tests drive it directly.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import numpy as np
+
+from ..runners import runtimes_common
+from .decoder import DEFAULT_SLOTS, DecoderEngine, Request
+from .embedder import EmbedderEngine, default_budget, token_batches
+from .folder import ServedFolder
+from .seq2seq import Seq2SeqEngine
+
+GATHER_S = 0.005  # how long the first waiting embedding input waits for others to batch with
+
+
+class Replica:
+    def __init__(self, folder: str, threads: int = 0, max_batch_tokens: int | None = None, slots: int = DEFAULT_SLOTS):
+        self.folder = ServedFolder.read(folder)
+        self.kind = self.folder.kind
+        self.started = time.time()
+        self.id = f"{os.getpid()}"
+        if self.kind == "embedder":
+            self.engine = EmbedderEngine(self.folder, threads)
+            hidden = self.engine.dimension if isinstance(self.engine.dimension, int) else 768
+            self.budget = max_batch_tokens or default_budget(self.folder.context, hidden,
+                                                             runtimes_common("memory").available_bytes())
+            self.pending: list[tuple[list[int], asyncio.Future]] = []
+            self.draining: asyncio.Task | None = None
+            self.batch_sizes: list[int] = []
+        else:  # a decoder batches continuously, a seq2seq folder by request
+            engine = DecoderEngine if self.kind == "decoder" else Seq2SeqEngine
+            self.engine = engine(self.folder, slots=slots, threads=threads)
+            self.engine.start()
+
+    # -- embeddings ------------------------------------------------------------------------------
+    async def embed(self, rows: list[list[int]]) -> dict:
+        """rows: token ids per input -> {"vectors": [N, D] float32, "queue_s", "batches", "rss"}."""
+        loop = asyncio.get_running_loop()
+        arrived = time.perf_counter()
+        futures = [loop.create_future() for _ in rows]
+        self.pending += list(zip(rows, futures))
+        if self.draining is None or self.draining.done():
+            self.draining = loop.create_task(self._drain())
+        done = await asyncio.gather(*futures)  # (vector, when its batch started, the batch's size) per input
+        return {"vectors": np.stack([v for v, _, _ in done]), "queue_s": min(s for _, s, _ in done) - arrived,
+                "batch_sizes": [n for _, _, n in done], "rss": self.rss(), "replica": self.id}
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(GATHER_S)  # the inputs of requests arriving together batch together
+        while self.pending:
+            taken, self.pending = self.pending, []
+            for batch in token_batches([len(r) for r, _ in taken], self.budget):
+                started = time.perf_counter()
+                try:
+                    vectors = await loop.run_in_executor(None, self.engine.embed, [taken[i][0] for i in batch])
+                except Exception as err:  # noqa: BLE001 - the batch's requests fail with the runtime's line
+                    for i in batch:
+                        taken[i][1].set_exception(RuntimeError(str(err).splitlines()[0] if str(err) else repr(err)))
+                    continue
+                self.batch_sizes.append(len(batch))
+                for row, i in enumerate(batch):
+                    if not taken[i][1].done():
+                        taken[i][1].set_result((vectors[row], started, len(batch)))
+
+    # -- completions -----------------------------------------------------------------------------
+    async def complete(self, prompt: list[int], max_tokens: int, temperature: float, stop_ids: tuple[int, ...],
+                       seed: int | None):
+        """Yields each new token id, then {"finish": reason, "queue_s", "rss"} (or {"error": line})."""
+        loop = asyncio.get_running_loop()
+        request = Request(list(prompt), max_tokens, temperature, tuple(stop_ids), seed)
+        submitted = time.perf_counter()
+        self.engine.submit(request)
+        first = None
+        try:
+            while True:
+                token = await loop.run_in_executor(None, request.tokens.get)
+                if token is None:
+                    break
+                first = first or time.perf_counter()
+                yield token
+        finally:  # the caller stopped reading (a stop string, a client gone): the row leaves at the next step
+            request.cancelled = True
+        if request.error:
+            yield {"error": request.error}
+        else:
+            yield {"finish": request.finish, "queue_s": (first or time.perf_counter()) - submitted, "rss": self.rss(),
+                   "replica": self.id}
+
+    # -- health and stats ------------------------------------------------------------------------
+    def rss(self) -> int:
+        return runtimes_common("memory").rss_now()
+
+    def healthy(self) -> bool:
+        if self.kind != "embedder":
+            return self.engine.thread is not None and self.engine.thread.is_alive()
+        return True
+
+    def stop(self) -> None:
+        if self.kind != "embedder":
+            self.engine.stop()

@@ -1,0 +1,285 @@
+"""`python -m posbias_export serve DIR` end to end: a local Ray Serve on 127.0.0.1 (a free port,
+stopped by SIGTERM at the end), driven by the `openai` client. Embeddings equal the folder's file
+run directly; completions' greedy tokens equal `generate`'s (and seq2seq.py's for a T5 pair), streamed
+or not; 16 concurrent requests of mixed lengths are all answered right; a short request sent while
+a long one decodes finishes first; every bad input is a 4xx with OpenAI's error object; a replica
+killed under load is restarted and no request hangs; SIGTERM drains and stops Ray."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("ray.serve")
+
+from test_serve_engines import PROMPTS, generate_alone  # noqa: E402  (puts runtimes/ on the path)
+from common.loading import load_runner  # noqa: E402
+from hf_folders import save_client_model, save_tiny_folder, save_tokenizer  # noqa: E402
+from posbias_export.hf.ship import ship  # noqa: E402
+
+STARTUP_S = 300  # a loaded 2-core machine starts Ray, its proxy and a replica in 60-120 s
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """serve DIR in a subprocess, up when /health answers 200."""
+
+    def __init__(self, folder: Path, *extra: str):
+        self.port = free_port()
+        self.log = folder.parent / f"{folder.name}-serve.log"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "posbias_export", "serve", str(folder), "--port", str(self.port), "--threads", "1",
+             *extra], stdout=self.log.open("w"), stderr=subprocess.STDOUT, cwd=REPO,
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="-", max_retries=0, timeout=300)
+        deadline = time.time() + STARTUP_S
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"serve exited {self.process.returncode}:\n{self.log.read_text()[-3000:]}")
+            if self.status("/health") == 200:
+                return
+            time.sleep(2)
+        self.stop()
+        raise AssertionError(f"serve was not up in {STARTUP_S} s:\n{self.log.read_text()[-3000:]}")
+
+    def status(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=10) as answer:
+                return answer.status
+        except urllib.error.HTTPError as err:
+            return err.code
+        except OSError:
+            return 0
+
+    def post(self, path: str, body: bytes) -> tuple[int, dict]:
+        request = urllib.request.Request(self.url + path, data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise AssertionError("serve did not stop in 120 s after SIGTERM") from None
+
+
+def kill_model_replica(name: str) -> None:
+    found = subprocess.run(["pgrep", "-f", f"ServeReplica:{name}:model"], capture_output=True, text=True).stdout.split()
+    assert found, "no model replica process"
+    os.kill(int(found[0]), signal.SIGKILL)
+
+
+def check_errors(server: Server, route: str, bodies: dict) -> None:
+    """Each body -> its status, with OpenAI's error object; the replica serves on after all of them."""
+    for name, (body, status) in bodies.items():
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        got, answer = server.post(route, raw)
+        assert got == status, (name, got, answer)
+        assert set(answer["error"]) >= {"message", "type", "param", "code"} and answer["error"]["message"], name
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("serve")
+
+
+def test_served_embedder(root):
+    source = save_tiny_folder("jina_bert", root / "jina")
+    save_tokenizer(source, max_length=8192)
+    folder = root / "jina_served"
+    ship(source, folder, check_growth=False)
+    from posbias_export.serve.embedder import EmbedderEngine
+    from posbias_export.serve.folder import ServedFolder
+
+    direct = EmbedderEngine(ServedFolder.read(folder))  # the folder's file, run on each input alone
+    server = Server(folder, "--max-batch-tokens", "256")
+    try:
+        client = server.client
+        assert [m.id for m in client.models.list().data] == [folder.name]
+        texts = ["To be, or not to be", "that is the question: whether tis nobler in the mind to suffer", "To"]
+        got = client.embeddings.create(model=folder.name, input=texts)
+        assert got.usage.prompt_tokens == sum(len(r) for r in direct.tokenize(texts))
+        for text, item in zip(texts, got.data):
+            alone = direct.embed(direct.tokenize([text]))[0]
+            assert float(np.dot(item.embedding, alone)) >= 0.99999
+        b64 = client.embeddings.create(model=folder.name, input=texts[:1], encoding_format="base64").data[0].embedding
+        import base64
+
+        assert np.array_equal(np.frombuffer(base64.b64decode(b64), "<f4"), np.float32(got.data[0].embedding))
+        ids = client.embeddings.create(model=folder.name, input=[PROMPTS[0], PROMPTS[2]])
+        assert float(np.dot(ids.data[1].embedding, direct.embed([PROMPTS[2]])[0])) >= 0.99999
+
+        # 16 concurrent requests, one input of 700 tokens beside short ones: the 256-token budget
+        # splits the batches and runs the long one alone, refusing none
+        inputs = [[(7 * k + j) % 290 + 3 for j in range(700 if k == 5 else 3 + 9 * k)] for k in range(16)]
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda row: client.embeddings.create(model=folder.name, input=[row]), inputs))
+        for row, answer in zip(inputs, answers):
+            assert float(np.dot(answer.data[0].embedding, direct.embed([row])[0])) >= 0.99999
+        metrics = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
+        assert 'posbias_requests_total{route="embeddings"}' in metrics and "posbias_batch_size_bucket" in metrics
+
+        check_errors(server, "/v1/embeddings", {
+            "empty string": ({"model": folder.name, "input": ""}, 400),
+            "empty list": ({"model": folder.name, "input": []}, 400),
+            "floats": ({"model": folder.name, "input": [1.5, 2]}, 400),
+            "mixed": ({"model": folder.name, "input": [[1, 2], "x"]}, 400),
+            "id past the vocabulary": ({"model": folder.name, "input": [[1, 10**9]]}, 400),
+            "past the context": ({"model": folder.name, "input": [[5] * 9000]}, 400),
+            "encoding": ({"model": folder.name, "input": "x", "encoding_format": "hex"}, 400),
+            "unknown model": ({"model": "nope", "input": "x"}, 404),
+            "no model": ({"input": "x"}, 400),
+            "not JSON": (b"{bad", 400),
+            "not an object": (b"[1, 2]", 400),
+            "100 MB": (b'{"model": "x", "input": "' + b"a" * (100 << 20) + b'"}', 413),
+            "completions here": ({"model": folder.name, "prompt": "x"}, 400),
+        })
+        assert server.status("/v1/nothing") == 404
+        kill_model_replica(folder.name)
+        deadline, answered = time.time() + STARTUP_S, None
+        while time.time() < deadline and answered is None:
+            status, body = server.post("/v1/embeddings", json.dumps({"model": folder.name, "input": texts}).encode())
+            assert status in (200, 503), (status, body)  # a dead replica is a clean 503 until Ray restarts it
+            answered = body if status == 200 else time.sleep(2)
+        assert answered is not None, "the replica was not restarted"
+        assert float(np.dot(answered["data"][0]["embedding"], got.data[0].embedding)) >= 0.99999
+    finally:
+        assert server.stop() == 0
+    assert "stopping" in server.log.read_text()
+
+
+def completion_tokens(client, model: str, prompt, max_tokens: int, stream: bool = False) -> tuple[str, int]:
+    if stream:
+        text, usage = "", None
+        for event in client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                               stream=True):
+            text += event.choices[0].text
+            usage = event.usage or usage
+        return text, usage.completion_tokens
+    answer = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
+    return answer.choices[0].text, answer.usage.completion_tokens
+
+
+def test_served_decoder(root):
+    from tokenizers import Tokenizer
+
+    folder = root / "bloom_served"
+    ship(save_client_model("bloom", root / "bloom"), folder, check_growth=False)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    eos = (json.loads((folder / "generation_config.json").read_text())["eos_token_id"],)
+
+    def expected(prompt: list[int], n: int) -> tuple[str, int]:
+        made = generate_alone(folder, prompt, n, eos)
+        return tokenizer.decode(made, skip_special_tokens=True), len(made)
+
+    server = Server(folder, "--slots", "4")
+    try:
+        client, name = server.client, folder.name
+        assert completion_tokens(client, name, PROMPTS[0], 12) == expected(PROMPTS[0], 12)
+        assert completion_tokens(client, name, PROMPTS[0], 12, stream=True) == expected(PROMPTS[0], 12)
+        text_prompt = "To be, or not to be"
+        ids = tokenizer.encode(text_prompt).ids
+        assert completion_tokens(client, name, text_prompt, 8) == expected(ids, 8)
+
+        # 16 concurrent requests of mixed prompts and lengths through 4 slots
+        jobs = [(PROMPTS[k % len(PROMPTS)], 3 + 2 * k) for k in range(16)]
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda job: completion_tokens(client, name, *job), jobs))
+        assert answers == [expected(*job) for job in jobs]
+
+        # continuous batching: a short request sent while a long one streams ends first, unchanged
+        stream = client.completions.create(model=name, prompt=PROMPTS[2], max_tokens=400, temperature=0, stream=True)
+        events = iter(stream)
+        long_text = "".join(next(events).choices[0].text for _ in range(3))
+        assert completion_tokens(client, name, PROMPTS[1], 5) == expected(PROMPTS[1], 5)
+        for event in events:  # the long one is still running: the rest of its text comes after
+            long_text += event.choices[0].text
+            usage = event.usage
+        assert usage.completion_tokens > 5 and (long_text, usage.completion_tokens) == expected(PROMPTS[2], 400)
+
+        check_errors(server, "/v1/completions", {
+            "empty prompt": ({"model": name, "prompt": ""}, 400),
+            "prompt type": ({"model": name, "prompt": 123}, 400),
+            "prompt past the context": ({"model": name, "prompt": [5] * 9000, "max_tokens": 1}, 400),
+            "max_tokens 0": ({"model": name, "prompt": "x", "max_tokens": 0}, 400),
+            "max_tokens text": ({"model": name, "prompt": "x", "max_tokens": "5"}, 400),
+            "max_tokens huge": ({"model": name, "prompt": "x", "max_tokens": 10**9}, 400),
+            "temperature": ({"model": name, "prompt": "x", "temperature": 7}, 400),
+            "stop type": ({"model": name, "prompt": "x", "stop": 5}, 400),
+            "unknown model": ({"model": "nope", "prompt": "x"}, 404),
+            "not JSON": (b"{bad", 400),
+            "100 MB": (b'{"model": "x", "prompt": "' + b"a" * (100 << 20) + b'"}', 413),
+            "embeddings here": ({"model": name, "input": "x"}, 400),
+        })
+
+        # a replica killed while requests decode: each fails cleanly (503) or is answered, none hangs
+        with ThreadPoolExecutor(4) as pool:
+            running = [pool.submit(completion_tokens, client, name, PROMPTS[k], 300) for k in range(4)]
+            time.sleep(1.0)
+            kill_model_replica(name)
+            for job in running:
+                try:
+                    job.result(timeout=STARTUP_S)
+                except openai.APIStatusError as err:
+                    assert err.status_code == 503, err
+        deadline = time.time() + STARTUP_S
+        while True:
+            try:
+                assert completion_tokens(client, name, PROMPTS[3], 6) == expected(PROMPTS[3], 6)
+                break
+            except openai.APIStatusError as err:
+                assert err.status_code == 503 and time.time() < deadline, err
+                time.sleep(2)
+    finally:
+        assert server.stop() == 0
+
+
+def test_served_seq2seq(root):
+    from posbias_export.serve.folder import ServedFolder
+
+    folder = root / "t5_served"
+    ship(save_client_model("t5", root / "t5"), folder, check_growth=False)
+    served = ServedFolder.read(folder)
+    seq2seq = load_runner("ort/seq2seq.py")
+    from tokenizers import Tokenizer
+
+    tokenizer, eos = Tokenizer.from_file(str(folder / "tokenizer.json")), served.settings["eos_token_id"]
+    server = Server(folder)
+    try:
+        jobs = [(PROMPTS[k], 4 + k) for k in range(len(PROMPTS))]
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            answers = list(pool.map(lambda job: server.client.completions.create(
+                model=folder.name, prompt=job[0], max_tokens=job[1], temperature=0), jobs))
+        for (prompt, n), answer in zip(jobs, answers):
+            ids = np.asarray([prompt], np.int64)
+            alone = seq2seq.greedy_generate(str(served.files["encoder"]), str(served.files["decoder"]), ids,
+                                            np.ones_like(ids), n, start_token=0, eos_ids=(eos,))[0].tolist()
+            alone = alone[:alone.index(eos) + 1] if eos in alone else alone
+            assert (answer.choices[0].text, answer.usage.completion_tokens) == (
+                tokenizer.decode(alone, skip_special_tokens=True), len(alone))
+    finally:
+        assert server.stop() == 0

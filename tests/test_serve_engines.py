@@ -1,0 +1,212 @@
+"""serve's engines without Ray (posbias_export/serve/): a decoder's continuous batching over the
+in-place cache gives each request the tokens `generate` gives it alone, a short request that joins
+a long one's decode finishes first, a seq2seq batch gives each prompt seq2seq.py's tokens, the
+embedder's padded batches give the vectors of the file run on each input alone, and the token
+budget groups inputs without ever passing it (or refusing a long one)."""
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hf_folders import save_client_model, save_tiny_folder, save_tokenizer
+from posbias_export.hf.ship import ship
+from posbias_export.runners import runtimes_common
+from posbias_export.serve.decoder import DecoderEngine, Request
+from posbias_export.serve.embedder import EmbedderEngine, default_budget, token_batches
+from posbias_export.serve.folder import FolderError, ServedFolder
+from posbias_export.serve.seq2seq import Seq2SeqEngine
+
+RUNTIMES = Path(__file__).resolve().parents[1] / "runtimes"
+sys.path.insert(0, str(RUNTIMES))
+
+from common.loading import load_runner  # noqa: E402
+
+# prompts of different lengths (token ids of the tiny vocabulary, 300)
+PROMPTS = [[5, 17, 42, 8, 99, 23, 4], [61, 7], list(range(30, 75)), [250, 3, 3, 120, 77, 14, 200, 9, 31],
+           [11] * 20]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """kind -> a folder written by --out-dir: a BLOOM decoder (in-place cache), a T5 pair, a JinaBERT embedder."""
+    root = tmp_path_factory.mktemp("served")
+    made = {}
+    for kind in ("bloom", "t5"):
+        ship(save_client_model(kind, root / kind), root / f"{kind}_out", check_growth=False)
+        made[kind] = root / f"{kind}_out"
+    source = save_tiny_folder("jina_bert", root / "jina")
+    save_tokenizer(source, max_length=8192)
+    ship(source, root / "jina_out", check_growth=False)
+    made["jina_bert"] = root / "jina_out"
+    return made
+
+
+def generate_alone(folder: Path, prompt: list[int], max_tokens: int, eos=()) -> list[int]:
+    generate = load_runner("ort/generate.py")
+    decoder = generate.CachedDecoder(str(folder / "model.onnx"), "cpu")
+    made = generate.generate(decoder, [prompt], max_tokens, eos_ids=eos)[0]
+    if eos:  # generate stops the batch after a row's end token: the request's tokens end there
+        for k, token in enumerate(made):
+            if token in eos:
+                return made[:k + 1]
+    return made
+
+
+def collect(request: Request, timeout: float = 120.0) -> list[int]:
+    got = []
+    while (token := request.tokens.get(timeout=timeout)) is not None:
+        got.append(token)
+    assert request.error is None, request.error
+    return got
+
+
+def test_the_folders_are_told_apart(folders, tmp_path):
+    assert [ServedFolder.read(folders[k]).kind for k in ("bloom", "t5", "jina_bert")] == ["decoder", "seq2seq", "embedder"]
+    with pytest.raises(FolderError, match="no tokenizer.json"):
+        ServedFolder.read(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "model.onnx").write_bytes(b"not a model")
+    with pytest.raises(FolderError, match="cannot read"):
+        ServedFolder.read(tmp_path)
+
+
+@pytest.mark.parametrize("slots,capacity", [(3, None), (2, 36)], ids=["three-slots", "two-slots-compacting"])
+def test_continuous_batching_gives_each_request_generates_tokens(folders, slots, capacity):
+    """Five prompts through fewer slots (rows join as others leave; with a 36-token capacity the
+    buffers compact while rows run): each request's greedy tokens equal generate's for it alone."""
+    engine = DecoderEngine(ServedFolder.read(folders["bloom"]), slots=slots, capacity=capacity)
+    engine.start()
+    try:
+        max_tokens = [6, 20, 3, 25, 15]
+        prompts = PROMPTS if capacity is None else [p[:12] for p in PROMPTS]
+        requests = [engine.submit(Request(p, n)) for p, n in zip(prompts, max_tokens)]
+        got = [collect(r) for r in requests]
+    finally:
+        engine.stop()
+    assert max(engine.batch_sizes) > 1  # rows really ran together
+    assert (engine.compactions > 0) == (capacity is not None)
+    for prompt, n, tokens in zip(prompts, max_tokens, got):
+        assert tokens == generate_alone(folders["bloom"], prompt, n), prompt
+
+
+def test_a_short_request_joins_a_long_decode_and_finishes_first(folders):
+    engine = DecoderEngine(ServedFolder.read(folders["bloom"]), slots=2)
+    engine.start()
+    try:
+        long = engine.submit(Request(PROMPTS[0], 60))
+        first = [long.tokens.get(timeout=120) for _ in range(3)]  # the long one is decoding
+        short = engine.submit(Request(PROMPTS[1], 4))
+        short_tokens = collect(short)
+        made_when_short_ended = len(long.made)
+        long_tokens = first + collect(long)
+    finally:
+        engine.stop()
+    assert made_when_short_ended < 60, "the long request had ended before the short one"
+    assert short_tokens == generate_alone(folders["bloom"], PROMPTS[1], 4)
+    assert long_tokens == generate_alone(folders["bloom"], PROMPTS[0], 60)
+
+
+def test_stop_ids_and_cancel_free_the_row(folders):
+    engine = DecoderEngine(ServedFolder.read(folders["bloom"]), slots=1)
+    engine.start()
+    try:
+        alone = generate_alone(folders["bloom"], PROMPTS[3], 8)
+        stopped = engine.submit(Request(PROMPTS[3], 8, stop_ids=(alone[2],)))
+        assert collect(stopped) == alone[:alone.index(alone[2]) + 1] and stopped.finish == "stop"
+        cancelled = engine.submit(Request(PROMPTS[0], 500))
+        cancelled.tokens.get(timeout=120)
+        cancelled.cancelled = True
+        collect(cancelled)
+        after = engine.submit(Request(PROMPTS[1], 5))  # the one slot is free again
+        assert collect(after) == generate_alone(folders["bloom"], PROMPTS[1], 5)
+    finally:
+        engine.stop()
+    with pytest.raises(ValueError, match="exceed the context"):
+        engine.submit(Request(PROMPTS[0], engine.capacity))
+
+
+def test_seq2seq_batches_give_each_prompt_its_own_tokens(folders):
+    folder = ServedFolder.read(folders["t5"])
+    seq2seq = load_runner("ort/seq2seq.py")
+    engine = Seq2SeqEngine(folder, slots=4)
+    requests = [Request(p, n) for p, n in zip(PROMPTS, [5, 9, 3, 7, 6])]
+    for r in requests:  # queued before the loop starts: the first batch takes four of them
+        engine.submit(r)
+    engine.start()
+    try:
+        got = [collect(r) for r in requests]
+    finally:
+        engine.stop()
+    assert engine.batch_sizes[0] == 4
+    for request, tokens in zip(requests, got):
+        ids = np.asarray([request.prompt], np.int64)
+        alone = seq2seq.greedy_generate(str(folder.files["encoder"]), str(folder.files["decoder"]), ids,
+                                        np.ones_like(ids), request.max_tokens, start_token=engine.start_token)
+        assert tokens == alone[0].tolist()
+
+
+def test_padded_embedding_batches_equal_each_input_alone(folders):
+    engine = EmbedderEngine(ServedFolder.read(folders["jina_bert"]))
+    rows = [PROMPTS[2], PROMPTS[1], PROMPTS[0]]
+    batched = engine.embed(rows)
+    for row, vector in zip(rows, batched):
+        alone = engine.embed([row])[0]
+        assert float(vector @ alone) >= 0.99999 and np.abs(vector - alone).max() < 1e-5
+        assert abs(np.linalg.norm(vector) - 1) < 1e-6
+
+
+def test_token_batches_stay_within_the_budget():
+    rng = np.random.default_rng(0)
+    lengths = [8192, *rng.integers(1, 600, 200).tolist(), 3000, 1]
+    budget = 4096
+    batches = token_batches(lengths, budget)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))  # every input once, none refused
+    for batch in batches:
+        padded = len(batch) * max(lengths[i] for i in batch)
+        assert padded <= budget or len(batch) == 1, (batch, padded)
+    assert [0] in batches  # the 8192-token input runs alone, beside the short ones' batches
+    assert len(batches) < len(lengths) / 4  # the short ones do batch
+
+
+def test_the_default_budget_follows_memory():
+    gb = 1 << 30
+    small, large = default_budget(8192, 768, 1 * gb), default_budget(8192, 768, 16 * gb)
+    assert small == 8192  # never below one input of the model's whole context
+    assert large > small and large * 110_000 <= 16 * gb / 4 * 1.01  # a quarter of the free memory
+    assert runtimes_common("memory").available_bytes() > 0
+
+
+def test_requests_from_many_threads(folders):
+    """Submissions race the loop (joins while stepping): every request still gets its tokens."""
+    engine = DecoderEngine(ServedFolder.read(folders["bloom"]), slots=4)
+    engine.start()
+    results: dict[int, list[int]] = {}
+
+    def one(k: int) -> None:
+        results[k] = collect(engine.submit(Request(PROMPTS[k % len(PROMPTS)], 4 + k)))
+
+    try:
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    finally:
+        engine.stop()
+    for k in range(8):
+        assert results[k] == generate_alone(folders["bloom"], PROMPTS[k % len(PROMPTS)], 4 + k)
+
+
+def test_the_config_file_builder_takes_serves_options(folders):
+    pytest.importorskip("ray.serve")
+    from ray.serve import Application
+
+    from posbias_export.serve.deploy import app
+
+    assert isinstance(app({"folder": str(folders["jina_bert"]), "replicas": "2", "max_batch_tokens": 4096}), Application)
+    with pytest.raises(ValueError, match="folder required"):
+        app({"replica": 2})
