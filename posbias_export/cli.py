@@ -50,6 +50,8 @@ COMMANDS = (
             "bench", "build_bench_clients_parser", "run_bench_clients"),
     Command("serve", "serve a --out-dir folder behind the OpenAI API on Ray Serve (embeddings, completions)", "serve",
             "build_serve_parser", "run_serve"),
+    Command("bench-serve", "serve under load: embeddings and streamed completions, requests/s, latency, server RSS",
+            "serve", "build_bench_serve_parser", "run_bench_serve"),
     Command("show-bias", "draw a bias family's values per head from its float64 reference", "show_bias",
             "build_show_bias_parser", "run_show_bias"),
     Command("train", "train a byte-level decoder on a text corpus", "study", "build_train_parser", "run_train"),

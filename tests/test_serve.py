@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -28,47 +26,17 @@ from test_serve_engines import PROMPTS, generate_alone  # noqa: E402  (puts runt
 from common.loading import load_runner  # noqa: E402
 from hf_folders import save_client_model, save_tiny_folder, save_tokenizer  # noqa: E402
 from posbias_export.hf.ship import ship  # noqa: E402
+from posbias_export.serve.process import STARTUP_S, ServeProcess  # noqa: E402
 
-STARTUP_S = 300  # a loaded 2-core machine starts Ray, its proxy and a replica in 60-120 s
 REPO = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """serve DIR in a subprocess, up when /health answers 200."""
+class Server(ServeProcess):
+    """serve DIR (one ONNX Runtime thread a replica) with an openai client and a raw poster."""
 
     def __init__(self, folder: Path, *extra: str):
-        self.port = free_port()
-        self.log = folder.parent / f"{folder.name}-serve.log"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "posbias_export", "serve", str(folder), "--port", str(self.port), "--threads", "1",
-             *extra], stdout=self.log.open("w"), stderr=subprocess.STDOUT, cwd=REPO,
-            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
-        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(folder, "--threads", "1", *extra, cwd=REPO)
         self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="-", max_retries=0, timeout=300)
-        deadline = time.time() + STARTUP_S
-        while time.time() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"serve exited {self.process.returncode}:\n{self.log.read_text()[-3000:]}")
-            if self.status("/health") == 200:
-                return
-            time.sleep(2)
-        self.stop()
-        raise AssertionError(f"serve was not up in {STARTUP_S} s:\n{self.log.read_text()[-3000:]}")
-
-    def status(self, path: str) -> int:
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=10) as answer:
-                return answer.status
-        except urllib.error.HTTPError as err:
-            return err.code
-        except OSError:
-            return 0
 
     def post(self, path: str, body: bytes) -> tuple[int, dict]:
         request = urllib.request.Request(self.url + path, data=body, headers={"Content-Type": "application/json"})
@@ -77,14 +45,6 @@ class Server:
                 return answer.status, json.loads(answer.read())
         except urllib.error.HTTPError as err:
             return err.code, json.loads(err.read())
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(120)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            raise AssertionError("serve did not stop in 120 s after SIGTERM") from None
 
 
 def kill_model_replica(name: str) -> None:

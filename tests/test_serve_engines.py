@@ -210,3 +210,38 @@ def test_the_config_file_builder_takes_serves_options(folders):
     assert isinstance(app({"folder": str(folders["jina_bert"]), "replicas": "2", "max_batch_tokens": 4096}), Application)
     with pytest.raises(ValueError, match="folder required"):
         app({"replica": 2})
+
+
+def test_the_server_tree_rss_counts_its_children():
+    """bench-serve's peak RSS is the whole server: a child holding 200 MB is counted."""
+    import os
+    import subprocess
+
+    from posbias_export.serve.process import tree_rss
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]); "
+                              "print('ready', flush=True); sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"ready"
+        own = runtimes_common("memory").rss_now()
+        assert tree_rss(os.getpid()) >= own + (200 << 20)
+        assert tree_rss(child.pid) >= 200 << 20
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_bench_serve_judges_its_targets():
+    from posbias_export.bench.serve_load import LoadCell, render
+    from posbias_export.environment import environment
+
+    def comp(streams, tokens, wall):
+        return LoadCell("ours", "completions", 512, streams, requests=streams, wall_s=wall, tokens=tokens,
+                        latencies=[0.5] * streams, note="bloom-560m")
+
+    embed = LoadCell("ours", "embeddings", 8192, 1, requests=2, wall_s=10, latencies=[4.0, 6.0], peak_rss=int(1.5e9))
+    text = render([embed, comp(1, 128, 10.0), comp(16, 2048, 40.0)], environment(),
+                  {"infinity-emb": "not installed", "llama.cpp server": ""})
+    assert "| completions: 16 streams >= 3x the tokens/s of 1 | 4.00x | met |" in text  # 51.2 / 12.8 tokens/s
+    assert "| embeddings at 8192 tokens: server RSS <= 2 GB | 1.50 GB | met |" in text
+    assert "not run: not installed" in text and "| 0.20 |" in text  # 2 requests in 10 s

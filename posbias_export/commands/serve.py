@@ -59,3 +59,52 @@ def run_serve(args) -> int:
 
     return launch(served, args.host, args.port, args.replicas, args.address, args.max_batch_tokens, args.threads,
                   args.slots)
+
+
+def build_bench_serve_parser() -> argparse.ArgumentParser:
+    from ..bench import serve_load as bench
+    from .options import int_list
+
+    p = parser("bench-serve", "serve under bounded load on loopback: embeddings (a jina-v2-base-shaped folder, "
+               "concurrent clients x input lengths) and streamed completions (a BLOOM-560m-shaped folder, concurrent "
+               "streams): requests/s or tokens/s, latency percentiles, the whole server's peak RSS, beside the peer "
+               "servers installed here; writes serve.md/.json.",
+               "example:\n  python -m posbias_export bench-serve --work /tmp/real --lengths 512,2048 --clients 1,8")
+    p.add_argument("--work", required=True, help="folder for the random-weight models and their served folders")
+    p.add_argument("--lengths", type=int_list, default=bench.EMBED_LENGTHS,
+                   help=f"embedding input tokens (default {','.join(map(str, bench.EMBED_LENGTHS))})")
+    p.add_argument("--clients", type=int_list, default=bench.EMBED_CLIENTS,
+                   help=f"concurrent embedding clients (default {','.join(map(str, bench.EMBED_CLIENTS))})")
+    p.add_argument("--streams", type=int_list, default=bench.STREAMS,
+                   help=f"concurrent completion streams (default {','.join(map(str, bench.STREAMS))})")
+    p.add_argument("--prompt", type=positive_int, default=bench.PROMPT, help=f"prompt tokens (default {bench.PROMPT})")
+    p.add_argument("--new-tokens", type=positive_int, default=bench.NEW_TOKENS,
+                   help=f"tokens per completion (default {bench.NEW_TOKENS})")
+    p.add_argument("--out-dir", default="benchmarks", help="where serve.md/.json go (default benchmarks)")
+    return p
+
+
+def run_bench_serve(args) -> int:
+    import sys
+    from pathlib import Path
+
+    from ..bench import serve_load as bench
+
+    for name in ("lengths", "clients", "streams"):
+        bad = [v for v in getattr(args, name) if v < 1]
+        if bad or not getattr(args, name):
+            raise UsageError(f"--{name} takes positive integers, got {getattr(args, name)}")
+    if max(args.lengths) > 1 << 20 or args.prompt + args.new_tokens > 1 << 20:
+        raise UsageError("--lengths / --prompt + --new-tokens: at most 1048576 tokens")
+    try:
+        import openai  # noqa: F401
+        import ray.serve  # noqa: F401
+    except ImportError:
+        raise UsageError("bench-serve needs Ray Serve and the openai client: pip install 'posbias_export[serve]'") from None
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    paths = bench.run_and_write(work, Path(args.out_dir), tuple(args.lengths), tuple(args.clients),
+                                tuple(args.streams), args.prompt, args.new_tokens,
+                                progress=lambda m: print(m, file=sys.stderr, flush=True))
+    print("\n".join(f"wrote {path}" for path in paths))
+    return 0

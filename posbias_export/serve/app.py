@@ -78,7 +78,9 @@ def build_app(folder: str, replicas: int = 1, threads: int = 0, max_batch_tokens
             self.tokenizer = Tokenizer.from_file(str(self.served.files["tokenizer"]))
             self.tokenizer.no_truncation()
             self.tokenizer.no_padding()
-            self.vocab = self.tokenizer.get_vocab_size()
+            # token ids are judged against the model's table (it may be larger than the tokenizer's)
+            vocab = self.served.settings.get("vocab_size")
+            self.vocab = vocab if isinstance(vocab, int) and vocab > 0 else self.tokenizer.get_vocab_size()
             self.eos = _eos_ids(self.served.settings)
             self.metrics = Metrics()
 
