@@ -30,6 +30,7 @@ JINA_BASE = dict(vocab=30528, hidden=768, heads=12, layers=12, max_len=8192)  # 
 EMBED_LENGTHS, EMBED_CLIENTS = (512, 2048, 8192), (1, 8, 32)
 STREAMS, PROMPT, NEW_TOKENS = (1, 4, 16), 512, 128
 REQUESTS_PER_CLIENT = 2  # each embedding client sends this many requests (a cell's total: clients x this)
+MAX_CELL_TOKENS = 65536  # an embedding cell sending more tokens than this is skipped (8192 x 8 clients: ~20 min on 2 cores)
 CELL_BUDGET_S = 900  # a cell's requests stop being sent after this (the cell says how many it ran)
 TARGETS = {"streams": 3.0, "embed_gb": 2.0}
 
@@ -203,38 +204,49 @@ def make_folders(work: Path, progress) -> dict[str, Path]:
 
 
 def run_and_write(work: Path, out_dir: Path, lengths, clients, streams, prompt: int, new_tokens: int,
-                  progress) -> list[Path]:
+                  progress, max_cell_tokens: int = MAX_CELL_TOKENS) -> list[Path]:
+    folders = make_folders(work, progress)
+    env, cells = environment(bandwidth=True), []
+    for length in lengths:  # a fresh server per length: a cell's peak is not an earlier, larger batch's arena
+        runnable = [c for c in clients if length * c * REQUESTS_PER_CLIENT <= max_cell_tokens]
+        cells += [LoadCell("ours", "embeddings", length, c, note=f"skipped: more than {max_cell_tokens} tokens in "
+                           "the cell (--max-cell-tokens)") for c in clients if c not in runnable]
+        if runnable:
+            cells += _served(work, folders["jina-v2-base"], "jina-v2-base", (), progress, [
+                (f"embeddings: {length} tokens, {c} clients", LoadCell("ours", "embeddings", length, c),
+                 lambda server, client, model, vocab, c=c: embed_cell(server, client, model, length, c, vocab))
+                for c in runnable])
+    slots = ("--slots", str(max(streams)))  # every stream decodes at once
+    cells += _served(work, folders["bloom-560m"], "bloom-560m", slots, progress, [
+        (f"completions: bloom-560m, {s} streams", LoadCell("ours", "completions", prompt, s, note="bloom-560m"),
+         lambda server, client, model, vocab, s=s: completion_cell(server, client, model, "bloom-560m", s, vocab,
+                                                                   prompt, new_tokens))
+        for s in streams])
+    missing = peers_missing()
+    data = {"environment": env, "cells": [asdict(c) for c in cells], "peers": missing}
+    return write_results(out_dir, "serve", data, render(cells, env, missing))
+
+
+def _served(work: Path, folder: Path, name: str, options, progress, jobs) -> list[LoadCell]:
+    """One server of `folder` for `jobs` (label, the cell if it fails, measure(server, client, model, vocab))."""
+    import json
+
     import openai
 
     from ..serve.process import ServeProcess
 
-    folders = make_folders(work, progress)
-    env, cells = environment(bandwidth=True), []
-    for name, folder in folders.items():
-        import json
-
-        vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
-        progress(f"starting serve {folder.name}")
-        server = ServeProcess(folder, log=work / f"{name}-serve.log")
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=3600)
-        try:
-            if name == "jina-v2-base":
-                for length in lengths:
-                    for c in clients:
-                        progress(f"embeddings: {length} tokens, {c} clients")
-                        cells.append(_guarded(lambda: embed_cell(server, client, folder.name, length, c, vocab),
-                                              LoadCell("ours", "embeddings", length, c)))
-            else:
-                for s in streams:
-                    progress(f"completions: {name}, {s} streams")
-                    cells.append(_guarded(lambda: completion_cell(server, client, folder.name, name, s, vocab, prompt,
-                                                                  new_tokens),
-                                          LoadCell("ours", "completions", prompt, s, note=name)))
-        finally:
-            server.stop()
-    missing = peers_missing()
-    data = {"environment": env, "cells": [asdict(c) for c in cells], "peers": missing}
-    return write_results(out_dir, "serve", data, render(cells, env, missing))
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    progress(f"starting serve {folder.name}")
+    server = ServeProcess(folder, *options, log=work / f"{name}-serve.log")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=3600)
+    cells = []
+    try:
+        for label, empty, measure in jobs:
+            progress(label)
+            cells.append(_guarded(lambda: measure(server, client, folder.name, vocab), empty))
+    finally:
+        server.stop()
+    return cells
 
 
 def _guarded(measure, empty: LoadCell) -> LoadCell:

@@ -80,6 +80,8 @@ def build_bench_serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", type=positive_int, default=bench.PROMPT, help=f"prompt tokens (default {bench.PROMPT})")
     p.add_argument("--new-tokens", type=positive_int, default=bench.NEW_TOKENS,
                    help=f"tokens per completion (default {bench.NEW_TOKENS})")
+    p.add_argument("--max-cell-tokens", type=positive_int, default=bench.MAX_CELL_TOKENS,
+                   help=f"skip an embedding cell sending more tokens than this (default {bench.MAX_CELL_TOKENS})")
     p.add_argument("--out-dir", default="benchmarks", help="where serve.md/.json go (default benchmarks)")
     return p
 
@@ -105,6 +107,7 @@ def run_bench_serve(args) -> int:
     work.mkdir(parents=True, exist_ok=True)
     paths = bench.run_and_write(work, Path(args.out_dir), tuple(args.lengths), tuple(args.clients),
                                 tuple(args.streams), args.prompt, args.new_tokens,
-                                progress=lambda m: print(m, file=sys.stderr, flush=True))
+                                progress=lambda m: print(m, file=sys.stderr, flush=True),
+                                max_cell_tokens=args.max_cell_tokens)
     print("\n".join(f"wrote {path}" for path in paths))
     return 0

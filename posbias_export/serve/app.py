@@ -197,6 +197,8 @@ class _Completion:
         try:
             async for item in self.tokens:
                 if isinstance(item, dict):
+                    if "error" in item and item.get("status") == 400:  # a slot's context, smaller than the folder's
+                        raise ApiError(400, item["error"], param="max_tokens", code="context_length_exceeded")
                     if "error" in item:
                         raise ApiError(503, f"the model replica failed: {item['error']}",
                                        kind="server_error", code="replica_failed")

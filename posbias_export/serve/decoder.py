@@ -48,7 +48,7 @@ class Request:
     cancelled: bool = False  # set by the reader (a stop string matched, the client left): the row leaves
     finish: str | None = None
     error: str | None = None
-    tokens: queue.Queue = field(default_factory=queue.Queue)
+    tokens: queue.Queue = field(default_factory=queue.Queue)  # anything with put(): the replica's is its event loop's
 
     def emit(self, token: int | None) -> None:
         if token is not None:
@@ -68,7 +68,7 @@ class DecoderEngine:
         if not self.decoder.inplace:
             raise ValueError(f"{folder.files['model']} writes its cache by concatenation; serve batches decoders over the "
                              "in-place cache: write the folder with --out-dir (its default --target ort)")
-        self.slots, self.capacity = slots, capacity or folder.context
+        self.slots, self.capacity = slots, capacity or fitting_capacity(self.decoder, slots, folder.context)
         shape = (slots, self.decoder.heads, self.capacity, self.decoder.head_dim)
         # numpy owns the memory (so a join can copy rows in), ONNX Runtime reads and writes it in place
         self.arrays = [np.zeros(shape, self.decoder.dtype) for _ in range(2 * self.decoder.layers)]
@@ -216,6 +216,17 @@ class DecoderEngine:
         self.mask[:, :self.clock - shift] = self.mask[:, shift:self.clock]
         self.mask[:, self.clock - shift:] = 0
         self.clock -= shift
+
+
+def fitting_capacity(decoder, slots: int, context: int) -> int:
+    """Tokens a slot holds: the folder's context, capped so the buffers (slots + the joining
+    prompt's own row) take at most a quarter of the free memory (bloom-560m's 8192-token context
+    in 16 slots would be 26 GB: 2 x 24 layers x 1024 x 4 bytes a token a row)."""
+    from ..runners import runtimes_common
+
+    per_token = 2 * decoder.layers * decoder.heads * decoder.head_dim * np.dtype(decoder.dtype).itemsize
+    fit = runtimes_common("memory").available_bytes() // 4 // ((slots + 1) * per_token)
+    return int(max(64, min(context, fit)))
 
 
 def choose_token(logits: np.ndarray, request: Request) -> int:

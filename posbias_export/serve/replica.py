@@ -73,14 +73,17 @@ class Replica:
     async def complete(self, prompt: list[int], max_tokens: int, temperature: float, stop_ids: tuple[int, ...],
                        seed: int | None):
         """Yields each new token id, then {"finish": reason, "queue_s", "rss"} (or {"error": line})."""
-        loop = asyncio.get_running_loop()
-        request = Request(list(prompt), max_tokens, temperature, tuple(stop_ids), seed)
+        request = Request(list(prompt), max_tokens, temperature, tuple(stop_ids), seed, tokens=_LoopQueue())
         submitted = time.perf_counter()
-        self.engine.submit(request)
+        try:
+            self.engine.submit(request)
+        except ValueError as err:  # past what a slot holds: the caller's 400
+            yield {"error": str(err), "status": 400}
+            return
         first = None
         try:
             while True:
-                token = await loop.run_in_executor(None, request.tokens.get)
+                token = await request.tokens.queue.get()
                 if token is None:
                     break
                 first = first or time.perf_counter()
@@ -105,3 +108,14 @@ class Replica:
     def stop(self) -> None:
         if self.kind != "embedder":
             self.engine.stop()
+
+
+class _LoopQueue:
+    """A request's tokens handed from the engine's thread to this event loop (no thread blocked per
+    stream: the default executor has min(32, CPUs + 4) threads, fewer than the streams of a replica)."""
+
+    def __init__(self):
+        self.loop, self.queue = asyncio.get_running_loop(), asyncio.Queue()
+
+    def put(self, token) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, token)
