@@ -213,9 +213,10 @@ class _Completion:
                         yield self.text[sent:]
                     self.tokens.cancel()
                     return
-                if len(self.text) > sent and not self.text.endswith("\ufffd"):  # a split character waits
-                    yield self.text[sent:]
-                    sent = len(self.text)
+                piece = ""  # one event a token, empty while a split character waits for its other bytes
+                if len(self.text) > sent and not self.text.endswith("\ufffd"):
+                    piece, sent = self.text[sent:], len(self.text)
+                yield piece
         except ApiError:
             raise
         except Exception as err:  # noqa: BLE001 - the replica died under the request

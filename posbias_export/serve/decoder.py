@@ -72,7 +72,7 @@ class DecoderEngine:
         shape = (slots, self.decoder.heads, self.capacity, self.decoder.head_dim)
         # numpy owns the memory (so a join can copy rows in), ONNX Runtime reads and writes it in place
         self.arrays = [np.zeros(shape, self.decoder.dtype) for _ in range(2 * self.decoder.layers)]
-        self.buffers = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.arrays]
+        self.prefixes: dict[int, list] = {}  # rows -> OrtValues over the first rows of each buffer
         own_shape = (1, *shape[1:])  # a joining prompt's own buffer: batch 1 takes several rows after cached ones
         self.own_arrays = [np.zeros(own_shape, self.decoder.dtype) for _ in range(2 * self.decoder.layers)]
         self.own = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.own_arrays]
@@ -179,12 +179,13 @@ class DecoderEngine:
         running = [s for s, r in enumerate(self.rows) if r is not None]
         if not running:
             return
-        ids = np.zeros((self.slots, 1), np.int64)
+        rows = running[-1] + 1  # the step runs rows [0, rows) only: a join takes the lowest free slot
+        ids = np.zeros((rows, 1), np.int64)
         ids[running, 0] = self.last[running]
         self.mask[:, self.clock] = 0
         self.mask[running, self.clock] = 1
         try:
-            logits = self.decoder.step_shared(ids, self.mask[:, :self.clock + 1], self.buffers)  # [slots, 1, V]
+            logits = self.decoder.step_shared(ids, self.mask[:rows, :self.clock + 1], self._prefix(rows))  # [rows, 1, V]
         except Exception as err:  # noqa: BLE001 - every running request fails with the runtime's line
             for slot in running:
                 self._fail(self.rows[slot], str(err).splitlines()[0] if str(err) else type(err).__name__)
@@ -195,6 +196,15 @@ class DecoderEngine:
         self.batch_sizes.append(len(running))
         for slot in running:
             self._next(slot, logits[slot, -1])
+
+    def _prefix(self, rows: int) -> list:
+        """The buffers' first `rows` rows as OrtValues over the same memory (the slot axis is the
+        outermost: a prefix is contiguous), so idle rows past the last running one cost nothing."""
+        if rows not in self.prefixes:
+            import onnxruntime as ort
+
+            self.prefixes[rows] = [ort.OrtValue.ortvalue_from_numpy(a[:rows]) for a in self.arrays]
+        return self.prefixes[rows]
 
     def _compact(self) -> None:
         """Move every buffer left by the earliest slot a running row uses; a row from slot 0 has
