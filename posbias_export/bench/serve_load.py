@@ -204,10 +204,13 @@ def make_folders(work: Path, progress) -> dict[str, Path]:
 
 
 def run_and_write(work: Path, out_dir: Path, lengths, clients, streams, prompt: int, new_tokens: int,
-                  progress, max_cell_tokens: int = MAX_CELL_TOKENS) -> list[Path]:
+                  progress, max_cell_tokens: int = MAX_CELL_TOKENS, only: str | None = None) -> list[Path]:
+    """only: "embeddings" or "completions" measures that route and keeps the other's rows of the last run."""
     folders = make_folders(work, progress)
     env, cells = environment(bandwidth=True), []
-    for length in lengths:  # a fresh server per length: a cell's peak is not an earlier, larger batch's arena
+    if only == "completions":  # the embeddings rows of the last run are kept
+        cells += [LoadCell(**c) for c in _last_cells(out_dir) if c["route"] == "embeddings"]
+    for length in (lengths if only != "completions" else ()):  # a fresh server per length: a cell's peak is not an earlier, larger batch's arena
         runnable = [c for c in clients if length * c * REQUESTS_PER_CLIENT <= max_cell_tokens]
         cells += [LoadCell("ours", "embeddings", length, c, note=f"skipped: more than {max_cell_tokens} tokens in "
                            "the cell (--max-cell-tokens)") for c in clients if c not in runnable]
@@ -216,8 +219,11 @@ def run_and_write(work: Path, out_dir: Path, lengths, clients, streams, prompt: 
                 (f"embeddings: {length} tokens, {c} clients", LoadCell("ours", "embeddings", length, c),
                  lambda server, client, model, vocab, c=c: embed_cell(server, client, model, length, c, vocab))
                 for c in runnable])
-    slots = ("--slots", str(max(streams)))  # every stream decodes at once
-    cells += _served(work, folders["bloom-560m"], "bloom-560m", slots, progress, [
+    if only == "embeddings":
+        cells += [LoadCell(**c) for c in _last_cells(out_dir) if c["route"] == "completions"]
+        streams = ()
+    slots = ("--slots", str(max(streams, default=1)))  # every stream decodes at once
+    cells += [] if not streams else _served(work, folders["bloom-560m"], "bloom-560m", slots, progress, [
         (f"completions: bloom-560m, {s} streams", LoadCell("ours", "completions", prompt, s, note="bloom-560m"),
          lambda server, client, model, vocab, s=s: completion_cell(server, client, model, "bloom-560m", s, vocab,
                                                                    prompt, new_tokens))
@@ -225,6 +231,13 @@ def run_and_write(work: Path, out_dir: Path, lengths, clients, streams, prompt: 
     missing = peers_missing()
     data = {"environment": env, "cells": [asdict(c) for c in cells], "peers": missing}
     return write_results(out_dir, "serve", data, render(cells, env, missing))
+
+
+def _last_cells(out_dir: Path) -> list[dict]:
+    import json
+
+    path = Path(out_dir) / "serve.json"
+    return json.loads(path.read_text()).get("cells", []) if path.is_file() else []
 
 
 def _served(work: Path, folder: Path, name: str, options, progress, jobs) -> list[LoadCell]:

@@ -82,6 +82,8 @@ def build_bench_serve_parser() -> argparse.ArgumentParser:
                    help=f"tokens per completion (default {bench.NEW_TOKENS})")
     p.add_argument("--max-cell-tokens", type=positive_int, default=bench.MAX_CELL_TOKENS,
                    help=f"skip an embedding cell sending more tokens than this (default {bench.MAX_CELL_TOKENS})")
+    p.add_argument("--only", choices=("embeddings", "completions"),
+                   help="measure one route, keeping the other's rows of the last serve.json")
     p.add_argument("--out-dir", default="benchmarks", help="where serve.md/.json go (default benchmarks)")
     return p
 
@@ -108,6 +110,6 @@ def run_bench_serve(args) -> int:
     paths = bench.run_and_write(work, Path(args.out_dir), tuple(args.lengths), tuple(args.clients),
                                 tuple(args.streams), args.prompt, args.new_tokens,
                                 progress=lambda m: print(m, file=sys.stderr, flush=True),
-                                max_cell_tokens=args.max_cell_tokens)
+                                max_cell_tokens=args.max_cell_tokens, only=args.only)
     print("\n".join(f"wrote {path}" for path in paths))
     return 0
