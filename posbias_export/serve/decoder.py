@@ -64,7 +64,8 @@ class DecoderEngine:
 
         generate = runner("ort/generate.py")
         self.generate = generate
-        self.decoder = generate.CachedDecoder(str(folder.files["model"]), "cpu", threads)
+        # logits of the last position only: a prompt's head over every position is half its prefill
+        self.decoder = generate.CachedDecoder(str(folder.files["model"]), "cpu", threads, last_logits=True)
         if not self.decoder.inplace:
             raise ValueError(f"{folder.files['model']} writes its cache by concatenation; serve batches decoders over the "
                              "in-place cache: write the folder with --out-dir (its default --target ort)")

@@ -39,13 +39,15 @@ class CachedDecoder:
     """A session over a --kv-cache export, with its cache layout read from the model."""
 
     def __init__(self, model_path: str, provider: str = "cpu", threads: int = 0, tf32: bool = False,
-                 lean: bool | None = None, denormal_as_zero: bool = True):
+                 lean: bool | None = None, denormal_as_zero: bool = True, last_logits: bool = False):
+        # last_logits: every step's logits are the last position's only, [B, 1, V] (a server's
+        # decoder, which samples from nothing else; common/last_logits.py)
         # what the file is comes from its graph, read before the session exists: a file with its
         # tensors inside is parsed whole, and that copy is gone before ONNX Runtime holds the weights
         facts = read_graph_facts(model_path)
         # lean (no prepacked weight copies): None chooses by the file, on CPU (graph_facts.prepacking_pays)
         self.lean = lean if lean is not None else provider == "cpu" and not prepacking_pays(facts)
-        self.session = create_session(model_path, provider, threads, tf32, self.lean, denormal_as_zero)
+        self.session = create_session(model_path, provider, threads, tf32, self.lean, denormal_as_zero, last_logits)
         self.device = "cuda" if provider == "cuda" else "cpu"  # where the cache lives between steps
         inputs = {i.name: i for i in self.session.get_inputs()}
         try:

@@ -22,6 +22,7 @@ from common.feeds import ONNX_TYPE_TO_NUMPY, InputSpec  # noqa: E402
 from common.runner_cli import parse, run_all  # noqa: E402
 from common.tensor_io import RunnerError  # noqa: E402
 from common.host_reads import needs_host_sync  # noqa: E402
+from common.last_logits import session_source  # noqa: E402
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -110,8 +111,10 @@ def host_synchronous_cuda(*model_paths: str) -> None:
 
 
 def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf32: bool = False, lean: bool = False,
-                   denormal_as_zero: bool = True):
-    """An InferenceSession on exactly the requested provider, or RunnerError naming the cause."""
+                   denormal_as_zero: bool = True, last_logits: bool = False):
+    """An InferenceSession on exactly the requested provider, or RunnerError naming the cause.
+    last_logits: a decoder's graph edited to compute the last position's logits only (a server's
+    sessions; common/last_logits.py), where the graph has a head to slice."""
     try:
         import onnxruntime as ort
     except ImportError as err:
@@ -138,7 +141,8 @@ def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf3
     if tf32 and provider != "cuda":
         raise RunnerError("--tf32 applies to the cuda provider only")
     try:
-        session = ort.InferenceSession(model_path, opts, providers=provider_list(provider, tf32))
+        source = session_source(model_path, opts) if last_logits else None
+        session = ort.InferenceSession(source or model_path, opts, providers=provider_list(provider, tf32))
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise RunnerError(f"cannot load model {model_path}: {first}") from None
