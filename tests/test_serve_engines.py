@@ -212,20 +212,25 @@ def test_the_config_file_builder_takes_serves_options(folders):
         app({"replica": 2})
 
 
-def test_the_server_tree_rss_counts_its_children():
-    """bench-serve's peak RSS is the whole server: a child holding 200 MB is counted."""
+def test_the_server_tree_memory_counts_its_children():
+    """bench-serve's peak RSS and PSS are the whole server's: a child holding 200 MB of its own is
+    counted in both (its private pages are not shared, so PSS counts them in full too)."""
     import os
     import subprocess
 
-    from posbias_export.serve.process import tree_rss
+    from posbias_export.serve.process import reset_peaks, tree_memory, tree_peak_rss
 
     child = subprocess.Popen([sys.executable, "-c", "import sys; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]); "
                               "print('ready', flush=True); sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert child.stdout.readline().strip() == b"ready"
         own = runtimes_common("memory").rss_now()
-        assert tree_rss(os.getpid()) >= own + (200 << 20)
-        assert tree_rss(child.pid) >= 200 << 20
+        assert tree_memory(os.getpid())[0] >= own + (200 << 20)
+        rss, pss = tree_memory(child.pid)
+        assert rss >= 200 << 20 and pss >= 200 << 20
+        assert pss <= rss  # a shared page is counted 1/n times in PSS, in full in RSS
+        reset_peaks(child.pid)  # the high-water mark restarts from the 200 MB it holds now
+        assert 200 << 20 <= tree_peak_rss(child.pid) <= rss + (20 << 20)
     finally:
         child.kill()
         child.wait()
@@ -235,13 +240,24 @@ def test_bench_serve_judges_its_targets():
     from posbias_export.bench.serve_load import LoadCell, render
     from posbias_export.environment import environment
 
-    def comp(streams, tokens, wall):
-        return LoadCell("ours", "completions", 512, streams, requests=streams, wall_s=wall, tokens=tokens,
+    def comp(server, streams, tokens, wall):
+        return LoadCell(server, "completions", 512, streams, requests=streams, wall_s=wall, tokens=tokens,
                         latencies=[0.5] * streams, note="bloom-560m")
 
-    embed = LoadCell("ours", "embeddings", 8192, 1, requests=2, wall_s=10, latencies=[4.0, 6.0], peak_rss=int(1.5e9))
-    text = render([embed, comp(1, 128, 10.0), comp(16, 2048, 40.0)], environment(),
-                  {"infinity-emb": "not installed", "llama.cpp server": ""})
+    def emb(server, length, clients, requests, wall, rss=0):
+        return LoadCell(server, "embeddings", length, clients, requests=requests, wall_s=wall,
+                        latencies=[4.0] * requests, peak_rss=rss, peak_pss=rss // 2)
+
+    cells = [emb("ours", 8192, 1, 2, 10, int(1.5e9)), emb("ours", 512, 1, 2, 4), emb("ours", 512, 8, 16, 20),
+             emb("infinity-emb", 512, 1, 2, 5), emb("infinity-emb", 512, 8, 16, 16),
+             comp("ours", 1, 128, 10.0), comp("ours", 16, 2048, 40.0), comp("llama.cpp server", 16, 2048, 100.0)]
+    text = render(cells, environment(), {"infinity-emb": "", "llama.cpp server": ""})
     assert "| completions: 16 streams >= 3x the tokens/s of 1 | 4.00x | met |" in text  # 51.2 / 12.8 tokens/s
-    assert "| embeddings at 8192 tokens: server RSS <= 2 GB | 1.50 GB | met |" in text
-    assert "not run: not installed" in text and "| 0.20 |" in text  # 2 requests in 10 s
+    assert "| completions at 16 streams >= llama.cpp's server | 51.20 vs 20.48 tokens/s | met |" in text
+    assert "| embeddings at 8192 tokens: server RSS <= 2 GB | 1.50 GB (PSS 0.75 GB) | met |" in text
+    # 8 clients: ours 0.80 requests/s, infinity's 1.00: one client count slower is the target missed
+    assert ("| embeddings at 512 tokens >= infinity-emb's requests/s | 1 clients 0.50 vs 0.40, "
+            "8 clients 0.80 vs 1.00 | NOT met |") in text
+    assert "| 0.20 |" in text  # 2 requests in 10 s
+    missing = render(cells[:1], environment(), {"infinity-emb": "not installed", "llama.cpp server": "not installed"})
+    assert "| embeddings at 512 tokens >= infinity-emb's requests/s | - | not run: not installed |" in missing

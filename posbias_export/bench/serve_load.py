@@ -8,13 +8,13 @@
                  tokens (greedy, streamed); tokens/s overall and per stream, time to first token
                  p50/p99, peak resident memory
 
-The peers (infinity-emb, llama-cpp-python's OpenAI server) are rows where they are installed;
-elsewhere the row says what is missing. `python -m posbias_export bench-serve --work DIR`.
+Every server is sent the same texts (bench/serve_peers.text_of_tokens: exactly the cell's tokens under
+the folder's tokenizer; a new text per request, so no server reuses a cached prefix). The peers
+(infinity-emb, llama-cpp-python's OpenAI server; bench/serve_peers.py) are rows where they are
+installed; elsewhere the row says what is missing. `python -m posbias_export bench-serve --work DIR`.
 """
 from __future__ import annotations
 
-import importlib.util
-import shutil
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from ..environment import describe, environment
+from ..serve.process import ServeProcess
+from . import serve_peers as peers
 from .harness import md_table, one_line, write_results
 
 COMMAND = "python -m posbias_export bench-serve"
@@ -46,6 +48,7 @@ class LoadCell:
     latencies: list[float] = field(default_factory=list)  # per request (embeddings) or time to first token
     tokens: int = 0  # completion tokens made
     peak_rss: int = 0
+    peak_pss: int = 0  # peak_rss less the pages shared between the tree's processes (process.py)
     note: str = ""
 
     def pct(self, q: float) -> float | None:
@@ -58,12 +61,8 @@ class LoadCell:
 
 
 def peers_missing() -> dict[str, str]:
-    """Each peer server's row: why it did not run here."""
-    return {
-        "infinity-emb": "" if shutil.which("infinity_emb") else "not installed (pip install 'infinity-emb[all]')",
-        "llama.cpp server": "" if importlib.util.find_spec("llama_cpp") else
-        "not installed (pip install 'llama-cpp-python[server]' builds llama.cpp from source)",
-    }
+    """Each peer server's row: why it did not run here ("" where it can)."""
+    return {"infinity-emb": peers.infinity_missing(), "llama.cpp server": peers.llama_missing()}
 
 
 def _load(cell: LoadCell, one_request, total: int) -> None:
@@ -93,39 +92,45 @@ def _load(cell: LoadCell, one_request, total: int) -> None:
         cell.note = f"{cell.requests} of {total} requests within {CELL_BUDGET_S} s"
 
 
-def embed_cell(server, client, model: str, length: int, clients: int, vocab: int) -> LoadCell:
-    cell = LoadCell("ours", "embeddings", length, clients)
-    rng = np.random.default_rng(length)
+def _texts(tokenizer: Path, length: int, count: int) -> list[str]:
+    """`count` different texts of `length` tokens each (the same for every server of a cell)."""
+    return [peers.text_of_tokens(tokenizer, length, seed=length * 1000 + k) for k in range(count)]
+
+
+def embed_cell(server, client, model: str, label: str, length: int, clients: int, tokenizer: Path) -> LoadCell:
+    cell = LoadCell(label, "embeddings", length, clients)
+    texts = _texts(tokenizer, length, clients * REQUESTS_PER_CLIENT)
 
     def one():
-        ids = rng.integers(3, vocab, length).tolist()
         t = time.perf_counter()
-        client.embeddings.create(model=model, input=[ids])
+        client.embeddings.create(model=model, input=[texts.pop()])
         return time.perf_counter() - t, 0
 
     server.sample_peak()
-    _load(cell, one, clients * REQUESTS_PER_CLIENT)
-    cell.peak_rss = server.stop_sampling()
+    _load(cell, one, len(texts))
+    cell.peak_rss, cell.peak_pss = server.stop_sampling()
     return cell
 
 
-def completion_cell(server, client, model: str, name: str, streams: int, vocab: int, prompt: int,
+def completion_cell(server, client, model: str, label: str, name: str, streams: int, tokenizer: Path, prompt: int,
                     new_tokens: int) -> LoadCell:
-    cell = LoadCell("ours", "completions", prompt, streams, note=name)
-    rng = np.random.default_rng(streams)
+    cell = LoadCell(label, "completions", prompt, streams, note=name)
+    texts = _texts(tokenizer, prompt, streams)
 
     def one():
-        ids = rng.integers(3, vocab, prompt).tolist()
-        t, first, made = time.perf_counter(), None, 0
-        for event in client.completions.create(model=model, prompt=ids, max_tokens=new_tokens, temperature=0,
+        text = texts.pop()
+        t, first, made, chunks = time.perf_counter(), None, 0, 0
+        for event in client.completions.create(model=model, prompt=text, max_tokens=new_tokens, temperature=0,
                                                stream=True):
             first = first or time.perf_counter() - t
             made = event.usage.completion_tokens if event.usage else made
-        return first or time.perf_counter() - t, made
+            # a server without usage in its stream (llama.cpp's): a chunk a token, the closing one empty
+            chunks += bool(event.choices and (event.choices[0].text or event.choices[0].finish_reason is None))
+        return first or time.perf_counter() - t, made or chunks
 
     server.sample_peak()
     _load(cell, one, streams)
-    cell.peak_rss = server.stop_sampling()
+    cell.peak_rss, cell.peak_pss = server.stop_sampling()
     return cell
 
 
@@ -137,43 +142,63 @@ def render(cells: list[LoadCell], env: dict, missing: dict[str, str]) -> str:
     embed = [c for c in cells if c.route == "embeddings"]
     comp = [c for c in cells if c.route == "completions"]
     lines = [f"<!-- generated by: {COMMAND} -->", "# serve under load: embeddings and completions on loopback", "",
-             "`python -m posbias_export serve` on this machine (one replica, ONNX Runtime's default threads), driven "
-             "by the `openai` client from threads of this process. Peak RSS: the server's whole process tree "
-             "(Ray's processes, the HTTP proxy, the replica), sampled every 0.25 s during the cell.",
-             describe(env), "", "## Embeddings (jina-v2-base-shaped, float32, token-id inputs)", ""]
-    lines += md_table(["server", "tokens", "clients", "requests", "requests/s", "p50 s", "p99 s", "peak RSS GB", "note"],
+             "`python -m posbias_export serve` on this machine (one replica, ONNX Runtime's default threads) and the "
+             "peer servers on the same weights, one at a time, driven by the `openai` client from threads of this "
+             "process with the same texts. Peak memory: the server's whole process tree (for ours: Ray's processes, "
+             "the HTTP proxy, the replica). Peak RSS: the sum of each process's resident high-water mark over the "
+             "cell (the kernel's, reset at its start: nothing samples the server while it works), an upper bound "
+             "of the tree at any one moment. Peak PSS: that less the pages the tree's processes share (RSS - PSS "
+             "at the cell's end), which RSS counts once in every process that maps them.",
+             describe(env), "", "## Embeddings (jina-v2-base-shaped, float32, text inputs)", ""]
+    lines += md_table(["server", "tokens", "clients", "requests", "requests/s", "p50 s", "p99 s", "peak RSS GB",
+                       "peak PSS GB", "note"],
                       [[c.server, c.length, c.clients, c.requests, _ms(c.rate), _ms(c.pct(50)), _ms(c.pct(99)),
-                        f"{c.peak_rss / 1e9:.2f}", c.note] for c in embed])
+                        _gb(c.peak_rss), _gb(c.peak_pss), c.note] for c in embed])
     lines += ["", "## Completions (streamed, greedy)", ""]
     lines += md_table(["server", "model", "prompt", "streams", "tokens", "tokens/s", "per stream tokens/s",
-                       "TTFT p50 s", "TTFT p99 s", "peak RSS GB"],
+                       "TTFT p50 s", "TTFT p99 s", "peak RSS GB", "peak PSS GB"],
                       [[c.server, c.note, c.length, c.clients, c.tokens, _ms(c.rate),
                         _ms(c.rate / c.clients if c.rate else None), _ms(c.pct(50)), _ms(c.pct(99)),
-                        f"{c.peak_rss / 1e9:.2f}"] for c in comp])
+                        _gb(c.peak_rss), _gb(c.peak_pss)] for c in comp])
     lines += ["", "Peers:", ""] + [f"- {peer}: {why or 'ran (rows above)'}" for peer, why in missing.items()]
     lines += ["", "## Targets", ""] + md_table(["target", "measured", "verdict"], _verdicts(embed, comp, missing))
     return "\n".join(lines) + "\n"
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f}" if n else "-"
 
 
 def _verdicts(embed, comp, missing) -> list[list[str]]:
     def met(ok: bool) -> str:
         return "met" if ok else "NOT met"
 
+    def rate(cells, server, clients, length=None):
+        found = [c for c in cells if c.server == server and c.clients == clients and c.rate
+                 and (length is None or c.length == length)]
+        return found[0].rate if found else None
+
     rows = []
-    by_streams = {c.clients: c for c in comp if c.rate}
-    if 1 in by_streams and 16 in by_streams:
-        ratio = by_streams[16].rate / by_streams[1].rate
-        rows.append([f"completions: 16 streams >= {TARGETS['streams']:.0f}x the tokens/s of 1", f"{ratio:.2f}x",
-                     met(ratio >= TARGETS["streams"])])
-    rows.append(["completions at 16 streams >= llama.cpp's server", "-", "not run: " + missing["llama.cpp server"]
-                 if missing["llama.cpp server"] else "see rows"])
-    long = [c for c in embed if c.length == 8192 and c.requests]
+    one, sixteen = rate(comp, "ours", 1), rate(comp, "ours", 16)
+    if one and sixteen:
+        rows.append([f"completions: 16 streams >= {TARGETS['streams']:.0f}x the tokens/s of 1", f"{sixteen / one:.2f}x",
+                     met(sixteen / one >= TARGETS["streams"])])
+    peer = rate(comp, "llama.cpp server", 16)
+    rows.append(["completions at 16 streams >= llama.cpp's server",
+                 f"{sixteen:.2f} vs {peer:.2f} tokens/s" if sixteen and peer else "-",
+                 met(sixteen >= peer) if sixteen and peer else "not run: " + (missing["llama.cpp server"] or "no rows")])
+    long = [c for c in embed if c.server == "ours" and c.length == 8192 and c.requests]
     if long:
-        peak = max(c.peak_rss for c in long) / 1e9
-        rows.append([f"embeddings at 8192 tokens: server RSS <= {TARGETS['embed_gb']:.0f} GB", f"{peak:.2f} GB",
-                     met(peak <= TARGETS["embed_gb"])])
-    rows.append(["embeddings at 512 tokens >= infinity-emb's requests/s", "-", "not run: " + missing["infinity-emb"]
-                 if missing["infinity-emb"] else "see rows"])
+        peak, pss = max(c.peak_rss for c in long) / 1e9, max(c.peak_pss for c in long) / 1e9
+        rows.append([f"embeddings at 8192 tokens: server RSS <= {TARGETS['embed_gb']:.0f} GB",
+                     f"{peak:.2f} GB (PSS {pss:.2f} GB)", met(peak <= TARGETS["embed_gb"])])
+    pairs = [(c.clients, c.rate, rate(embed, "infinity-emb", c.clients, 512)) for c in embed
+             if c.server == "ours" and c.length == 512 and c.rate]
+    pairs = [(n, ours, theirs) for n, ours, theirs in pairs if theirs]
+    rows.append(["embeddings at 512 tokens >= infinity-emb's requests/s",
+                 ", ".join(f"{n} clients {ours:.2f} vs {theirs:.2f}" for n, ours, theirs in pairs) or "-",
+                 met(all(ours >= theirs for _, ours, theirs in pairs)) if pairs else
+                 "not run: " + (missing["infinity-emb"] or "no rows")])
     return rows
 
 
@@ -207,28 +232,39 @@ def run_and_write(work: Path, out_dir: Path, lengths, clients, streams, prompt: 
                   progress, max_cell_tokens: int = MAX_CELL_TOKENS, only: str | None = None) -> list[Path]:
     """only: "embeddings" or "completions" measures that route and keeps the other's rows of the last run."""
     folders = make_folders(work, progress)
-    env, cells = environment(bandwidth=True), []
+    env, cells, missing = environment(bandwidth=True), [], peers_missing()
     if only == "completions":  # the embeddings rows of the last run are kept
         cells += [LoadCell(**c) for c in _last_cells(out_dir) if c["route"] == "embeddings"]
+    jina = folders["jina-v2-base"]
+    embed_servers = {"ours": lambda: ServeProcess(jina, log=work / "jina-v2-base-serve.log")}
+    if not missing["infinity-emb"]:
+        embed_servers["infinity-emb"] = lambda: peers.infinity_server(jina, work, jina.name)
     for length in (lengths if only != "completions" else ()):  # a fresh server per length: a cell's peak is not an earlier, larger batch's arena
         runnable = [c for c in clients if length * c * REQUESTS_PER_CLIENT <= max_cell_tokens]
-        cells += [LoadCell("ours", "embeddings", length, c, note=f"skipped: more than {max_cell_tokens} tokens in "
-                           "the cell (--max-cell-tokens)") for c in clients if c not in runnable]
-        if runnable:
-            cells += _served(work, folders["jina-v2-base"], "jina-v2-base", (), progress, [
-                (f"embeddings: {length} tokens, {c} clients", LoadCell("ours", "embeddings", length, c),
-                 lambda server, client, model, vocab, c=c: embed_cell(server, client, model, length, c, vocab))
-                for c in runnable])
+        for label, start in embed_servers.items():
+            cells += [LoadCell(label, "embeddings", length, c, note=f"skipped: more than {max_cell_tokens} tokens in "
+                               "the cell (--max-cell-tokens)") for c in clients if c not in runnable]
+            warm = _warm_embeddings(jina, length)
+            cells += _served(start, label, progress, warm, [
+                (f"embeddings ({label}): {length} tokens, {c} clients", LoadCell(label, "embeddings", length, c),
+                 lambda server, client, c=c, label=label: embed_cell(server, client, jina.name, label, length, c,
+                                                                     jina / "tokenizer.json"))
+                for c in runnable]) if runnable else []
     if only == "embeddings":
         cells += [LoadCell(**c) for c in _last_cells(out_dir) if c["route"] == "completions"]
         streams = ()
+    bloom = folders["bloom-560m"]
     slots = ("--slots", str(max(streams, default=1)))  # every stream decodes at once
-    cells += [] if not streams else _served(work, folders["bloom-560m"], "bloom-560m", slots, progress, [
-        (f"completions: bloom-560m, {s} streams", LoadCell("ours", "completions", prompt, s, note="bloom-560m"),
-         lambda server, client, model, vocab, s=s: completion_cell(server, client, model, "bloom-560m", s, vocab,
-                                                                   prompt, new_tokens))
-        for s in streams])
-    missing = peers_missing()
+    decode_servers = {"ours": lambda: ServeProcess(bloom, *slots, log=work / "bloom-560m-serve.log")}
+    if not missing["llama.cpp server"]:
+        decode_servers["llama.cpp server"] = lambda: peers.llama_server(work / "bloom-560m", work, bloom.name, progress)
+    for label, start in (decode_servers.items() if streams else ()):
+        cells += _served(start, label, progress, _warm_completions(bloom, prompt), [
+            (f"completions ({label}): bloom-560m, {s} streams",
+             LoadCell(label, "completions", prompt, s, note="bloom-560m"),
+             lambda server, client, s=s, label=label: completion_cell(server, client, bloom.name, label, "bloom-560m", s,
+                                                                      bloom / "tokenizer.json", prompt, new_tokens))
+            for s in streams])
     data = {"environment": env, "cells": [asdict(c) for c in cells], "peers": missing}
     return write_results(out_dir, "serve", data, render(cells, env, missing))
 
@@ -240,23 +276,41 @@ def _last_cells(out_dir: Path) -> list[dict]:
     return json.loads(path.read_text()).get("cells", []) if path.is_file() else []
 
 
-def _served(work: Path, folder: Path, name: str, options, progress, jobs) -> list[LoadCell]:
-    """One server of `folder` for `jobs` (label, the cell if it fails, measure(server, client, model, vocab))."""
-    import json
+def _warm_embeddings(folder: Path, length: int):
+    text = peers.text_of_tokens(folder / "tokenizer.json", length, seed=7)
+    return lambda client: client.embeddings.create(model=folder.name, input=[text])
 
+
+def _warm_completions(folder: Path, prompt: int):
+    text = peers.text_of_tokens(folder / "tokenizer.json", prompt, seed=7)
+    return lambda client: client.completions.create(model=folder.name, prompt=text, max_tokens=4, temperature=0)
+
+
+def _served(start, label: str, progress, warm, jobs) -> list[LoadCell]:
+    """One server (start() -> a ServerProcess) for `jobs` (title, the cell if it fails, measure(server,
+    client)), after one request of the cells' shape (warm(client)): cells time a server's steady
+    state, not its first run of a shape. A server that does not start fails each cell with its line."""
     import openai
 
-    from ..serve.process import ServeProcess
-
-    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
-    progress(f"starting serve {folder.name}")
-    server = ServeProcess(folder, *options, log=work / f"{name}-serve.log")
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=3600)
+    progress(f"starting {label}")
+    try:
+        server = start()
+    except Exception as err:  # noqa: BLE001 - its rows say why
+        for _, empty, _ in jobs:
+            empty.note = f"failed to start: {one_line(str(err) or type(err).__name__)}"
+        return [empty for _, empty, _ in jobs]
+    # infinity's routes sit at the root (/embeddings); ours and llama.cpp's under /v1
+    base = server.url if label == "infinity-emb" else f"{server.url}/v1"
+    client = openai.OpenAI(base_url=base, api_key="-", max_retries=0, timeout=3600)
     cells = []
     try:
-        for label, empty, measure in jobs:
-            progress(label)
-            cells.append(_guarded(lambda: measure(server, client, folder.name, vocab), empty))
+        progress(f"warming {label} up (one request of the cells' shape)")
+        failed = _guarded(lambda: (warm(client), None)[1], LoadCell(label, "", 0, 0))
+        for title, empty, measure in jobs:
+            progress(title)
+            if failed is not None:
+                empty.note = f"warm-up {failed.note}"
+            cells.append(empty if failed is not None else _guarded(lambda: measure(server, client), empty))
     finally:
         server.stop()
     return cells

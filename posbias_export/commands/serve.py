@@ -89,6 +89,7 @@ def build_bench_serve_parser() -> argparse.ArgumentParser:
 
 
 def run_bench_serve(args) -> int:
+    import os
     import sys
     from pathlib import Path
 
@@ -105,9 +106,15 @@ def run_bench_serve(args) -> int:
         import ray.serve  # noqa: F401
     except ImportError:
         raise UsageError("bench-serve needs Ray Serve and the openai client: pip install 'posbias_export[serve]'") from None
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    paths = bench.run_and_write(work, Path(args.out_dir), tuple(args.lengths), tuple(args.clients),
+    work, out_dir = Path(args.work), Path(args.out_dir)
+    for folder in (work, out_dir):  # both up front: a results folder refused after an hour of measuring loses it
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UsageError(f"cannot make {folder}: {err.strerror or err}") from None
+        if not os.access(folder, os.W_OK):
+            raise UsageError(f"cannot write into {folder}")
+    paths = bench.run_and_write(work, out_dir, tuple(args.lengths), tuple(args.clients),
                                 tuple(args.streams), args.prompt, args.new_tokens,
                                 progress=lambda m: print(m, file=sys.stderr, flush=True),
                                 max_cell_tokens=args.max_cell_tokens, only=args.only)

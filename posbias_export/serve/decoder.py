@@ -64,8 +64,11 @@ class DecoderEngine:
 
         generate = runner("ort/generate.py")
         self.generate = generate
-        # logits of the last position only: a prompt's head over every position is half its prefill
-        self.decoder = generate.CachedDecoder(str(folder.files["model"]), "cpu", threads, last_logits=True)
+        # logits of the last position only: a prompt's head over every position is half its prefill.
+        # Weights prepacked when steps run several rows: bloom-560m's 16-row step takes 0.42 s on the
+        # packed copies, 0.83 s without (a 1-row step 0.14 vs 0.12 s), for a copy of the weights in memory
+        self.decoder = generate.CachedDecoder(str(folder.files["model"]), "cpu", threads, last_logits=True,
+                                              lean=None if slots == 1 else False)
         if not self.decoder.inplace:
             raise ValueError(f"{folder.files['model']} writes its cache by concatenation; serve batches decoders over the "
                              "in-place cache: write the folder with --out-dir (its default --target ort)")
