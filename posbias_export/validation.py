@@ -153,6 +153,13 @@ def validate(models, runtimes=None, lengths=None, batch: int = 3, checkpoint=Non
 
     chosen, skipped = choose_runtimes(runtimes)
     files = [ModelFile.read(m) for m in models]
+    imported = [f for f in files if is_imported(f.contract, model_dir)]
+    if inputs and imported:  # its plan is built from the Hugging Face model, on lengths: the inputs would go unread
+        from .parity.reference import ParityInputError
+
+        raise ParityInputError(f"--inputs judges our own exports on the user's tensors; {imported[0].path.name} was "
+                               "exported from a Hugging Face folder and is judged against transformers on generated "
+                               "lengths: drop --inputs (choose lengths with --lengths)")
     if not inputs:
         check_sizes(files, lengths, batch, ignore_size_limits)
     feeds = read_npz(inputs, ignore_size_limits) if inputs else None

@@ -19,6 +19,7 @@ import torch
 pytest.importorskip("transformers")
 
 from posbias_export.hf.models import load_model  # noqa: E402
+from side_env import SIDE_ENV, side_python  # noqa: E402
 from posbias_export.hf.tiny import save_tiny_folder, save_tokenizer  # noqa: E402
 
 JS = Path(__file__).resolve().parents[1] / "posbias_export" / "clients" / "js"
@@ -95,17 +96,13 @@ def test_fastembed_custom_model(shipped):
 
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDE_ENV = Path(os.environ.get("OPTIMUM_VENV", ROOT / ".optimum-venv"))  # clients/optimum_env.sh's default
 EMBED = ROOT / "posbias_export" / "clients" / "optimum_env.sh"
 
 
 def sentence_transformers(out: Path, file_name: str) -> dict:
-    """sentence-transformers' ONNX backend on the folder, in its side environment (or a skip)."""
-    python = SIDE_ENV / "bin" / "python"
-    if not python.is_file() or subprocess.run([str(python), "-c", "import sentence_transformers, optimum.onnxruntime"],
-                                              capture_output=True).returncode != 0:
-        pytest.skip("sentence-transformers' ONNX backend needs optimum-onnx, which pins transformers below this "
-                    "environment's: make its side environment with bash posbias_export/clients/optimum_env.sh embed")
+    """sentence-transformers' ONNX backend on the folder, in its side environment (made once:
+    side_env.py)."""
+    side_python()
     proc = subprocess.run(["bash", str(EMBED), "embed", str(out), file_name, json.dumps(TEXTS)],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "OPTIMUM_VENV": str(SIDE_ENV)})
     assert proc.returncode == 0, proc.stderr[-2000:]

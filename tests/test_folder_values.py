@@ -72,6 +72,22 @@ def test_config_values_are_refused_before_the_export(tiny, tmp_path, change, wor
     assert not (tmp_path / "m.onnx").exists()
 
 
+@pytest.mark.parametrize("kind,change,words", [
+    ("jina_bert", {"intermediate_size": -5}, "intermediate_size must be a positive integer, got -5"),
+    ("umt5", {"d_ff": -1}, "d_ff must be a positive integer, got -1"),
+    ("umt5", {"dense_act_fn": "bogus"}, "dense_act_fn 'bogus' is not an activation transformers knows"),
+    ("jina_bert", {"num_hidden_layers": 1.5}, "num_hidden_layers must be a positive integer, got 1.5"),
+    ("umt5", {"num_heads": True}, "num_heads must be a positive integer, got True"),
+], ids=["jina-intermediate-negative", "umt5-dff-negative", "umt5-act-bogus", "layers-fraction", "heads-bool"])
+def test_hostile_sizes_and_activations_are_one_line(tmp_path, kind, change, words):
+    """Sizes torch would build a layer from and activation names looked up in transformers' table:
+    refused from config.json in one line (today's main ended each in a traceback)."""
+    folder = save_tiny_model(kind, tmp_path / kind)
+    _edit(folder / "config.json", **change)
+    _refused(["--model", folder, "--out", tmp_path / "m.onnx"], words)
+    assert not (tmp_path / "m.onnx").exists()
+
+
 @pytest.mark.parametrize("content,words", [
     ("[1, 2]", "holds list, not a JSON object"), ("{\"eos_token_id\": []}", "non-empty list"),
     ("{\"decoder_start_token_id\": \"x\"}", "must be a token id"), ("[" * 100_000 + "]" * 100_000, "nested too deeply"),

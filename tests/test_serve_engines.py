@@ -16,7 +16,7 @@ from hf_folders import save_client_model, save_tiny_folder, save_tokenizer
 from posbias_export.hf.ship import ship
 from posbias_export.runners import runtimes_common
 from posbias_export.serve.decoder import DecoderEngine, Request
-from posbias_export.serve.embedder import EmbedderEngine, default_budget, token_batches
+from posbias_export.serve.embedder import CPU_BATCH_TOKENS, EmbedderEngine, default_budget, token_batches
 from posbias_export.serve.folder import FolderError, ServedFolder
 from posbias_export.serve.seq2seq import Seq2SeqEngine
 
@@ -172,11 +172,13 @@ def test_token_batches_stay_within_the_budget():
     assert len(batches) < len(lengths) / 4  # the short ones do batch
 
 
-def test_the_default_budget_follows_memory():
+def test_the_default_budget_follows_memory_up_to_the_cpus_best_batch():
     gb = 1 << 30
-    small, large = default_budget(8192, 768, 1 * gb), default_budget(8192, 768, 16 * gb)
-    assert small == 8192  # never below one input of the model's whole context
-    assert large > small and large * 110_000 <= 16 * gb / 4 * 1.01  # a quarter of the free memory
+    tiny, roomy = default_budget(8192, 768, 64 << 20), default_budget(8192, 768, 16 * gb)
+    assert tiny * 110_000 <= (64 << 20) / 4  # a quarter of the free memory
+    assert roomy == CPU_BATCH_TOKENS  # past that a batch costs more per input on a CPU
+    # an input past the budget still runs, alone: the budget groups inputs, never refuses one
+    assert token_batches([8192, 16, 16, 300], roomy) == [[1, 2], [3], [0]]
     assert runtimes_common("memory").available_bytes() > 0
 
 
@@ -259,5 +261,26 @@ def test_bench_serve_judges_its_targets():
     assert ("| embeddings at 512 tokens >= infinity-emb's requests/s | 1 clients 0.50 vs 0.40, "
             "8 clients 0.80 vs 1.00 | NOT met |") in text
     assert "| 0.20 |" in text  # 2 requests in 10 s
+    # one stream's step beside its floor: (2 GB + 0.2 MB x (512 + 128 / 2) tokens) / 10 GB/s = 0.211 s
+    cells[5].token_s = [0.30, 0.32, 0.34]
+    facts = {"bloom-560m": {"weight_bytes": 2_000_000_000, "cache_bytes_per_token": 200_000}}
+    text = render(cells, {**environment(bandwidth=False), "read_gbs": 10.0}, {"infinity-emb": "", "llama.cpp server": ""},
+                  facts)
+    assert "| ours | bloom-560m | 512 | 2.12 | 0.212 | 0.320 | 1.51x |" in text
     missing = render(cells[:1], environment(), {"infinity-emb": "not installed", "llama.cpp server": "not installed"})
     assert "| embeddings at 512 tokens >= infinity-emb's requests/s | - | not run: not installed |" in missing
+
+
+def test_bench_serve_re_measures_some_cells_and_keeps_the_rest():
+    """--only embeddings --lengths 512: the 512-token rows are replaced where they were, every other
+    row (other lengths, the completions) kept; a cell new to the file comes after."""
+    from posbias_export.bench.serve_load import LoadCell, merge_cells
+
+    old = [LoadCell("ours", "embeddings", 512, 1, requests=2), LoadCell("ours", "embeddings", 8192, 1, requests=2),
+           LoadCell("infinity-emb", "embeddings", 512, 1, requests=2), LoadCell("ours", "completions", 512, 16)]
+    new = [LoadCell("ours", "embeddings", 512, 1, requests=5), LoadCell("infinity-emb", "embeddings", 512, 1, requests=7),
+           LoadCell("infinity-emb", "embeddings", 512, 8, requests=9)]
+    merged = merge_cells(old, new)
+    assert [(c.server, c.route, c.length, c.clients, c.requests) for c in merged] == [
+        ("ours", "embeddings", 512, 1, 5), ("ours", "embeddings", 8192, 1, 2), ("infinity-emb", "embeddings", 512, 1, 7),
+        ("ours", "completions", 512, 16, 0), ("infinity-emb", "embeddings", 512, 8, 9)]

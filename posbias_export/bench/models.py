@@ -70,11 +70,13 @@ def export_all(kind: str, folder: Path, work: Path) -> dict[str, Path | str]:
 @torch.no_grad()
 def torch_reference(kind: str, folder: Path, length: int) -> np.ndarray:
     """transformers float32 on the worker's inputs (seed 0, no padding)."""
+    from ..hf.models import architecture
     from ..hf.validate import transformers_model
 
     ids = torch.from_numpy(np.random.default_rng(0).integers(0, VOCAB, (1, length), dtype=np.int64))
     out = transformers_model(folder, kind)(input_ids=ids, attention_mask=torch.ones_like(ids))
-    return (out.last_hidden_state if kind == "t5" else out.logits).numpy()
+    # what the architecture's file gives (an encoder's states, an LM's logits), not its name
+    return (out.last_hidden_state if architecture(kind).arch == "encoder" else out.logits).numpy()
 
 
 def run_cell(cell: ModelCell, model: Path, work: Path, repeats: int, timeout: float) -> np.ndarray | None:

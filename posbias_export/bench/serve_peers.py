@@ -5,7 +5,9 @@
                       and an older optimum, so it lives in a virtual environment of its own.
     llama.cpp server  `python -m llama_cpp.server` (llama-cpp-python's OpenAI server) on a float32
                       GGUF of the same Hugging Face folder, made by llama.cpp's converter
-                      (hf/llama_cpp_runs.causal_gguf; LLAMA_CPP_CONVERTER names it).
+                      (hf/llama_cpp_runs.causal_gguf; LLAMA_CPP_CONVERTER names it), with
+                      --interrupt_requests False (its default cuts a stream short when the next
+                      request arrives: 4 streams of 128 tokens gave 131 tokens in all).
 
 Both are sent text, as ours is in the same cells: `text_of_tokens` makes a text that the folder's
 tokenizer (the one each server was given) turns into exactly the cell's number of tokens.
@@ -25,7 +27,6 @@ INFINITY = "infinity_emb"
 # what infinity reads beside the model (its sentence-transformers pooling included)
 INFINITY_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "modules.json", "sentence_bert_config.json",
                   "special_tokens_map.json")
-LLAMA_CONTEXT = 1024  # a llama.cpp context: the 512-token prompt and its 128 new tokens fit
 
 
 def infinity_missing() -> str:
@@ -66,8 +67,9 @@ def infinity_server(served: Path, work: Path, name: str) -> ServerProcess:
                               "INFINITY_ANONYMOUS_USAGE_STATS": "0"})
 
 
-def llama_server(hf_folder: Path, work: Path, name: str, progress) -> ServerProcess:
-    """llama-cpp-python's OpenAI server on the folder's float32 GGUF (converted once into `work`)."""
+def llama_server(hf_folder: Path, work: Path, name: str, progress, context: int) -> ServerProcess:
+    """llama-cpp-python's OpenAI server on the folder's float32 GGUF (converted once into `work`),
+    with a context of `context` tokens (a prompt and its new tokens)."""
     from ..hf.llama_cpp_runs import causal_gguf
 
     gguf = work / f"{name}-f32.gguf"
@@ -76,8 +78,11 @@ def llama_server(hf_folder: Path, work: Path, name: str, progress) -> ServerProc
         causal_gguf(hf_folder, gguf, "float32")
     port = free_port()
     return ServerProcess([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", name,
-                          "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(LLAMA_CONTEXT),
-                          "--n_threads", str(os.cpu_count() or 1)],
+                          "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(context),
+                          "--n_threads", str(os.cpu_count() or 1),
+                          # its default stops a stream when another request arrives: under concurrent
+                          # load each request then ends after a few tokens; off, they queue and finish
+                          "--interrupt_requests", "False"],
                          port, work / f"{name}-llama-server.log", health="/v1/models", name="llama.cpp server")
 
 

@@ -26,7 +26,7 @@ from ..environment import describe, environment, without_local_paths
 from ..runners import runtimes_common
 from ..export.quantize.schemes import SCHEMES as ALL_SCHEMES
 from ..export.files import output_folder, write_text_atomic
-from ..hf.models import SUPPORTED
+from ..hf.models import ARCHITECTURES, PARTS  # registered once the architectures are imported
 from ..hf.tiny import EOS, PAD, Sizes, save_tiny_folder
 from ..parity import load_runner
 from ..parity.tokens import agreeing, same_tokens, until_stop
@@ -44,9 +44,19 @@ SCHEMES = tuple(ALL_SCHEMES)
 QUANTIZED_CLIENTS = ("transformers.js", "onnxruntime-web (wasm)", "onnxruntime-genai", "Optimum, this folder")
 
 
+def seq2seq(kind: str) -> bool:
+    """An architecture with a decoder part (T5, UMT5): its client folder is the encoder-decoder pair."""
+    return (kind, "decoder") in PARTS
+
+
+# the architectures whose folders the text-generation clients load: a causal LM, or a seq2seq pair
+# (an encoder alone, an embedder, has its own clients: tests/test_embedders.py, bench-embed)
+SUPPORTED = tuple(k for k, cls in ARCHITECTURES.items() if cls.arch == "lm" or seq2seq(k))
+
+
 def make_folder(kind: str, folder: Path) -> Path:
     """The client folder of an architecture (a T5: the whole encoder-decoder), weights + 0.5 noise."""
-    extra = {"encoder_decoder": True} if kind == "t5" else {}
+    extra = {"encoder_decoder": True} if seq2seq(kind) else {}
     return save_tiny_folder(kind, folder, Sizes(VOCAB, HIDDEN, HEADS, LAYERS, 2048), noise=0.5, client=True, **extra)
 
 
@@ -54,20 +64,20 @@ def reference(kind: str, source: Path, prompt: list[int]) -> tuple[list[int], np
     """transformers' greedy tokens and prefill logits ([L, V]; T5: the decoder's first step)."""
     import transformers as tf
 
-    cls = tf.T5ForConditionalGeneration if kind == "t5" else tf.AutoModelForCausalLM
+    cls = tf.AutoModelForSeq2SeqLM if seq2seq(kind) else tf.AutoModelForCausalLM
     model = cls.from_pretrained(str(source)).eval()
     ids = torch.tensor([prompt])
     with torch.no_grad():
         tokens = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
                                 do_sample=False, pad_token_id=PAD)[0].tolist()
-        extra = {"decoder_input_ids": torch.tensor([[PAD]])} if kind == "t5" else {}
+        extra = {"decoder_input_ids": torch.tensor([[PAD]])} if seq2seq(kind) else {}
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **extra).logits[0].double().numpy()
     return tokens, logits
 
 
 def ours(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
     ids = np.array([prompt], np.int64)
-    if kind == "t5":
+    if seq2seq(kind):
         import onnxruntime as ort
 
         tokens = load_runner("ort/seq2seq.py").greedy_generate(
@@ -92,7 +102,7 @@ def ours(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndar
 def transformers_js(kind: str, folder: Path, prompt: list[int], tmp: Path) -> tuple[list[int], np.ndarray]:
     if shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir():
         raise RuntimeError(f"not installed (cd {JS} && npm install --ignore-scripts)")
-    mode = "seq2seq" if kind == "t5" else "causal"
+    mode = "seq2seq" if seq2seq(kind) else "causal"
 
     def node(script, *args):
         proc = subprocess.run(["node", str(JS / script), mode, str(folder.resolve()), *args], capture_output=True,
@@ -107,7 +117,7 @@ def transformers_js(kind: str, folder: Path, prompt: list[int], tmp: Path) -> tu
 
 
 def web(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
-    if kind == "t5":
+    if seq2seq(kind):
         raise RuntimeError("not measured: the page script (js/web.mjs) drives decoder-only folders")
     if shutil.which("node") is None or not (JS / "node_modules" / "onnxruntime-web").is_dir():
         raise RuntimeError(f"not installed (cd {JS} && npm install --ignore-scripts)")
@@ -120,7 +130,7 @@ def web(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarr
 
 
 def genai(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
-    if kind == "t5":
+    if seq2seq(kind):
         raise RuntimeError("not applicable: onnxruntime-genai has no T5 (encoder-decoder) model type")
     import onnxruntime_genai as og
 
@@ -157,14 +167,14 @@ def run(kinds=SUPPORTED, optimum: bool = True, progress=None) -> list[dict]:
                 prompt = np.random.default_rng(length).integers(3, VOCAB, length).tolist()
                 ref_tokens, ref_logits = reference(kind, source, prompt)
                 np.save(tmp / f"{kind}_{label}.npy", ref_logits)
-                start = 1 if kind == "t5" else length
+                start = 1 if seq2seq(kind) else length
                 rows += _client_rows(kind, shipped, prompt, label, ref_tokens, ref_logits, tmp,
                                      ("posbias generate (ORT)", "transformers.js", "onnxruntime-web (wasm)",
                                       "onnxruntime-genai"))
-                cases.append({"id": f"{kind}/{label}", "kind": kind, "source": str(source), "shipped": str(shipped),
+                cases.append({"id": f"{kind}/{label}", "kind": kind, "seq2seq": seq2seq(kind), "source": str(source), "shipped": str(shipped),
                               "prompt": prompt, "new": NEW_TOKENS, "pad": PAD, "start": PAD,
                               "reference_logits": str(tmp / f"{kind}_{label}.npy"), "reference_tokens": ref_tokens})
-                if kind != "t5":
+                if not seq2seq(kind):
                     float_tokens = ours(kind, shipped, prompt)[0]
                     for scheme in SCHEMES:
                         rows_q, case = _quantized(kind, source, tmp, scheme, prompt, label, float_tokens)
@@ -181,7 +191,7 @@ def _client_rows(kind, folder, prompt, label, ref_tokens, ref_logits, tmp, clien
              "transformers.js": lambda: transformers_js(kind, folder, prompt, tmp),
              "onnxruntime-web (wasm)": lambda: web(kind, folder, prompt),
              "onnxruntime-genai": lambda: genai(kind, folder, prompt)}
-    start = 1 if kind == "t5" else len(prompt)
+    start = 1 if seq2seq(kind) else len(prompt)
     rows = []
     for client in clients:
         row = {"client": client, "model": kind, "prompt": label, **({"scheme": scheme} if scheme else {})}
@@ -210,7 +220,7 @@ def _quantized(kind, source, tmp, scheme, prompt, label, float_tokens) -> tuple[
     rows = [{"client": "ORT: tokens shared with the float folder", "model": kind, "prompt": label, "scheme": scheme,
              "shared": shared, "of": len(float_new)}]
     rows += _client_rows(kind, folder, prompt, label, ref_tokens, ref_logits, tmp, QUANTIZED_CLIENTS[:-1], scheme)
-    case = {"id": f"{kind}-{scheme}/{label}", "kind": kind, "source": str(source), "shipped": str(folder),
+    case = {"id": f"{kind}-{scheme}/{label}", "kind": kind, "seq2seq": seq2seq(kind), "source": str(source), "shipped": str(folder),
             "prompt": prompt, "new": NEW_TOKENS, "pad": PAD, "start": PAD, "own_export": False,
             "reference_logits": str(tmp / f"{kind}_{scheme}_{label}.npy"), "reference_tokens": ref_tokens}
     return rows, case
@@ -227,7 +237,7 @@ def run_optimum(cases: list[dict], tmp: Path) -> list[dict]:
     for case in cases:
         kind, label = case["kind"], case["id"].split("/")[1]
         scheme = case["id"].split("/")[0].partition("-")[2]
-        start = 1 if kind == "t5" else len(case["prompt"])
+        start = 1 if seq2seq(kind) else len(case["prompt"])
         result = results.get(case["id"], {})
         which = (("Optimum, this folder", "ours"),) + (() if scheme else (("Optimum, its own export", "optimum"),))
         for client, key in which:
@@ -321,6 +331,11 @@ def _quantized_markdown(rows: list[dict]) -> list[str]:
 def run_and_write(kinds=SUPPORTED, out_dir="benchmarks", optimum: bool = True, progress=None) -> list[Path]:
     unknown = [k for k in kinds if k not in SUPPORTED]
     if unknown:  # names first: a refused run makes no folder
+        embedders = [k for k in unknown if k in ARCHITECTURES]
+        if embedders:
+            raise ValueError(f"{embedders[0]} is an encoder (an embedder): its clients (fastembed, sentence-transformers, "
+                             "transformers.js feature-extraction, Triton) are checked by tests/test_embedders.py and "
+                             f"timed by bench-embed; bench-clients takes {', '.join(SUPPORTED)}")
         raise ValueError(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(SUPPORTED)}")
     out = output_folder(out_dir)
     rows = [without_local_paths(r) for r in run(kinds, optimum, progress)]

@@ -17,20 +17,20 @@ import torch
 warnings.simplefilter("ignore")
 
 
-def load(kind: str, folder: str):
+def load(seq2seq: bool, folder: str):
     from optimum.onnxruntime import ORTModelForCausalLM, ORTModelForSeq2SeqLM
 
-    return (ORTModelForSeq2SeqLM if kind == "t5" else ORTModelForCausalLM).from_pretrained(folder)
+    return (ORTModelForSeq2SeqLM if seq2seq else ORTModelForCausalLM).from_pretrained(folder)
 
 
 def measure(model, case: dict) -> dict:
     ids = torch.tensor([case["prompt"]])
     mask = torch.ones_like(ids)
-    kwargs = {"decoder_start_token_id": case["start"]} if case["kind"] == "t5" else {}
+    kwargs = {"decoder_start_token_id": case["start"]} if case["seq2seq"] else {}
     with torch.no_grad():
         tokens = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=case["new"], do_sample=False,
                                 pad_token_id=case["pad"], **kwargs)[0].tolist()
-        if case["kind"] == "t5":
+        if case["seq2seq"]:
             logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=torch.tensor([[case["start"]]])).logits
         else:
             logits = model(input_ids=ids, attention_mask=mask).logits
@@ -41,7 +41,7 @@ def measure(model, case: dict) -> dict:
 def optimum_export(case: dict, out: Path) -> str:
     from optimum.exporters.onnx import main_export
 
-    task = "text2text-generation-with-past" if case["kind"] == "t5" else "text-generation-with-past"
+    task = "text2text-generation-with-past" if case["seq2seq"] else "text-generation-with-past"
     main_export(case["source"], output=str(out), task=task)
     return str(out)
 
@@ -68,7 +68,7 @@ def main() -> int:
                         if case["source"] not in exports:
                             exports[case["source"]] = optimum_export(case, Path(tmp) / case["kind"])
                         folder = exports[case["source"]]
-                    row[which] = measure(load(case["kind"], folder), case)
+                    row[which] = measure(load(case["seq2seq"], folder), case)
                 except Exception as err:  # noqa: BLE001 - a client that fails is a result
                     row[which] = {"error": first_line(err)}
             print(json.dumps(row), flush=True)

@@ -208,6 +208,8 @@ def run_bench_quant(args) -> int:
         raise ValueError("--real needs --work (a folder for the random-weight models)")
     if args.models and not args.corpus:
         raise ValueError("the checkpoints' perplexity needs --corpus (or --models '' to skip them)")
+    if not args.models and not args.real:
+        raise UsageError("nothing to measure: give --models with --corpus, or --real with --work")
     command = "python -m posbias_export bench-quant" + (f" --models {args.models} --corpus CORPUS" if args.models else
                                                         " --models ''") + (f" --real {','.join(args.real)}" if args.real else "")
     quantized.previous_results(Path(args.out_dir) / "quantized.json")  # every refusal before anything is made
@@ -223,7 +225,7 @@ def run_bench_quant(args) -> int:
 
 
 def build_bench_clients_parser() -> argparse.ArgumentParser:
-    from ..hf.models import SUPPORTED
+    from ..clients.checks import SUPPORTED
 
     p = parser("bench-clients", "The serving folder (--model DIR --out-dir OUT) in the clients people run: our "
                "generate, transformers.js and onnxruntime-web (posbias_export/clients/js), onnxruntime-genai, Optimum (its own "

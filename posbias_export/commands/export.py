@@ -197,7 +197,8 @@ def run_export(args) -> int:
     from ..nn import model_for
 
     options = export_options(args)
-    check_outputs([args.out], [args.checkpoint])  # fail fast, before loading or tracing anything
+    # fail fast, before loading or tracing anything; the file's tensors may go to <out>.data
+    check_outputs([args.out, args.out + ".data"], [args.checkpoint])
     model = model_for(given_config(args), args.checkpoint, args.arch, args.seed)
     if args.resize_positions:
         model.resize_positions(args.resize_positions, args.resize_method, ignore_size_limits=args.ignore_size_limits)

@@ -28,6 +28,9 @@ def positive_int(text: str) -> int:
     return value
 
 
+LIST_MAX = 1 << 20  # a length, count or context past this is a typo, not a run (hours, terabytes)
+
+
 def int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
@@ -35,11 +38,16 @@ def int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    if max(values) > LIST_MAX:
+        raise argparse.ArgumentTypeError(f"expected integers up to {LIST_MAX}, got {max(values)}")
     return values
 
 
 def name_list(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
 
 
 def key_value(text: str) -> tuple[str, str]:

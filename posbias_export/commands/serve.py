@@ -35,7 +35,8 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=positive_int, default=1, help="model replicas (default 1)")
     p.add_argument("--address", help="an existing Ray cluster's address (default: start Ray on this machine)")
     p.add_argument("--max-batch-tokens", type=positive_int,
-                   help="embeddings: padded tokens per batch (default: from this machine's free memory)")
+                   help="embeddings: padded tokens per batch; a longer input runs alone (default 512, the "
+                        "CPU's cheapest batch, or less where free memory is short)")
     p.add_argument("--slots", type=positive_int, help="completions: requests decoding together per replica (default 8)")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads per replica (default 0: its own choice)")
     return p
@@ -83,7 +84,7 @@ def build_bench_serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-cell-tokens", type=positive_int, default=bench.MAX_CELL_TOKENS,
                    help=f"skip an embedding cell sending more tokens than this (default {bench.MAX_CELL_TOKENS})")
     p.add_argument("--only", choices=("embeddings", "completions"),
-                   help="measure one route, keeping the other's rows of the last serve.json")
+                   help="measure this route's cells asked for, keeping every other row of the last serve.json")
     p.add_argument("--out-dir", default="benchmarks", help="where serve.md/.json go (default benchmarks)")
     return p
 

@@ -4,6 +4,7 @@ never replaces an existing one; and the --work folder a long job (a bench) fills
 verified, its files in a private folder removed when the job ends."""
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Callable
@@ -231,8 +232,11 @@ def save_checked(proto: onnx.ModelProto, path: Path, check: Callable[[str], None
                 _write_external(proto, data, data_name, pending, refs)
             onnx.save_model(proto, tmp_model)  # the small tensors stay inside the model
         elif external:
-            onnx.save_model(proto, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data_name, size_threshold=1024)
+            # onnx refuses a location that exists relative to the WORKING folder (not the model's):
+            # from inside the fresh temporary folder nothing there does
+            with contextlib.chdir(tmp):
+                onnx.save_model(proto, tmp_model.name, save_as_external_data=True, all_tensors_to_one_file=True,
+                                location=data_name, size_threshold=1024)
         else:
             onnx.save_model(proto, tmp_model)
         check(str(tmp_model))

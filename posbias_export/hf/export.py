@@ -199,7 +199,7 @@ def export_model(model_dir: str | os.PathLike, path: str | os.PathLike, options:
     then. names="huggingface": the clients' names (export/naming.py); shipped: the metadata
     keeps the folder's name, not its path."""
     options = options_from(options, option_fields)
-    check_outputs([path], folder_files(model_dir))  # never write over what the folder holds
+    check_outputs([path, f"{path}.data"], folder_files(model_dir))  # never write over what the folder holds
     model = load_model(model_dir, options.part, lazy=True)  # weights streamed into the file as it is written
     if names not in NAMINGS:
         raise ValueError(f"names must be one of {', '.join(NAMINGS)}, got {names!r}")

@@ -62,6 +62,14 @@ def read_json_object(file: Path) -> dict:
 # LayerNormalization epsilon that is NaN or not positive) only when a session is made.
 POSITIVE_BELOW_ONE = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps")
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+# sizes every architecture builds layers from: a positive integer where given (null where the config
+# class fills it in, as T5's num_decoder_layers); torch would end in a traceback on nn.Linear(768, -5)
+SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+         "d_model", "d_ff", "d_kv", "num_heads", "num_layers", "num_decoder_layers", "n_layer", "n_head", "n_embed",
+         "n_heads", "n_layers", "expansion_ratio", "max_position_embeddings", "relative_attention_num_buckets",
+         "relative_attention_max_distance", "num_kv_heads", "n_head_kv", "num_key_value_heads")
+# activation names the layers look up in transformers' table (T5's dense_act_fn, BERT's hidden_act)
+ACTIVATIONS = ("dense_act_fn", "hidden_act")
 
 
 def _numbers(value, where: str):
@@ -104,8 +112,26 @@ def check_config_values(raw: dict, file: Path) -> None:
         value = raw.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1):
             raise FolderError(f"{file}: {key} must be a number in (0, 1), got {value!r}")
+    for key in SIZES:
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise FolderError(f"{file}: {key} must be a positive integer, got {value!r}"[:300])
+    check_activations(raw, file)
     vocab = raw.get("vocab_size")
     check_token_ids(raw, file, vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else None)
+
+
+def check_activations(raw: dict, file: Path) -> None:
+    """An activation named in the config is one transformers has (its table is what the layers use)."""
+    named = {key: raw[key] for key in ACTIVATIONS if raw.get(key) is not None}
+    if not named:
+        return
+    from transformers.activations import ACT2FN
+
+    for key, value in named.items():
+        if not isinstance(value, str) or value not in ACT2FN:
+            raise FolderError(f"{file}: {key} {value!r} is not an activation transformers knows "
+                              f"(e.g. {', '.join(sorted(ACT2FN)[:6])})"[:300])
 
 
 def read_config(path: Path, architectures: dict) -> tuple[str, dict]:

@@ -30,7 +30,9 @@ def read_onnx(path: str | Path) -> onnx.ModelProto:
         raise ParityInputError(f"model {path} does not exist")
     try:
         proto = onnx.load(str(path), load_external_data=False)
-        onnx.checker.check_model(proto)
+        # the checker finds a proto's external files in the WORKING folder; given the path, beside it
+        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+        onnx.checker.check_model(str(path) if external else proto)
     except Exception as err:
         raise ParityInputError(f"model {path} is not a valid ONNX file: {first_line(err, 200)}") from None
     return proto

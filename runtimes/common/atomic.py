@@ -248,8 +248,11 @@ def same_file(a: Path, b: Path) -> bool:
 
 def clashing_input(outputs: Iterable, inputs: Iterable) -> tuple[Path, Path] | None:
     """(output, input) where an output would overwrite an input (the same file, or the same
-    folder for a folder of tensors), else None."""
-    ins = [Path(p) for p in inputs if p]
+    folder for a folder of tensors), else None. An input model is all its files: the .onnx and
+    the external-data files its graph names (model_files.py)."""
+    from .model_files import model_files
+
+    ins = [f for p in inputs if p for f in model_files(Path(p))]
     for out in (Path(p) for p in outputs if p):
         for source in ins:
             if same_file(out, source):

@@ -64,9 +64,11 @@ function checkFeeds(tensors, metadata, idLimit) {
         symbols[want] = symbols[want] || [m.name, got];
       }
     });
-    // a cached decoder's cache may hold no step yet (a prefill): only its past axis may be 0
-    const emptyCache = t.dims.some((d) => d === 0) &&
-      t.dims.every((d, axis) => d !== 0 || (typeof m.shape[axis] === 'string' && m.shape[axis].includes('past')));
+    // a cached decoder's cache may hold no step yet (a prefill): only its past axis may be 0 (named
+    // past...; a merged seq2seq decoder's cross cache: encoder_sequence_length_out, empty before the
+    // first step as transformers.js feeds it); the rule of runtimes/common/cache.py is_past_axis
+    const pastAxis = (name) => typeof name === 'string' && (name.includes('past') || name === 'encoder_sequence_length_out');
+    const emptyCache = t.dims.some((d) => d === 0) && t.dims.every((d, axis) => d !== 0 || pastAxis(m.shape[axis]));
     if (t.data.length === 0 && !emptyCache) throw new RunnerError(`input '${m.name}' is empty (shape [${t.dims}])`);
     if (m.name === 'input_ids' && idLimit !== null) {
       for (const v of t.data) {

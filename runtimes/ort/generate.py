@@ -333,7 +333,9 @@ def main(argv=None) -> int:
     packing = p.add_mutually_exclusive_group()
     packing.add_argument("--lean-memory", action="store_const", const=True, dest="lean", help="no prepacked copies "
                          "of the weights (they stay memory-mapped): less memory, a slower prefill; the default on CPU "
-                         "for float weights, whose steps cost the same (quantized weights need their packed copies)")
+                         "for float weights, whose steps cost the same. On an int4 file it also changes the numbers: "
+                         "without packed copies ONNX Runtime drops the int8-compute kernel of accuracy level 4 and "
+                         "computes in float (logits move ~1%%, so greedy text may differ), and steps are far slower")
     packing.add_argument("--prepack", action="store_const", const=False, dest="lean",
                          help="prepacked weight copies for float weights too: a faster prefill, the weights held twice "
                          "while the session loads")
@@ -349,7 +351,7 @@ def main(argv=None) -> int:
         if args.seed < 0:
             raise RunnerError(f"--seed must be >= 0, got {args.seed}")
         if args.output:  # before the model loads: the model, its weights, the prompt files, --tokenizer
-            _check_output(args.output, [args.model, args.model + ".data", *(args.prompt_file or []),
+            _check_output(args.output, [args.model, *(args.prompt_file or []),
                                         *([args.tokenizer] if args.tokenizer else [])])
         decoder = CachedDecoder(args.model, args.provider, tf32=args.tf32, lean=args.lean)
         vocab = vocabulary_for(args.model, decoder.contract, args.tokenizer)

@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 
 from common.cache import is_cross_cache  # noqa: E402
 from common.feeds import ONNX_TYPE_TO_NUMPY  # noqa: E402
+from common.runner_cli import OneLineParser  # noqa: E402
 from common.tensor_io import RunnerError, data_sets, read_tensors  # noqa: E402
 
 CONTAINER_OPS = ("If", "Loop", "Scan")  # their events span the kernels of their subgraphs
@@ -86,7 +87,10 @@ def decode_step_feeds(inputs, past: int, source: int | None = None) -> dict[str,
     if "attention_mask" in names:
         feeds["attention_mask"] = np.ones((1, past + 1), np.int64)
     if source is not None:
-        width = next(i.shape[-1] for i in inputs if i.name == "encoder_hidden_states")
+        states = [i for i in inputs if i.name == "encoder_hidden_states"]
+        if not states:
+            raise RunnerError("--source is for a seq2seq decoder (an encoder_hidden_states input); this file has none")
+        width = states[0].shape[-1]
         feeds["encoder_hidden_states"] = np.zeros((1, source, width), np.float32)
         feeds["encoder_attention_mask"] = np.ones((1, source), np.int64)
     if "use_cache_branch" in names:  # the clients' T5 decoder: a steady step reads its cached cross-attention
@@ -126,29 +130,45 @@ def side_by_side(columns: dict[str, dict], top: int = 8) -> list[str]:
             + ["| " + " | ".join([row[0], *(f"{ms:.2f}" for ms in row[1:])]) + " |" for row in rows])
 
 
+def bounded(least: int):
+    """An argparse type: an integer >= least, up to 2**20 (a count or a length past it is a typo)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not least <= value <= 1 << 20:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{least}, {1 << 20}], got {value}")
+        return value
+    return parse
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="profile", description=__doc__.split("\n\n")[0])
     p.add_argument("model")
     p.add_argument("inputs", nargs="?", help=".npz or a folder of input_N.pb (default: a decode step's feeds)")
-    p.add_argument("--past", type=int, default=512, help="cached tokens before the profiled decode step")
-    p.add_argument("--source", type=int, help="a seq2seq decoder's encoder length")
-    p.add_argument("--runs", type=int, default=4)
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--past", type=bounded(0), default=512, help="cached tokens before the profiled decode step")
+    p.add_argument("--source", type=bounded(1), help="a seq2seq decoder's encoder length")
+    p.add_argument("--runs", type=bounded(1), default=4)
+    p.add_argument("--threads", type=bounded(0), default=0, help="ONNX Runtime threads (0: its own choice)")
     p.add_argument("--json", action="store_true", help="the totals as JSON instead of a table")
     args = p.parse_args(argv)
     try:
         import onnxruntime as ort
 
+        ort.set_default_logger_severity(4)  # its log lines would come before our one line
         options = ort.SessionOptions()
+        options.log_severity_level = 4
         options.intra_op_num_threads = args.threads
         if args.inputs:
             feeds = read_tensors(data_sets(args.inputs)[0][1], "input", None)
         else:
-            inputs = ort.InferenceSession(args.model, providers=["CPUExecutionProvider"]).get_inputs()
+            inputs = ort.InferenceSession(args.model, options, providers=["CPUExecutionProvider"]).get_inputs()
             feeds = decode_step_feeds(inputs, args.past, args.source)
         result = profile(args.model, feeds, runs=args.runs, options=options)
-    except (RunnerError, OSError, ValueError, StopIteration) as err:
-        print(f"profile: error: {err}", file=sys.stderr)
+    except (RunnerError, OSError, ValueError) as err:
+        print(f"profile: error: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}",
+              file=sys.stderr)
         return 2
     except Exception as err:  # the runtime's own message, as one line
         print(f"profile: error: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}",
