@@ -117,6 +117,10 @@ def test_served_embedder(root):
             "not an object": (b"[1, 2]", 400),
             "100 MB": (b'{"model": "x", "input": "' + b"a" * (100 << 20) + b'"}', 413),
             "completions here": ({"model": folder.name, "prompt": "x"}, 400),
+            "nested deeply": (b"[" * 100_000 + b"]" * 100_000, 400),
+            "not UTF-8": (b'{"model": "\xff\xfe", "input": "x"}', 400),
+            "an empty row of ids": ({"model": folder.name, "input": [[1, 2], []]}, 400),
+            "model not a string": ({"model": 123, "input": "x"}, 404),
         })
         assert server.status("/v1/nothing") == 404
         kill_model_replica(folder.name)
@@ -194,6 +198,11 @@ def test_served_decoder(root):
             "not JSON": (b"{bad", 400),
             "100 MB": (b'{"model": "x", "prompt": "' + b"a" * (100 << 20) + b'"}', 413),
             "embeddings here": ({"model": name, "input": "x"}, 400),
+            "nested deeply": (b'{"model": "x", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400),
+            "temperature NaN": (b'{"model": "%s", "prompt": "x", "temperature": NaN}' % name.encode(), 400),
+            "temperature text": ({"model": name, "prompt": "x", "temperature": "0.5"}, 400),
+            "n 3": ({"model": name, "prompt": "x", "n": 3}, 400),
+            "logprobs": ({"model": name, "prompt": "x", "logprobs": 2}, 400),
         })
 
         # a replica killed while requests decode: each fails cleanly (503) or is answered, none hangs

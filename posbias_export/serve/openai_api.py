@@ -38,6 +38,8 @@ def parse_body(raw: bytes) -> dict:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as err:
         raise ApiError(400, f"the request body is not JSON: {err}") from None
+    except RecursionError:  # [[[[...]]]] deeper than the parser's stack: a bad request, not a 500
+        raise ApiError(400, "the request body is not JSON we read: nested too deeply") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return body
