@@ -46,7 +46,10 @@ def test_validate_refuses_inputs_it_would_not_read(shipped, tmp_path):
     (["bench-serving", "--models", "bloom-560m", "--contexts", "1e10", "--work", "W"], "comma-separated integers"),
     (["bench-quant", "--models", ""], "nothing to measure"),
     (["bench-models", "--models", "bloom", "--lengths", "0"], "expected positive integers"),
-], ids=["forms-empty", "lengths-huge", "contexts-huge", "contexts-float", "quant-nothing", "lengths-zero"])
+    (["bench-models", "--models", "jina_bert"], "jina_bert has no transformers implementation"),
+    (["bench-clients", "--models", "jina_bert", "--no-optimum"], "jina_bert is an encoder (an embedder)"),
+], ids=["forms-empty", "lengths-huge", "contexts-huge", "contexts-float", "quant-nothing", "lengths-zero",
+        "models-embedder", "clients-embedder"])
 def test_bench_arguments_are_refused_before_any_work(tmp_path, argv, words):
     proc = run_cli(*[a.replace("W", str(tmp_path / "w")) for a in argv], "--out-dir", str(tmp_path / "out"))
     assert_one_line_error(proc, words)

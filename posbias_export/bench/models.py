@@ -18,7 +18,11 @@ import torch
 
 from ..environment import describe, environment, exporter_versions
 from ..limits import total_memory_share
-from ..hf.models import SUPPORTED as KINDS
+from ..hf.models import ARCHITECTURES
+
+# the architectures transformers implements (each cell is judged against it); JinaBERT's code is
+# remote, so validate judges it against our float64 model and bench-embed times it
+KINDS = tuple(k for k, cls in ARCHITECTURES.items() if cls.transformers_class)
 from .harness import Measured, run_into, write_results
 
 LENGTHS = (2048, 8192, 16384)
@@ -90,11 +94,19 @@ def run_cell(cell: ModelCell, model: Path, work: Path, repeats: int, timeout: fl
     return output
 
 
-def run(kinds=KINDS, lengths=LENGTHS, exporters=EXPORTERS, repeats: int = 2, timeout: float = 900.0,
-        progress=None) -> list[ModelCell]:
+def check_kinds(kinds) -> None:
+    """Names bench-models measures, refused in one line before anything is made."""
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
+        if unknown[0] in ARCHITECTURES:
+            raise ValueError(f"{unknown[0]} has no transformers implementation to judge the exports against "
+                             f"(its code is remote): bench-embed measures it; bench-models takes {', '.join(KINDS)}")
         raise ValueError(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(KINDS)}")
+
+
+def run(kinds=KINDS, lengths=LENGTHS, exporters=EXPORTERS, repeats: int = 2, timeout: float = 900.0,
+        progress=None) -> list[ModelCell]:
+    check_kinds(kinds)
     cells = []
     budget = total_memory_share()
     with tempfile.TemporaryDirectory(prefix="posbias-bench-models-") as tmp:
@@ -177,5 +189,6 @@ def run_and_write(kinds=KINDS, lengths=LENGTHS, repeats: int = 2, out_dir="bench
     """`bench-models`: every cell, then models.md/.json."""
     from ..export.files import output_folder
 
+    check_kinds(kinds)  # before the results folder is made
     out = output_folder(out_dir)
     return write(run(tuple(kinds), tuple(lengths), repeats=repeats, progress=progress), out)
