@@ -346,7 +346,7 @@ def test_seq2seq_runs_as_a_script_and_refuses_bad_input(hf, tmp_path):
 
 
 @pytest.mark.parametrize("change,words", [
-    ({"n_head": "4"}, "expected int"), ({"n_layer": 2.5}, "n_layer"), ({"vocab_size": 10 ** 12}, "does not describe"),
+    ({"n_head": "4"}, "n_head must be a positive integer"), ({"n_layer": 2.5}, "n_layer"), ({"vocab_size": 10 ** 12}, "does not describe"),
     ({"n_layer": 10 ** 7}, "the weights hold 2 layers"), ({"n_head": 5}, "not divisible"), ({"n_head": 0}, "positive"),
     ({"n_head": -6}, "positive"), ({"hidden_size": -48}, "positive"),
 ], ids=["heads-text", "layers-float", "vocab-1e12", "layers-1e7", "heads-not-dividing", "heads-0", "heads-negative",

@@ -196,7 +196,7 @@ def test_validate_inputs_are_guarded(served, tmp_path):
 
 
 def test_an_empty_runtime_list_is_a_usage_error(served):
-    _one_line(_run([*CLI, "validate", served / "own.onnx", "--runtimes", ""]), "names no runtime")
+    _one_line(_run([*CLI, "validate", served / "own.onnx", "--runtimes", ""]), "expected comma-separated names")
 
 
 def test_seq2seq_bounds_a_request_and_pairs_one_folder(seq2seq_files, tmp_path):
