@@ -74,6 +74,27 @@ def test_the_folders_are_told_apart(folders, tmp_path):
         ServedFolder.read(tmp_path)
 
 
+def test_the_marker_files_decide_without_parsing_the_weights(folders, tmp_path, monkeypatch):
+    """--out-dir's genai_config.json (decoder) and modules.json (embedder) tell the kind without
+    reading the graph (which parses the whole file when the weights are inside it); a folder whose
+    file disagrees with its marker is refused when the replica loads it."""
+    import posbias_export.serve.folder as folder_module
+
+    monkeypatch.setattr(folder_module, "_has_cache", lambda model: pytest.fail("the graph was parsed"))
+    assert ServedFolder.read(folders["bloom"]).kind == "decoder"
+    assert ServedFolder.read(folders["jina_bert"]).kind == "embedder"
+    monkeypatch.undo()
+    import shutil
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(folders["bloom"], mixed)
+    (mixed / "genai_config.json").unlink()
+    assert ServedFolder.read(mixed).kind == "decoder"  # no marker: the graph's cache inputs decide
+    (mixed / "modules.json").write_text("[]")
+    with pytest.raises(ValueError, match="takes a KV cache"):
+        EmbedderEngine(ServedFolder.read(mixed))
+
+
 @pytest.mark.parametrize("slots,capacity", [(3, None), (2, 36)], ids=["three-slots", "two-slots-compacting"])
 def test_continuous_batching_gives_each_request_generates_tokens(folders, slots, capacity):
     """Five prompts through fewer slots (rows join as others leave; with a 36-token capacity the
@@ -242,9 +263,9 @@ def test_bench_serve_judges_its_targets():
     from posbias_export.bench.serve_load import LoadCell, render
     from posbias_export.environment import environment
 
-    def comp(server, streams, tokens, wall):
+    def comp(server, streams, tokens, wall, model="bloom-560m"):
         return LoadCell(server, "completions", 512, streams, requests=streams, wall_s=wall, tokens=tokens,
-                        latencies=[0.5] * streams, note="bloom-560m")
+                        latencies=[0.5] * streams, note=model)
 
     def emb(server, length, clients, requests, wall, rss=0):
         return LoadCell(server, "embeddings", length, clients, requests=requests, wall_s=wall,
@@ -252,10 +273,15 @@ def test_bench_serve_judges_its_targets():
 
     cells = [emb("ours", 8192, 1, 2, 10, int(1.5e9)), emb("ours", 512, 1, 2, 4), emb("ours", 512, 8, 16, 20),
              emb("infinity-emb", 512, 1, 2, 5), emb("infinity-emb", 512, 8, 16, 16),
-             comp("ours", 1, 128, 10.0), comp("ours", 16, 2048, 40.0), comp("llama.cpp server", 16, 2048, 100.0)]
+             comp("ours", 1, 128, 10.0), comp("ours", 16, 2048, 40.0), comp("llama.cpp server", 16, 2048, 100.0),
+             comp("ours", 1, 128, 20.0, "mpt-1b"), comp("ours", 16, 2048, 100.0, "mpt-1b"),
+             comp("llama.cpp server", 16, 2048, 80.0, "mpt-1b")]
     text = render(cells, environment(), {"infinity-emb": "", "llama.cpp server": ""})
-    assert "| completions: 16 streams >= 3x the tokens/s of 1 | 4.00x | met |" in text  # 51.2 / 12.8 tokens/s
-    assert "| completions at 16 streams >= llama.cpp's server | 51.20 vs 20.48 tokens/s | met |" in text
+    assert "| completions (bloom-560m): 16 streams >= 3x the tokens/s of 1 | 4.00x | met |" in text  # 51.2 / 12.8
+    assert "| completions (bloom-560m) at 16 streams >= llama.cpp's server | 51.20 vs 20.48 tokens/s | met |" in text
+    # each model judged on its own rows: mpt-1b's 20.48 / 6.4 tokens/s, and slower than its peer
+    assert "| completions (mpt-1b): 16 streams >= 3x the tokens/s of 1 | 3.20x | met |" in text
+    assert "| completions (mpt-1b) at 16 streams >= llama.cpp's server | 20.48 vs 25.60 tokens/s | NOT met |" in text
     assert "| embeddings at 8192 tokens: server RSS <= 2 GB | 1.50 GB (PSS 0.75 GB) | met |" in text
     # 8 clients: ours 0.80 requests/s, infinity's 1.00: one client count slower is the target missed
     assert ("| embeddings at 512 tokens >= infinity-emb's requests/s | 1 clients 0.50 vs 0.40, "
@@ -277,10 +303,12 @@ def test_bench_serve_re_measures_some_cells_and_keeps_the_rest():
     from posbias_export.bench.serve_load import LoadCell, merge_cells
 
     old = [LoadCell("ours", "embeddings", 512, 1, requests=2), LoadCell("ours", "embeddings", 8192, 1, requests=2),
-           LoadCell("infinity-emb", "embeddings", 512, 1, requests=2), LoadCell("ours", "completions", 512, 16)]
+           LoadCell("infinity-emb", "embeddings", 512, 1, requests=2),
+           LoadCell("ours", "completions", 512, 16, note="bloom-560m")]
     new = [LoadCell("ours", "embeddings", 512, 1, requests=5), LoadCell("infinity-emb", "embeddings", 512, 1, requests=7),
-           LoadCell("infinity-emb", "embeddings", 512, 8, requests=9)]
+           LoadCell("infinity-emb", "embeddings", 512, 8, requests=9),
+           LoadCell("ours", "completions", 512, 16, requests=3, note="mpt-1b")]  # another model: a row of its own
     merged = merge_cells(old, new)
     assert [(c.server, c.route, c.length, c.clients, c.requests) for c in merged] == [
         ("ours", "embeddings", 512, 1, 5), ("ours", "embeddings", 8192, 1, 2), ("infinity-emb", "embeddings", 512, 1, 7),
-        ("ours", "completions", 512, 16, 0), ("infinity-emb", "embeddings", 512, 8, 9)]
+        ("ours", "completions", 512, 16, 0), ("infinity-emb", "embeddings", 512, 8, 9), ("ours", "completions", 512, 16, 3)]

@@ -31,6 +31,7 @@ COMMAND = "python -m posbias_export bench-serve"
 JINA_BASE = dict(vocab=30528, hidden=768, heads=12, layers=12, max_len=8192)  # jina-embeddings-v2-base-en
 EMBED_LENGTHS, EMBED_CLIENTS = (512, 2048, 8192), (1, 8, 32)
 STREAMS, PROMPT, NEW_TOKENS = (1, 4, 16), 512, 128
+DECODERS = ("bloom-560m", "mpt-1b")  # published configurations (hf/published.py), random weights
 REQUESTS_PER_CLIENT = 2  # each embedding client sends this many requests (a cell's total: clients x this)
 MAX_CELL_TOKENS = 65536  # an embedding cell sending more tokens than this is skipped (8192 x 8 clients: ~20 min on 2 cores)
 CELL_BUDGET_S = 900  # a cell's requests stop being sent after this (the cell says how many it ran)
@@ -211,20 +212,22 @@ def _verdicts(embed, comp, missing) -> list[list[str]]:
     def met(ok: bool) -> str:
         return "met" if ok else "NOT met"
 
-    def rate(cells, server, clients, length=None):
+    def rate(cells, server, clients, length=None, model=None):
         found = [c for c in cells if c.server == server and c.clients == clients and c.rate
-                 and (length is None or c.length == length)]
+                 and (length is None or c.length == length) and (model is None or c.note == model)]
         return found[0].rate if found else None
 
     rows = []
-    one, sixteen = rate(comp, "ours", 1), rate(comp, "ours", 16)
-    if one and sixteen:
-        rows.append([f"completions: 16 streams >= {TARGETS['streams']:.0f}x the tokens/s of 1", f"{sixteen / one:.2f}x",
-                     met(sixteen / one >= TARGETS["streams"])])
-    peer = rate(comp, "llama.cpp server", 16)
-    rows.append(["completions at 16 streams >= llama.cpp's server",
-                 f"{sixteen:.2f} vs {peer:.2f} tokens/s" if sixteen and peer else "-",
-                 met(sixteen >= peer) if sixteen and peer else "not run: " + (missing["llama.cpp server"] or "no rows")])
+    for model in dict.fromkeys(c.note for c in comp if c.server == "ours"):
+        prompt = next((c.length for c in comp if c.note == model and c.clients == 16), PROMPT)
+        one, sixteen = rate(comp, "ours", 1, prompt, model), rate(comp, "ours", 16, prompt, model)
+        if one and sixteen:
+            rows.append([f"completions ({model}): 16 streams >= {TARGETS['streams']:.0f}x the tokens/s of 1",
+                         f"{sixteen / one:.2f}x", met(sixteen / one >= TARGETS["streams"])])
+        peer = rate(comp, "llama.cpp server", 16, prompt, model)
+        rows.append([f"completions ({model}) at 16 streams >= llama.cpp's server",
+                     f"{sixteen:.2f} vs {peer:.2f} tokens/s" if sixteen and peer else "-",
+                     met(sixteen >= peer) if sixteen and peer else "not run: " + (missing["llama.cpp server"] or "no rows")])
     long = [c for c in embed if c.server == "ours" and c.length == 8192 and c.requests]
     if long:
         peak, pss = max(c.peak_rss for c in long) / 1e9, max(c.peak_pss for c in long) / 1e9
@@ -240,7 +243,7 @@ def _verdicts(embed, comp, missing) -> list[list[str]]:
     return rows
 
 
-def make_folders(work: Path, progress) -> dict[str, Path]:
+def make_folders(work: Path, progress, decoders=DECODERS) -> dict[str, Path]:
     """The served folders (random weights at published sizes), written once into `work`."""
     from ..hf.ship import ship
     from ..hf.tiny import Sizes, save_tiny_folder, save_tokenizer
@@ -253,24 +256,26 @@ def make_folders(work: Path, progress) -> dict[str, Path]:
         save_tokenizer(jina, max_length=8192)
         ship(jina, served, check_growth=False)
     folders["jina-v2-base"] = served
-    served = work / "bloom-560m-served"
-    if not (served / "model.onnx").is_file():
-        from ..hf.published import published_folder
+    for name in decoders:
+        served = work / f"{name}-served"
+        if not (served / "model.onnx").is_file():
+            from ..hf.published import published_folder
 
-        bloom = published_folder("bloom-560m", work, progress=progress)
-        progress("writing bloom-560m's --out-dir folder (the in-place cache)")
-        if not (bloom / "tokenizer.json").is_file():
-            save_tokenizer(bloom)  # token-id prompts: the tokenizer only has to be there
-        ship(bloom, served, check_growth=False)
-    folders["bloom-560m"] = served
+            source = published_folder(name, work, progress=progress)
+            progress(f"writing {name}'s --out-dir folder (the in-place cache)")
+            if not (source / "tokenizer.json").is_file():
+                save_tokenizer(source)  # random texts of exact token counts: any byte-level tokenizer does
+            ship(source, served, check_growth=False)
+        folders[name] = served
     return folders
 
 
 def run_and_write(work: Path, out_dir: Path, lengths, clients, streams, prompt: int, new_tokens: int,
-                  progress, max_cell_tokens: int = MAX_CELL_TOKENS, only: str | None = None) -> list[Path]:
+                  progress, max_cell_tokens: int = MAX_CELL_TOKENS, only: str | None = None,
+                  decoders=DECODERS) -> list[Path]:
     """only: "embeddings" or "completions" measures that route's cells asked for and keeps every
     other row of the last run (so `--only embeddings --lengths 512` re-measures those cells alone)."""
-    folders = make_folders(work, progress)
+    folders = make_folders(work, progress, decoders if only != "embeddings" else ())
     env, cells, missing = environment(bandwidth=True), [], peers_missing()
     jina = folders["jina-v2-base"]
     embed_servers = {"ours": lambda: ServeProcess(jina, log=work / "jina-v2-base-serve.log")}
@@ -287,32 +292,38 @@ def run_and_write(work: Path, out_dir: Path, lengths, clients, streams, prompt: 
                  lambda server, client, c=c, label=label: embed_cell(server, client, jina.name, label, length, c,
                                                                      jina / "tokenizer.json"))
                 for c in runnable]) if runnable else []
-    if only == "embeddings":
-        streams = ()
-    bloom = folders["bloom-560m"]
-    slots = ("--slots", str(max(streams, default=1)))  # every stream decodes at once
-    decode_servers = {"ours": lambda: ServeProcess(bloom, *slots, log=work / "bloom-560m-serve.log")}
-    if not missing["llama.cpp server"]:
-        decode_servers["llama.cpp server"] = lambda: peers.llama_server(work / "bloom-560m", work, bloom.name, progress,
-                                                                         prompt + new_tokens + 16)
-    for label, start in (decode_servers.items() if streams else ()):
-        cells += _served(start, label, progress, _warm_completions(bloom, prompt), [
-            (f"completions ({label}): bloom-560m, {s} streams",
-             LoadCell(label, "completions", prompt, s, note="bloom-560m"),
-             lambda server, client, s=s, label=label: completion_cell(server, client, bloom.name, label, "bloom-560m", s,
-                                                                      bloom / "tokenizer.json", prompt, new_tokens))
-            for s in streams])
-    if only:
-        cells = merge_cells([LoadCell(**c) for c in _last_cells(out_dir)], cells)
-    models = {"bloom-560m": model_facts(bloom)}
+    for name in (decoders if only != "embeddings" else ()):
+        cells += _completion_cells(work, name, folders[name], streams, prompt, new_tokens, missing, progress)
+    previous = [LoadCell(**c) for c in _last_cells(out_dir)] if only else []
+    cells = merge_cells(previous, cells)
+    models = {c.note: model_facts(folders.get(c.note) or work / f"{c.note}-served") for c in cells
+              if c.route == "completions" and (folders.get(c.note) or work / f"{c.note}-served").is_dir()}
     data = {"environment": env, "cells": [asdict(c) for c in cells], "peers": missing, "models": models}
     return write_results(out_dir, "serve", data, render(cells, env, missing, models))
 
 
+def _completion_cells(work: Path, name: str, served: Path, streams, prompt: int, new_tokens: int, missing: dict,
+                      progress) -> list[LoadCell]:
+    """One decoder's completion cells on our server and llama-cpp-python's (its GGUF of the same weights)."""
+    slots = ("--slots", str(max(streams, default=1)))  # every stream decodes at once
+    servers = {"ours": lambda: ServeProcess(served, *slots, log=work / f"{name}-serve.log")}
+    if not missing["llama.cpp server"]:
+        servers["llama.cpp server"] = lambda: peers.llama_server(work / name, work, served.name, progress,
+                                                                  prompt + new_tokens + 16)
+    cells = []
+    for label, start in servers.items():
+        cells += _served(start, label, progress, _warm_completions(served, prompt), [
+            (f"completions ({label}): {name}, {s} streams", LoadCell(label, "completions", prompt, s, note=name),
+             lambda server, client, s=s, label=label: completion_cell(server, client, served.name, label, name, s,
+                                                                      served / "tokenizer.json", prompt, new_tokens))
+            for s in streams])
+    return cells
+
+
 def merge_cells(previous: list[LoadCell], measured: list[LoadCell]) -> list[LoadCell]:
     """The last run's rows with each one measured again replaced in place; new ones after."""
-    def key(c):
-        return c.server, c.route, c.length, c.clients
+    def key(c):  # a completion cell's note names its model
+        return c.server, c.route, c.length, c.clients, c.note if c.route == "completions" else ""
 
     fresh = {key(c): c for c in measured}
     merged = [fresh.pop(key(c), c) for c in previous]

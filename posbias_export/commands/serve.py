@@ -64,11 +64,11 @@ def run_serve(args) -> int:
 
 def build_bench_serve_parser() -> argparse.ArgumentParser:
     from ..bench import serve_load as bench
-    from .options import int_list
+    from .options import int_list, name_list
 
     p = parser("bench-serve", "serve under bounded load on loopback: embeddings (a jina-v2-base-shaped folder, "
-               "concurrent clients x input lengths) and streamed completions (a BLOOM-560m-shaped folder, concurrent "
-               "streams): requests/s or tokens/s, latency percentiles, the whole server's peak RSS, beside the peer "
+               "concurrent clients x input lengths) and streamed completions (BLOOM-560m- and MPT-1B-shaped folders, "
+               "concurrent streams): requests/s or tokens/s, latency percentiles, the whole server's peak RSS, beside the peer "
                "servers installed here; writes serve.md/.json.",
                "example:\n  python -m posbias_export bench-serve --work /tmp/real --lengths 512,2048 --clients 1,8")
     p.add_argument("--work", required=True, help="folder for the random-weight models and their served folders")
@@ -78,6 +78,8 @@ def build_bench_serve_parser() -> argparse.ArgumentParser:
                    help=f"concurrent embedding clients (default {','.join(map(str, bench.EMBED_CLIENTS))})")
     p.add_argument("--streams", type=int_list, default=bench.STREAMS,
                    help=f"concurrent completion streams (default {','.join(map(str, bench.STREAMS))})")
+    p.add_argument("--decoders", type=name_list, default=bench.DECODERS,
+                   help=f"completion models, from: {', '.join(bench.DECODERS)} (default all)")
     p.add_argument("--prompt", type=positive_int, default=bench.PROMPT, help=f"prompt tokens (default {bench.PROMPT})")
     p.add_argument("--new-tokens", type=positive_int, default=bench.NEW_TOKENS,
                    help=f"tokens per completion (default {bench.NEW_TOKENS})")
@@ -100,6 +102,9 @@ def run_bench_serve(args) -> int:
         bad = [v for v in getattr(args, name) if v < 1]
         if bad or not getattr(args, name):
             raise UsageError(f"--{name} takes positive integers, got {getattr(args, name)}")
+    unknown = [d for d in args.decoders if d not in bench.DECODERS]
+    if unknown:
+        raise UsageError(f"--decoders: unknown {', '.join(unknown)} (from: {', '.join(bench.DECODERS)})")
     if max(args.lengths) > 1 << 20 or args.prompt + args.new_tokens > 1 << 20:
         raise UsageError("--lengths / --prompt + --new-tokens: at most 1048576 tokens")
     try:
@@ -118,6 +123,6 @@ def run_bench_serve(args) -> int:
     paths = bench.run_and_write(work, out_dir, tuple(args.lengths), tuple(args.clients),
                                 tuple(args.streams), args.prompt, args.new_tokens,
                                 progress=lambda m: print(m, file=sys.stderr, flush=True),
-                                max_cell_tokens=args.max_cell_tokens, only=args.only)
+                                max_cell_tokens=args.max_cell_tokens, only=args.only, decoders=args.decoders)
     print("\n".join(f"wrote {path}" for path in paths))
     return 0

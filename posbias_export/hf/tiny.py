@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from .layers import PARTS
 from .models import architecture
 
 PAD, BOS, EOS = 0, 1, 2  # a client folder's special tokens (its config and tokenizer)
@@ -76,7 +77,7 @@ def save_tiny_folder(kind: str, folder: Path, sizes: Sizes = TESTS, noise: float
     model mostly repeats its last token, and equal tokens would then prove little)."""
     if client:
         config = dict(pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=False, **config)
-        if VARIANTS[kind].model_type in ("t5", "umt5"):
+        if (VARIANTS[kind].model_type, "decoder") in PARTS:  # an encoder-decoder's decoder starts from a token
             config.setdefault("decoder_start_token_id", PAD)
     model = tiny_model(kind, sizes, noise, seed, **config)
     model.save_pretrained(folder)

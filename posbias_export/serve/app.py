@@ -26,14 +26,19 @@ REPLICA_TIMEOUT_S = 600  # a replica's answer to one call: past this the request
 def build_app(folder: str, replicas: int = 1, threads: int = 0, max_batch_tokens: int | None = None,
               slots: int | None = None):
     """The Ray Serve application for `folder` (deployments bound, not yet run)."""
+    served = ServedFolder.read(folder)
+    api = _api(served.name)
+    model = _model_deployment().options(num_replicas=replicas).bind(str(served.path), threads, max_batch_tokens, slots)
+    return _ingress_deployment(api).bind(model, str(served.path))
+
+
+def _api(name: str):
+    """The FastAPI app: every error, ours or the router's (404, 405), as OpenAI's error object."""
     from fastapi import FastAPI
-    from fastapi import Request as HttpRequest
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
-    from ray import serve
+    from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    served = ServedFolder.read(folder)
-    api = FastAPI(title=f"posbias_export serve: {served.name}")
+    api = FastAPI(title=f"posbias_export serve: {name}")
 
     @api.exception_handler(ApiError)
     async def api_error(_, err: ApiError):
@@ -43,6 +48,13 @@ def build_app(folder: str, replicas: int = 1, threads: int = 0, max_batch_tokens
     async def http_error(_, err):
         return JSONResponse(ApiError(err.status_code, str(err.detail), kind="invalid_request_error").body(),
                             status_code=err.status_code)
+
+    return api
+
+
+def _model_deployment():
+    """The model replicas: a Replica each (replica.py), called by the ingress through Ray's handle."""
+    from ray import serve
 
     @serve.deployment(name="model", max_ongoing_requests=256, health_check_period_s=5,
                       graceful_shutdown_timeout_s=DRAIN_S, ray_actor_options={"num_cpus": 0})
@@ -64,115 +76,153 @@ def build_app(folder: str, replicas: int = 1, threads: int = 0, max_batch_tokens
             if not self.replica.healthy():
                 raise RuntimeError("the decoding loop stopped")
 
+    return Model
+
+
+def _ingress_deployment(api):
+    """The HTTP ingress: FastAPI's routes on the Ray Serve deployment, each handing to Answers."""
+    from fastapi import Request as HttpRequest
+    from ray import serve
+
     @serve.deployment(name="ingress", max_ongoing_requests=1024, graceful_shutdown_timeout_s=DRAIN_S,
                       ray_actor_options={"num_cpus": 0})
     @serve.ingress(api)
-    class Ingress:
-        def __init__(self, model, folder_path: str):
-            from tokenizers import Tokenizer
-
-            from .metrics import Metrics
-
-            self.model = model
-            self.served = ServedFolder.read(folder_path)
-            self.tokenizer = Tokenizer.from_file(str(self.served.files["tokenizer"]))
-            self.tokenizer.no_truncation()
-            self.tokenizer.no_padding()
-            # token ids are judged against the model's table (it may be larger than the tokenizer's)
-            vocab = self.served.settings.get("vocab_size")
-            self.vocab = vocab if isinstance(vocab, int) and vocab > 0 else self.tokenizer.get_vocab_size()
-            self.eos = _eos_ids(self.served.settings)
-            self.metrics = Metrics()
-
-        async def _body(self, request: HttpRequest) -> dict:
-            """The JSON body; one past MAX_BODY_BYTES is read to its end and dropped, then refused
-            (413): a client still sending would otherwise see its connection reset, not the answer."""
-            kept, size = [], 0
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size <= MAX_BODY_BYTES:
-                    kept.append(chunk)
-            if size > MAX_BODY_BYTES:
-                raise ApiError(413, f"the request body is {size} bytes; the limit is {MAX_BODY_BYTES}",
-                               code="body_too_large")
-            return parse_body(b"".join(kept))
-
-        def _need(self, kind: str, route: str) -> None:
-            if self.served.kind != kind and not (kind == "decoder" and self.served.kind == "seq2seq"):
-                raise ApiError(400, f"{route} is not served here: {self.served.name} is a {self.served.kind}")
-
+    class Ingress(Answers):
         @api.get("/health")
         async def health(self):
-            try:
-                await self.model.ready.remote()
-            except Exception as err:  # noqa: BLE001 - a replica not up yet
-                return JSONResponse({"status": "starting", "detail": str(err).splitlines()[0] if str(err) else ""},
-                                    status_code=503)
-            return {"status": "ok"}
+            return await self.health_answer()
 
         @api.get("/v1/models")
         async def models(self):
-            return {"object": "list", "data": [{"id": self.served.name, "object": "model", "created":
-                                                int(self.served.path.stat().st_mtime), "owned_by": "posbias_export"}]}
+            return self.models_answer()
 
         @api.get("/metrics")
         async def metrics(self):
-            return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+            return self.metrics_answer()
 
         @api.post("/v1/embeddings")
         async def embeddings(self, request: HttpRequest):
-            started = time.perf_counter()
-            self._need("embedder", "/v1/embeddings")
-            parsed = EmbeddingsRequest.parse(await self._body(request), self.served.name, self.vocab)
-            rows = parsed.ids or [e.ids for e in self.tokenizer.encode_batch(parsed.texts)]
-            for k, row in enumerate(rows):
-                if len(row) > self.served.context:
-                    raise ApiError(400, f"input {k} has {len(row)} tokens; this model's maximum is "
-                                   f"{self.served.context}", param="input", code="context_length_exceeded")
-                if not row:
-                    raise ApiError(400, f"input {k} has no token", param="input")
-            got = await self._call(self.model.embed.remote(rows))
-            tokens = sum(len(r) for r in rows)
-            self.metrics.observe("embeddings", tokens, 0, got, time.perf_counter() - started)
-            data = [{"object": "embedding", "index": k, "embedding": encode_embedding(v, parsed.encoding)}
-                    for k, v in enumerate(got["vectors"])]
-            return {"object": "list", "data": data, "model": self.served.name,
-                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+            return await self.embeddings_answer(request)
 
         @api.post("/v1/completions")
         async def completions(self, request: HttpRequest):
-            started = time.perf_counter()
-            self._need("decoder", "/v1/completions")
-            parsed = CompletionRequest.parse(await self._body(request), self.served.name, self.vocab)
-            prompt = parsed.prompt_ids or self.tokenizer.encode(parsed.prompt_text).ids
-            if not prompt:
-                raise ApiError(400, "the prompt has no token", param="prompt")
-            parsed.check_length(len(prompt), self.served.context)
-            tokens = self.model.options(stream=True).complete.remote(prompt, parsed.max_tokens, parsed.temperature,
-                                                                     self.eos, parsed.seed)
-            run = _Completion(self, parsed, prompt, tokens, started)
-            if parsed.stream:
-                return StreamingResponse(run.events(), media_type="text/event-stream")
-            return await run.whole()
+            return await self.completions_answer(request)
 
-        async def _call(self, response):
-            async def answer():
-                return await response
+    return Ingress
 
-            try:
-                return await asyncio.wait_for(answer(), REPLICA_TIMEOUT_S)
-            except ApiError:
-                raise
-            except asyncio.TimeoutError:
-                response.cancel()
-                raise ApiError(504, f"the model replica gave no answer in {REPLICA_TIMEOUT_S} s; retry",
-                               kind="server_error", code="timeout") from None
-            except Exception as err:  # noqa: BLE001 - a replica that died or failed: a 503, not a 500
-                raise ApiError(503, f"the model replica failed: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}; retry",
-                               kind="server_error", code="replica_failed") from None
 
-    model = Model.options(num_replicas=replicas).bind(str(served.path), threads, max_batch_tokens, slots)
-    return Ingress.bind(model, str(served.path))
+class Answers:
+    """What the ingress answers, apart from FastAPI's routing: parses and checks each request,
+    tokenizes, calls the model replicas through Ray's handle, detokenizes, counts for /metrics."""
+
+    def __init__(self, model, folder_path: str):
+        from tokenizers import Tokenizer
+
+        from .metrics import Metrics
+
+        self.model = model
+        self.served = ServedFolder.read(folder_path)
+        self.tokenizer = Tokenizer.from_file(str(self.served.files["tokenizer"]))
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
+        # token ids are judged against the model's table (it may be larger than the tokenizer's)
+        vocab = self.served.settings.get("vocab_size")
+        self.vocab = vocab if isinstance(vocab, int) and vocab > 0 else self.tokenizer.get_vocab_size()
+        self.eos = _eos_ids(self.served.settings)
+        self.metrics = Metrics()
+
+    async def _body(self, request) -> dict:
+        """The JSON body; one past MAX_BODY_BYTES is read to its end and dropped, then refused
+        (413): a client still sending would otherwise see its connection reset, not the answer."""
+        kept, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size <= MAX_BODY_BYTES:
+                kept.append(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is {size} bytes; the limit is {MAX_BODY_BYTES}",
+                           code="body_too_large")
+        return parse_body(b"".join(kept))
+
+    def _need(self, kind: str, route: str) -> None:
+        if self.served.kind != kind and not (kind == "decoder" and self.served.kind == "seq2seq"):
+            raise ApiError(400, f"{route} is not served here: {self.served.name} is a {self.served.kind}")
+
+    async def health_answer(self):
+        from fastapi.responses import JSONResponse
+
+        try:
+            await self.model.ready.remote()
+        except Exception as err:  # noqa: BLE001 - a replica not up yet
+            return JSONResponse({"status": "starting", "detail": str(err).splitlines()[0] if str(err) else ""},
+                                status_code=503)
+        return {"status": "ok"}
+
+    def models_answer(self) -> dict:
+        return {"object": "list", "data": [{"id": self.served.name, "object": "model", "created":
+                                            int(self.served.path.stat().st_mtime), "owned_by": "posbias_export"}]}
+
+    def metrics_answer(self):
+        from fastapi.responses import Response
+
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def embeddings_answer(self, request) -> dict:
+        started = time.perf_counter()
+        self._need("embedder", "/v1/embeddings")
+        parsed = EmbeddingsRequest.parse(await self._body(request), self.served.name, self.vocab)
+        rows = parsed.ids or [e.ids for e in self.tokenizer.encode_batch(parsed.texts)]
+        for k, row in enumerate(rows):
+            if len(row) > self.served.context:
+                raise ApiError(400, f"input {k} has {len(row)} tokens; this model's maximum is "
+                               f"{self.served.context}", param="input", code="context_length_exceeded")
+            if not row:
+                raise ApiError(400, f"input {k} has no token", param="input")
+        got = await self._call(self.model.embed.remote(rows))
+        tokens = sum(len(r) for r in rows)
+        self.metrics.observe("embeddings", tokens, 0, got, time.perf_counter() - started)
+        data = [{"object": "embedding", "index": k, "embedding": encode_embedding(v, parsed.encoding)}
+                for k, v in enumerate(got["vectors"])]
+        return {"object": "list", "data": data, "model": self.served.name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    async def completions_answer(self, request):
+        from fastapi.responses import StreamingResponse
+
+        started = time.perf_counter()
+        self._need("decoder", "/v1/completions")
+        parsed = CompletionRequest.parse(await self._body(request), self.served.name, self.vocab)
+        prompt = parsed.prompt_ids or self.tokenizer.encode(parsed.prompt_text).ids
+        if not prompt:
+            raise ApiError(400, "the prompt has no token", param="prompt")
+        parsed.check_length(len(prompt), self.served.context)
+        tokens = self.model.options(stream=True).complete.remote(prompt, parsed.max_tokens, parsed.temperature,
+                                                                 self.eos, parsed.seed)
+        run = _Completion(self, parsed, prompt, tokens, started)
+        if parsed.stream:
+            return StreamingResponse(run.events(), media_type="text/event-stream")
+        return await run.whole()
+
+    async def _call(self, response):
+        async def answer():
+            return await response
+
+        try:
+            return await asyncio.wait_for(answer(), REPLICA_TIMEOUT_S)
+        except ApiError:
+            raise
+        except asyncio.TimeoutError:
+            response.cancel()
+            raise ApiError(504, f"the model replica gave no answer in {REPLICA_TIMEOUT_S} s; retry",
+                           kind="server_error", code="timeout") from None
+        except Exception as err:  # noqa: BLE001 - a replica that died or failed: a 503, not a 500
+            raise ApiError(503, f"the model replica failed: {_first_line(err)}; retry",
+                           kind="server_error", code="replica_failed") from None
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _eos_ids(settings: dict) -> tuple[int, ...]:
@@ -220,7 +270,7 @@ class _Completion:
         except ApiError:
             raise
         except Exception as err:  # noqa: BLE001 - the replica died under the request
-            raise ApiError(503, f"the model replica failed: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}; retry",
+            raise ApiError(503, f"the model replica failed: {_first_line(err)}; retry",
                            kind="server_error", code="replica_failed") from None
         if len(self.text) > sent:
             yield self.text[sent:]

@@ -234,12 +234,14 @@ class DecoderEngine:
 
 def fitting_capacity(decoder, slots: int, context: int) -> int:
     """Tokens a slot holds: the folder's context, capped so the buffers (slots + the joining
-    prompt's own row) take at most a quarter of the free memory (bloom-560m's 8192-token context
-    in 16 slots would be 26 GB: 2 x 24 layers x 1024 x 4 bytes a token a row)."""
+    prompt's own row) take at most half the memory free once the weights are loaded (bloom-560m's
+    8192-token context in 16 slots would be 26 GB: 2 x 24 layers x 1024 x 4 bytes a token a row).
+    Half, not less: MPT-1B's 16 slots then hold 866 tokens beside its 10.6 GB of weights and
+    prepacked copies on a 24 GB machine (a quarter: 433, under a 512-token prompt and its answer)."""
     from ..runners import runtimes_common
 
     per_token = 2 * decoder.layers * decoder.heads * decoder.head_dim * np.dtype(decoder.dtype).itemsize
-    fit = runtimes_common("memory").available_bytes() // 4 // ((slots + 1) * per_token)
+    fit = runtimes_common("memory").available_bytes() // 2 // ((slots + 1) * per_token)
     return int(max(64, min(context, fit)))
 
 

@@ -62,6 +62,9 @@ class EmbedderEngine:
         self.folder = folder
         self.session = runner("ort/run.py").create_session(str(folder.files["model"]), "cpu", threads)
         self.inputs = {i.name for i in self.session.get_inputs()}
+        if any(name.startswith("past_key_values.") for name in self.inputs):  # the folder's files disagree
+            raise ValueError(f"{folder.files['model']} takes a KV cache (a decoder's file) beside modules.json "
+                             "(an embedder's): write the folder again with --out-dir")
         self.tokenizer = Tokenizer.from_file(str(folder.files["tokenizer"]))
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()

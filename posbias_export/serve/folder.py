@@ -52,7 +52,7 @@ class ServedFolder:
         if not model.is_file():
             raise FolderError(f"{folder} has neither model.onnx nor encoder_model.onnx + decoder_model_merged.onnx "
                               "(serve takes a folder written by --out-dir)")
-        if _has_cache(model):
+        if _is_decoder(path, model):
             genai = _json(path / "genai_config.json")
             return cls(path, "decoder", path.name, {"model": model, "tokenizer": tokenizer},
                        _context(config, genai.get("model", {}).get("context_length")), settings=settings)
@@ -73,6 +73,18 @@ def _json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise FolderError(f"{path} does not hold a JSON object")
     return data
+
+
+def _is_decoder(path: Path, model: Path) -> bool:
+    """Told by the files --out-dir writes beside the model (genai_config.json for a decoder,
+    modules.json for an embedder), else by the graph's inputs. Reading the graph parses the whole
+    file when its weights are inside it (a 550 MB jina-v2-base took 1.2 GB in the server's driver and
+    ingress at start); the replica's session checks the inputs against the kind (engines)."""
+    if (path / "genai_config.json").is_file():
+        return True
+    if (path / "modules.json").is_file():
+        return False
+    return _has_cache(model)
 
 
 def _has_cache(model: Path) -> bool:

@@ -13,6 +13,10 @@ from .folder import ServedFolder
 
 
 PROXY_TIMEOUTS = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
+# Ray runs its workers (our replicas) at nice 15 and its own daemons at 0: on a machine the model
+# fills, the daemons' periodic work then takes the replica's cores (a 512-token embedding: 1.26 s
+# at nice 15, 1.14 s at 0, 1.0 s in a plain process; docs/serving.md). A cluster sets it at `ray start`.
+WORKER_NICENESS = {"RAY_worker_niceness": "0"}
 
 
 def _check_port(host: str, port: int) -> None:
@@ -34,8 +38,8 @@ def launch(served: ServedFolder, host: str, port: int, replicas: int, address: s
         _check_port(host, port)
     # a busy machine starts Ray's HTTP proxy in more than Serve's 5 s ready check (it then kills the
     # proxy and serve.start fails): give it a minute; local workers inherit this environment
-    for name, seconds in PROXY_TIMEOUTS.items():
-        os.environ.setdefault(name, seconds)
+    for name, value in {**PROXY_TIMEOUTS, **WORKER_NICENESS}.items():
+        os.environ.setdefault(name, value)
     ray.init(address=address or "local", include_dashboard=False, logging_level="ERROR", log_to_driver=False,
              **({} if address else {"num_cpus": os.cpu_count() or 1}))
     stop = threading.Event()

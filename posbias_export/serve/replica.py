@@ -37,6 +37,7 @@ class Replica:
             engine = DecoderEngine if self.kind == "decoder" else Seq2SeqEngine
             self.engine = engine(self.folder, slots=slots, threads=threads)
             self.engine.start()
+        runtimes_common("memory").return_free_heap()
 
     # -- embeddings ------------------------------------------------------------------------------
     async def embed(self, rows: list[list[int]]) -> dict:

@@ -319,7 +319,7 @@ def _check_output(path: str, inputs: list[str]) -> None:
         raise RunnerError(f"refusing to write {path}: it is also an input ({clash[1].name})")
 
 
-def main(argv=None) -> int:
+def _parser() -> OneLineParser:
     p = OneLineParser(prog="generate", description=__doc__.splitlines()[0])
     p.add_argument("model", help="an export made with --kv-cache (or model.onnx of a folder written with --out-dir)")
     p.add_argument("--prompt", action="append", help="text prompt (UTF-8); repeat for a batch")
@@ -344,7 +344,11 @@ def main(argv=None) -> int:
     p.add_argument("--max-context", type=_positive, default=DEFAULT_MAX_CONTEXT,
                    help=f"refuse requests whose prompt + new tokens exceed this (default {DEFAULT_MAX_CONTEXT})")
     p.add_argument("--output", help="write what the first prompt generated here (raw bytes; text for a tokenizer)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     on_sigterm_raise()
     try:
         check_temperature(args.temperature)
