@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
+from posbias_export.hf.layers import PARTS
 from posbias_export.hf.models import architecture
 from posbias_export.hf.tiny import BOS, EOS, PAD, TESTS, VARIANTS, Sizes, save_tiny_folder, save_tokenizer  # noqa: F401
 
@@ -39,6 +40,24 @@ def save_initialized_t5(folder: Path, seed: int = 0) -> Path:
 CLIENT_KINDS = ("bloom", "mpt", "falcon", "t5")
 # a client's T5 is the whole gated encoder-decoder; its MPT takes 2048 positions
 _CLIENT = {"t5": ("t5_gated", dict(d_ff=96)), "mpt": ("mpt", {})}
+
+
+def client_variant(kind: str) -> str:
+    """The tiny variant a client folder of `kind` is made from."""
+    return _CLIENT.get(kind, (kind, {}))[0]
+
+
+def seq2seq(kind: str) -> bool:
+    """Whether a client folder of `kind` is an encoder-decoder (two files, Optimum's seq2seq layout):
+    its architecture has a registered decoder part and the variant is the whole model."""
+    variant = VARIANTS[client_variant(kind)]
+    return (variant.model_type, "decoder") in PARTS and bool(variant.config.get("encoder_decoder"))
+
+
+def positions_from_mask(kind: str) -> bool:
+    """Whether a client folder's model takes its positions from the mask (a hole in it is then
+    invisible) rather than from the key indices (MPT)."""
+    return architecture(VARIANTS[client_variant(kind)].model_type).positions_from_mask
 
 
 def save_client_model(kind: str, folder: Path, seed: int = 0) -> Path:

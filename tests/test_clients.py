@@ -24,7 +24,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from hf_folders import CLIENT_KINDS, EOS, PAD, save_client_model  # noqa: E402
+from hf_folders import CLIENT_KINDS, EOS, PAD, positions_from_mask, save_client_model, seq2seq  # noqa: E402
 from posbias_export.hf.ship import ship  # noqa: E402
 from posbias_export.parity import load_runner  # noqa: E402
 from posbias_export.parity.tokens import until_stop  # noqa: E402
@@ -60,7 +60,7 @@ def transformers_tokens(source: Path, kind: str, prompts: list[list[int]], side:
     for row, p in enumerate(prompts):
         cols = slice(width - len(p), width) if side == "left" else slice(0, len(p))
         ids[row, cols], mask[row, cols] = torch.tensor(p), 1
-    cls = transformers.T5ForConditionalGeneration if kind == "t5" else transformers.AutoModelForCausalLM
+    cls = transformers.T5ForConditionalGeneration if seq2seq(kind) else transformers.AutoModelForCausalLM
     model = cls.from_pretrained(str(source)).eval()
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=PAD)
@@ -85,14 +85,14 @@ def _varied(tokens: list[list[int]]) -> None:
 def test_transformers_js_generates_transformers_tokens(shipped, kind, batch):
     source, folder = shipped[kind]
     prompts = PROMPTS[:batch]
-    cmd = ["node", str(JS / "generate.mjs"), "seq2seq" if kind == "t5" else "causal", str(folder.resolve()),
+    cmd = ["node", str(JS / "generate.mjs"), "seq2seq" if seq2seq(kind) else "causal", str(folder.resolve()),
            json.dumps(prompts), str(NEW)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=JS)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    expected = transformers_tokens(source, kind, prompts, side="right" if kind == "t5" else "left")
+    expected = transformers_tokens(source, kind, prompts, side="right" if seq2seq(kind) else "left")
     _varied(expected)
-    start = 1 if kind == "t5" else max(len(p) for p in prompts)  # after the decoder's start token / the prompts
+    start = 1 if seq2seq(kind) else max(len(p) for p in prompts)  # after the decoder's start token / the prompts
     assert until_eos(got, start) == until_eos(expected, start)
 
 
@@ -125,7 +125,8 @@ def _web_tokens(folder: Path, prompt: list[int]) -> list[int]:
     return json.loads(proc.stdout.strip().splitlines()[-1])["tokens"]
 
 
-WEB_KINDS = [k for k in CLIENT_KINDS if k != "t5"]
+CAUSAL_KINDS = [k for k in CLIENT_KINDS if not seq2seq(k)]  # decoders: one file with a cache
+WEB_KINDS = CAUSAL_KINDS
 
 
 @WEB
@@ -159,7 +160,7 @@ def right_padded_greedy(source: Path, prompts: list[list[int]]) -> list[list[int
     return ids.tolist()
 
 
-@pytest.mark.parametrize("kind", [k for k in CLIENT_KINDS if k != "t5"])
+@pytest.mark.parametrize("kind", [k for k in CLIENT_KINDS if not seq2seq(k)])
 def test_onnxruntime_genai_generates_transformers_tokens(shipped, kind):
     """genai runs our decoder as its generic "llama" type from genai_config.json. It pads a batch
     on the right and decodes after the padding, which leaves holes in the mask: the file counts
@@ -174,13 +175,13 @@ def shipped_inplace(shipped, tmp_path_factory):
     """kind -> the folder written with --target ort (an in-place cache; genai shares its buffer)."""
     root = tmp_path_factory.mktemp("inplace")
     out = {}
-    for kind in ("bloom", "mpt", "falcon"):
+    for kind in CAUSAL_KINDS:
         out[kind] = root / kind
         ship(shipped[kind][0], out[kind], target="ort", check_growth=False)
     return out
 
 
-@pytest.mark.parametrize("kind", tiers.cases(["bloom", "mpt", "falcon"], ["bloom", "mpt", "falcon"], slow={"mpt", "falcon"}))
+@pytest.mark.parametrize("kind", tiers.cases(CAUSAL_KINDS, CAUSAL_KINDS, slow={"mpt", "falcon"}))
 def test_onnxruntime_genai_shares_the_buffer_of_an_inplace_folder(shipped, shipped_inplace, kind):
     """--target ort: genai_config.json says past_present_share_buffer, genai binds one
     [B, H, max_length, d] buffer as past and present, and its tokens are still transformers'
@@ -221,7 +222,7 @@ def _genai_generates_transformers_tokens(source: Path, folder: Path, kind: str) 
         expected = until_eos(right_padded_greedy(source, prompts), width)
         _varied(expected)
         assert got == expected, prompts
-        if kind != "mpt":  # positions from the mask: the holes are invisible, each row is its prompt alone
+        if positions_from_mask(kind):  # positions from the mask: the holes are invisible, each row is its prompt alone
             for prompt, row in zip(prompts, expected):
                 alone = until_eos(transformers_tokens(source, kind, [prompt]), len(prompt))[0]
                 assert prompt + row[width:] == alone
@@ -247,7 +248,7 @@ def test_triton_config_parses_and_matches_the_file(shipped, kind):
     pb = _triton_model_config()
     _, folder = shipped[kind]
     entries = sorted((folder / "triton").iterdir())
-    assert len(entries) == (2 if kind == "t5" else 1)
+    assert len(entries) == (2 if seq2seq(kind) else 1)
     types = {"tensor(float)": pb.TYPE_FP32, "tensor(int64)": pb.TYPE_INT64, "tensor(float16)": pb.TYPE_FP16,
              "tensor(bool)": pb.TYPE_BOOL}
     for entry in entries:
@@ -256,7 +257,7 @@ def test_triton_config_parses_and_matches_the_file(shipped, kind):
         session = ort.InferenceSession(str(entry / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
         # every input batched: Triton owns the first axis; else (the T5 decoder's use_cache_branch [1]) none
         batched = all(isinstance(v.shape[0], str) for v in session.get_inputs())
-        assert batched == (not (kind == "t5" and entry.name.endswith("_decoder"))), entry.name
+        assert batched == (not (seq2seq(kind) and entry.name.endswith("_decoder"))), entry.name
         assert (config.max_batch_size > 0 and config.HasField("dynamic_batching")) if batched else (
             config.max_batch_size == 0 and not config.HasField("dynamic_batching"))
         for declared, values in ((config.input, session.get_inputs()), (config.output, session.get_outputs())):
@@ -298,7 +299,7 @@ def test_gpu_target_folder_is_gpu_ready(shipped, tmp_path, kind):
         ort.InferenceSession(str(entry / "1" / "model.onnx"), providers=["CPUExecutionProvider"])  # loads
         proto = onnx.load(str(entry / "1" / "model.onnx"))
         assert "MultiHeadAttention" in _op_types(proto)
-    if kind != "t5":
+    if not seq2seq(kind):
         genai = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
         assert genai["provider_options"] == [{"cuda": {}}]
         assert json.loads((cpu_folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"][
@@ -308,17 +309,17 @@ def test_gpu_target_folder_is_gpu_ready(shipped, tmp_path, kind):
 def test_the_folder_holds_what_each_client_looks_for(shipped):
     for kind, (source, folder) in shipped.items():
         names = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
-        models = ["encoder_model.onnx", "decoder_model_merged.onnx"] if kind == "t5" else ["model.onnx"]
+        models = ["encoder_model.onnx", "decoder_model_merged.onnx"] if seq2seq(kind) else ["model.onnx"]
         assert {*models, *(f"onnx/{m}" for m in models), "config.json", "generation_config.json", "tokenizer.json",
                 "tokenizer_config.json"} <= names
-        assert ("genai_config.json" in names) == (kind != "t5")
+        assert ("genai_config.json" in names) == (not seq2seq(kind))
         for name in models:  # names and axes as the clients expect; where it came from, but not its local path
             session = ort.InferenceSession(str(folder / name), providers=["CPUExecutionProvider"])
             inputs = {i.name: i.shape for i in session.get_inputs()}
             assert inputs["input_ids"] == ["batch_size", "sequence_length"]
             cache = [n for n in inputs if n.startswith("past_key_values.")]
             if name != "encoder_model.onnx":
-                part = ".decoder" if kind == "t5" else ""
+                part = ".decoder" if seq2seq(kind) else ""
                 assert cache[:2] == [f"past_key_values.0{part}.key", f"past_key_values.0{part}.value"]
                 assert inputs[cache[0]][0] == "batch_size" and inputs[cache[0]][2] == "past_sequence_length"
             meta = session.get_modelmeta().custom_metadata_map
@@ -339,7 +340,7 @@ def test_our_generate_takes_and_prints_text(shipped, kind):
     assert proc.returncode == 0, proc.stderr
     tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(source / "tokenizer.json"), pad_token="<pad>")
     prompts = [tok(t).input_ids for t in texts]
-    side = "right" if kind == "t5" else "left"
+    side = "right" if seq2seq(kind) else "left"
     expected = [tok.decode(row, skip_special_tokens=True) for row in transformers_tokens(source, kind, prompts, side)]
     assert proc.stdout.splitlines() == expected
 
@@ -379,7 +380,7 @@ def test_out_dir_refusals_are_one_line_and_touch_nothing(shipped, tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
-@pytest.mark.parametrize("kind", tiers.cases(["bloom", "mpt", "falcon"], ["bloom", "mpt", "falcon"], slow={"mpt", "falcon"}))
+@pytest.mark.parametrize("kind", tiers.cases(CAUSAL_KINDS, CAUSAL_KINDS, slow={"mpt", "falcon"}))
 def test_validate_judges_the_shipped_decoder(shipped, kind, tmp_path):
     """validate FILE --model DIR on a cached decoder (Hugging Face names): the folder's default
     in-place file on every runtime that runs it (ONNX Runtime bound to one buffer and not, Node);
@@ -491,9 +492,9 @@ def test_each_folder_says_how_its_clients_set_the_denormal_flag(shipped, tmp_pat
 
     for kind, (_, folder) in shipped.items():
         notes = (folder / "SERVING.md").read_text()
-        role = "seq2seq" if kind == "t5" else "lm"
+        role = "seq2seq" if seq2seq(kind) else "lm"
         assert all((client in notes) == (role in roles) for client, (roles, _) in CLIENTS.items()), kind
-        if kind != "t5":
+        if not seq2seq(kind):
             options = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
             assert options[FLAG] == "1"
     og = pytest.importorskip("onnxruntime_genai")

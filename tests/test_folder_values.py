@@ -356,8 +356,33 @@ def test_a_tied_config_with_a_head_of_its_own_is_refused(tmp_path):
     save_file({**state, "lm_head.weight": embedding.clone()}, folder / "model.safetensors")
     load_model(folder)  # the tied head's copy: fine
     save_file({**state, "lm_head.weight": embedding + 0.5}, folder / "model.safetensors")
-    with pytest.raises(FolderError, match="tie_word_embeddings but lm_head.weight differs"):
+    with pytest.raises(FolderError, match="lm_head.weight differs from transformer.word_embeddings.weight.*"
+                                          "tie_word_embeddings to false"):
         load_model(folder)
+
+
+@pytest.mark.parametrize("key,part", [("encoder.embed_tokens.weight", "encoder"),
+                                      ("encoder.embed_tokens.weight", "decoder"),
+                                      ("decoder.embed_tokens.weight", "decoder")])
+def test_an_encoder_decoders_tables_that_are_not_copies_are_refused(tmp_path, key, part):
+    """T5 holds one embedding table (shared) that encoder.embed_tokens and decoder.embed_tokens
+    name too; transformers fills it from whichever key it reads last. A folder storing a copy
+    loads (encoder and decoder part); one whose copy differs has no one model: refused in one line
+    (before: the copy was skipped unchecked, every ONNX row passed against our own model)."""
+    from hf_folders import save_client_model
+    from safetensors.torch import load_file, save_file
+
+    from posbias_export.hf.folder import FolderError
+    from posbias_export.hf.models import load_model
+
+    folder = save_client_model("t5", tmp_path / "t5")  # the whole encoder-decoder, a head of its own
+    state = load_file(folder / "model.safetensors")
+    shared = state["shared.weight"]
+    save_file({**state, key: shared.clone()}, folder / "model.safetensors")
+    load_model(folder, part=part)  # a copy: fine
+    save_file({**state, key: shared + 0.5}, folder / "model.safetensors")
+    with pytest.raises(FolderError, match=f"{key} differs from shared.weight.*one embedding table"):
+        load_model(folder, part=part)
 
 
 @pytest.mark.parametrize("kind,key,value,path", [

@@ -31,7 +31,7 @@ def attach_weights(model: ImportedModel, state: dict[str, TensorReader], where: 
                 raise FolderError(f"{where}: weight {key} is {tensor.dtype}, not a floating-point tensor")
             readers[name] = tensor
             used.add(key)
-    check_tied_copies(model, state, where)
+    check_tied_copies(model, state, used, where)
     unused = sorted(k for k in state if k not in used and k not in model.tied_keys
                     and not k.startswith(model.ignored_prefixes))
     if unused:
@@ -41,25 +41,33 @@ def attach_weights(model: ImportedModel, state: dict[str, TensorReader], where: 
     attach_readers(model, readers)
 
 
-def check_tied_copies(model: ImportedModel, state: dict[str, TensorReader], where: Path) -> None:
-    """A folder that says its head is tied (tie_word_embeddings) may still store lm_head.weight:
-    a copy of the embedding is fine; a different head is not this config's model (transformers
-    then uses the stored head, we would tie), so it is refused in one line, read row block by
-    row block (no second copy of a large table in memory)."""
-    if not getattr(model, "tied", False):
-        return
+def check_tied_copies(model: ImportedModel, state: dict[str, TensorReader], used: set[str], where: Path) -> None:
+    """Every tied key the folder stores and the model does not read (model.tied_keys: T5's
+    encoder.embed_tokens and decoder.embed_tokens beside shared, a tied lm_head) must be a copy
+    of the table the model reads there (its embedding). transformers holds one table for all of
+    them and fills it from whichever key it reads last, so a folder whose copies differ has no one
+    model: refused in one line (tie_word_embeddings false keeps a head of its own, which the model
+    then reads). Compared row block by row block: no second copy of a large table in memory."""
     embedding = state.get(model.embedding_key)
     for key in model.tied_keys:
-        head = state.get(key)
-        if head is None or embedding is None or tuple(head.shape) != tuple(embedding.shape):
+        copy = state.get(key)
+        if key in used or copy is None or embedding is None:
             continue
-        rows = head.shape[0]
-        for start in range(0, rows, 4096):
-            stop = min(start + 4096, rows)
-            if not torch.equal(head.rows(start, stop).float(), embedding.rows(start, stop).float()):
-                raise FolderError(f"{where}: config.json says tie_word_embeddings but {key} differs from "
-                                  f"{model.embedding_key}: set tie_word_embeddings to false for a head of its own, "
-                                  f"or drop {key}")
+        if tuple(copy.shape) != tuple(embedding.shape) or not _equal_rows(copy, embedding):
+            raise FolderError(f"{where}: {key} differs from {model.embedding_key}, which the model reads in its "
+                              f"place: {_tied_advice(key)}")
+
+
+def _equal_rows(a: TensorReader, b: TensorReader, block: int = 4096) -> bool:
+    rows = a.shape[0]
+    return all(torch.equal(a.rows(start, min(start + block, rows)).float(), b.rows(start, min(start + block, rows)).float())
+               for start in range(0, rows, block))
+
+
+def _tied_advice(key: str) -> str:
+    if key.endswith("lm_head.weight"):
+        return "set tie_word_embeddings to false in config.json for a head of its own, or drop the key"
+    return "the model has one embedding table; drop the key or make it a copy"
 
 
 def load_weights(model: ImportedModel, where: Path) -> None:

@@ -5,6 +5,8 @@ all, ReLU or gated-GELU feed-forward. The bias is our t5 family, bidirectional, 
 equal transformers' bit for bit; blocked export gives the encoder memory linear in L."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 from torch import nn
 
 from ...biases import create_bias
@@ -74,10 +76,13 @@ def normed_sublayer(config, **child: nn.Module) -> nn.Module:
 
 
 class T5Block(nn.Module):
-    def __init__(self, config, bias):
+    """Self-attention, then the feed-forward, each after its norm. The sub-layers are the model
+    class's (`attention(config, bias)`, `feed_forward(config)`): a variant swaps one there."""
+
+    def __init__(self, config, bias, attention=T5SelfAttention, feed_forward=T5FeedForward):
         super().__init__()
-        self.layer = nn.ModuleList([normed_sublayer(config, SelfAttention=T5SelfAttention(config, bias)),
-                                    normed_sublayer(config, DenseReluDense=T5FeedForward(config))])
+        self.layer = nn.ModuleList([normed_sublayer(config, SelfAttention=attention(config, bias)),
+                                    normed_sublayer(config, DenseReluDense=feed_forward(config))])
 
     def forward(self, x, attention_mask, settings):
         attn, ff = self.layer
@@ -86,14 +91,19 @@ class T5Block(nn.Module):
 
 
 class T5Stack(nn.Module):
-    def __init__(self, config, bias):
+    def __init__(self, config, bias, **sublayers):
         super().__init__()
-        self.block = nn.ModuleList(T5Block(config, bias) for _ in range(config.num_layers))
+        self.block = nn.ModuleList(T5Block(config, bias, **sublayers) for _ in range(config.num_layers))
         self.final_layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
 
 
 class T5Encoder(ImportedModel):
-    """input_ids [B, L], attention_mask [B, L] -> last_hidden_state [B, L, d_model]."""
+    """input_ids [B, L], attention_mask [B, L] -> last_hidden_state [B, L, d_model]. A variant
+    with another attention or feed-forward (same weight names) is a subclass that sets one of
+    the two below (tests/test_t5_seams.py)."""
+
+    attention: ClassVar[type[nn.Module]] = T5SelfAttention
+    feed_forward: ClassVar[type[nn.Module]] = T5FeedForward
 
     model_type = "t5"
     bias_name = "t5"
@@ -118,7 +128,7 @@ class T5Encoder(ImportedModel):
         super().__init__(config, Shape(config.num_heads, config.d_kv, config.num_layers, config.vocab_size))
         self.bias = create_bias("t5", config.num_heads, causal=False, **t5_bias_params(config))
         self.shared = nn.Embedding(config.vocab_size, config.d_model)
-        self.encoder = T5Stack(config, self.bias)
+        self.encoder = T5Stack(config, self.bias, attention=self.attention, feed_forward=self.feed_forward)
 
     @classmethod
     def tiny_transformers_model(cls, tf, vocab, hidden, heads, layers, max_len, encoder_decoder: bool = False, **config):

@@ -17,6 +17,8 @@ encoder_hidden_states; true passes the cached ones through.
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -60,11 +62,14 @@ class T5DecoderSelfLayer(nn.Module):
 
 
 class T5DecoderBlock(nn.Module):
-    def __init__(self, config, bias):
+    """Causal self-attention, cross-attention, the feed-forward; the feed-forward is the model
+    class's (`feed_forward(config)`): a variant swaps it there."""
+
+    def __init__(self, config, bias, feed_forward=T5FeedForward):
         super().__init__()
         self.layer = nn.ModuleList([T5DecoderSelfLayer(config, bias),
                                     normed_sublayer(config, EncDecAttention=T5Projections(config)),
-                                    normed_sublayer(config, DenseReluDense=T5FeedForward(config))])
+                                    normed_sublayer(config, DenseReluDense=feed_forward(config))])
 
     def forward(self, x, attention_mask, cross_kv, encoder_mask, past, settings):
         """cross_kv: this layer's cross-attention (k, v) (cross_keys_values)."""
@@ -75,9 +80,9 @@ class T5DecoderBlock(nn.Module):
 
 
 class T5DecoderStack(nn.Module):
-    def __init__(self, config, bias):
+    def __init__(self, config, bias, feed_forward=T5FeedForward):
         super().__init__()
-        self.block = nn.ModuleList(T5DecoderBlock(config, bias) for _ in range(config.num_decoder_layers))
+        self.block = nn.ModuleList(T5DecoderBlock(config, bias, feed_forward) for _ in range(config.num_decoder_layers))
         self.final_layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
 
 
@@ -97,13 +102,14 @@ class T5Decoder(ImportedModel, part="decoder"):
     transformers_class = "T5ForConditionalGeneration"  # what validate compares the pair with
     default_quant_block, default_quant_head = 16, "int8"  # the pair's int4 policy (hf/architectures/t5.py)
     tied_keys = ("decoder.embed_tokens.weight", "encoder.embed_tokens.weight", "lm_head.weight")
+    feed_forward: ClassVar[type[nn.Module]] = T5FeedForward  # a variant's other feed-forward goes here
     ignored_prefixes = ("encoder.",)
 
     def __init__(self, config, own_head: bool, rescale: bool):
         super().__init__(config, Shape(config.num_heads, config.d_kv, config.num_decoder_layers, config.vocab_size))
         self.bias = create_bias("t5", config.num_heads, causal=True, **t5_bias_params(config))
         self.shared = nn.Embedding(config.vocab_size, config.d_model)
-        self.decoder = T5DecoderStack(config, self.bias)
+        self.decoder = T5DecoderStack(config, self.bias, self.feed_forward)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False) if own_head else None
         self.rescale = config.d_model ** -0.5 if rescale else 1.0
 
