@@ -15,6 +15,7 @@ import json
 import time
 import uuid
 
+from ..errors import first_line
 from .folder import ServedFolder
 from .openai_api import MAX_BODY_BYTES, ApiError, CompletionRequest, EmbeddingsRequest, encode_embedding, parse_body
 from .replica import Replica
@@ -216,13 +217,8 @@ class Answers:
             raise ApiError(504, f"the model replica gave no answer in {REPLICA_TIMEOUT_S} s; retry",
                            kind="server_error", code="timeout") from None
         except Exception as err:  # noqa: BLE001 - a replica that died or failed: a 503, not a 500
-            raise ApiError(503, f"the model replica failed: {_first_line(err)}; retry",
+            raise ApiError(503, f"the model replica failed: {first_line(err)}; retry",
                            kind="server_error", code="replica_failed") from None
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _eos_ids(settings: dict) -> tuple[int, ...]:
@@ -270,7 +266,7 @@ class _Completion:
         except ApiError:
             raise
         except Exception as err:  # noqa: BLE001 - the replica died under the request
-            raise ApiError(503, f"the model replica failed: {_first_line(err)}; retry",
+            raise ApiError(503, f"the model replica failed: {first_line(err)}; retry",
                            kind="server_error", code="replica_failed") from None
         if len(self.text) > sent:
             yield self.text[sent:]
