@@ -9,11 +9,14 @@ class ExportCheckError(RuntimeError):
     command line can catch it without importing the exporter)."""
 
 
+ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def first_line(err: BaseException, limit: int | None = None) -> str:
     """The first non-blank line of an exception's message (libraries write pages), or its type;
     a first line that only announces the next ("Validation error for field 'n_head':") takes
-    the next one along."""
-    lines = [l.strip() for l in str(err).splitlines() if l.strip()] or [type(err).__name__]
+    the next one along. Terminal colours (torch's exporter writes them) are dropped."""
+    lines = [l.strip() for l in ANSI_COLOUR.sub("", str(err)).splitlines() if l.strip()] or [type(err).__name__]
     line = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
     return line if limit is None or len(line) <= limit else line[: limit - 3] + "..."
 

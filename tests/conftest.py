@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import posbias_export as pbe
+import tiers
 from posbias_export.cli import main as cli_main
 
 TRACE_LEN = 16
@@ -71,8 +72,8 @@ def cli_model(bias: str, arch: str = "lm", causal: bool = True):
     return pbe.build_model(pbe.ModelConfig(bias=bias, causal=causal, **SMALL), seed=0, arch=arch)
 
 
-# The default run's tiers are data where each test is parametrized (tests/tiers.py): a family's
-# `test_tier`, and the slow ids named at a parametrize site (checked to exist at collection).
+# The default run's tiers are data (tests/tiers.py): a family's `test_tier`, the slow ids named at a
+# parametrize site, the tests measured long (slow_by_time.txt); each checked to exist at collection.
 
 
 def pytest_addoption(parser):
@@ -99,7 +100,9 @@ def item_families(item) -> set[str]:
     return {v for v in values if isinstance(v, str) and v in pbe.BIASES}
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks
 def pytest_collection_modifyitems(config, items):
+    tiers.mark_measured(items, tiers.measured_slow(), config.args)
     families = set(config.getoption("family"))
     if families:
         keep = [item for item in items if item_families(item) & families]

@@ -27,6 +27,23 @@ def save_tiny_model(kind: str, folder: Path, seed: int = 0) -> Path:
     return save_tiny_folder(kind, folder, noise=0.1, seed=seed, **TEST_CONFIG.get(kind, {}))
 
 
+def cached_exports(folder_of, root: Path):
+    """(variant, kv_cache) -> an inlined blocked export of folder_of(variant) under `root`, made on
+    first use (block 16: several blocks at short lengths)."""
+    from posbias_export.hf.export import export_model
+
+    made = {}
+
+    def get(variant: str, kv_cache: bool = False) -> Path:
+        if (variant, kv_cache) not in made:
+            path = root / f"{variant}_{int(kv_cache)}.onnx"
+            export_model(folder_of(variant), path, kv_cache=kv_cache, inline_functions=True, block=16, check_growth=False)
+            made[variant, kv_cache] = path
+        return made[variant, kv_cache]
+
+    return get
+
+
 def save_initialized_t5(folder: Path, seed: int = 0) -> Path:
     """A T5 v1.1 encoder-decoder (gated GELU) with transformers' own initialization, unperturbed:
     weights at the scale a trained T5 keeps. The perturbed folders above are sharper than any
@@ -38,8 +55,9 @@ def save_initialized_t5(folder: Path, seed: int = 0) -> Path:
 
 
 CLIENT_KINDS = ("bloom", "mpt", "falcon", "t5")
-# a client's T5 is the whole gated encoder-decoder; its MPT takes 2048 positions
-_CLIENT = {"t5": ("t5_gated", dict(d_ff=96)), "mpt": ("mpt", {})}
+# a client's T5 is the whole gated encoder-decoder
+_CLIENT = {"t5": ("t5_gated", dict(d_ff=96))}
+CLIENT_SIZES = Sizes(max_len=2048)  # 2048 positions where a config has a limit (MPT's max_seq_len)
 
 
 def client_variant(kind: str) -> str:
@@ -64,8 +82,7 @@ def save_client_model(kind: str, folder: Path, seed: int = 0) -> Path:
     """A tiny random model whose greedy tokens vary (untied head, weights + 0.5 noise), with a
     tokenizer: what a serving client loads."""
     variant, config = _CLIENT.get(kind, (kind, {}))
-    sizes = Sizes(max_len=2048) if kind == "mpt" else TESTS
-    save_tiny_folder(variant, folder, sizes, noise=0.5, seed=seed, client=True, **config)
+    save_tiny_folder(variant, folder, CLIENT_SIZES, noise=0.5, seed=seed, client=True, **config)
     save_tokenizer(Path(folder))
     return folder
 

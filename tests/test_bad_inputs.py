@@ -481,3 +481,11 @@ def test_imported_validate_lengths_are_estimated(hf):
                          "--runtimes", "ort-cpu"])
     lines = [l for l in err.getvalue().splitlines() if l.strip()]
     assert code == 2 and len(lines) == 1 and "needs about" in lines[0], err.getvalue()
+
+
+def test_one_line_errors_drop_terminal_colours():
+    """torch's exporter colours its messages; a results cell or a command's one line gets plain text."""
+    from posbias_export.errors import first_line
+
+    err = RuntimeError("Failed to decompose the FX graph. \x1b[96mThis is step 2/3\x1b[0m of exporting\nmore")
+    assert first_line(err) == "Failed to decompose the FX graph. This is step 2/3 of exporting"

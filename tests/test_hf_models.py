@@ -1,7 +1,8 @@
 """Models people already have (BLOOM, MPT, Falcon with ALiBi, T5) read from local Hugging Face
-folders: our implementation equals transformers, the export equals both on every runtime, a
-cached decoder generates transformers' greedy tokens, and validate --model judges files we
-did not write (and catches the Falcon rounding that Optimum's file drops)."""
+folders: our implementation equals transformers (float32 and float64, T5's decoder too), validate
+--model judges files we did not write (and catches the Falcon rounding that Optimum's file drops),
+and bad folders get one line. Each variant's export on every runtime, its greedy tokens and its
+seq2seq pair: tests/test_by_role.py, from its role."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,15 +11,13 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import tiers  # noqa: E402
-from hf_folders import KINDS, MPT_MAX_SEQ_LEN, VOCAB, model_type, save_tiny_model  # noqa: E402
+from hf_folders import KINDS, VOCAB, cached_exports, model_type, save_tiny_model  # noqa: E402
 from posbias_export.hf import load_model  # noqa: E402
 from posbias_export.hf.baselines import dynamo_export  # noqa: E402
-from posbias_export.hf.export import export_model  # noqa: E402
 from posbias_export.hf.architectures.falcon import round_to_bfloat16  # noqa: E402
 from posbias_export.hf.validate import left_padded, run_hf_matrix, transformers_model  # noqa: E402
 from posbias_export.nn import AttentionSettings  # noqa: E402
-from posbias_export.parity import FLOAT32, compare, load_runner  # noqa: E402
+from posbias_export.parity import FLOAT32, compare  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -29,17 +28,7 @@ def folders(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def exported(folders, tmp_path_factory):
-    """(kind, kv_cache) -> an inlined blocked export (block 16: several blocks at short lengths)."""
-    root, made = tmp_path_factory.mktemp("hf_onnx"), {}
-
-    def get(kind, kv_cache=False):
-        if (kind, kv_cache) not in made:
-            path = root / f"{kind}_{int(kv_cache)}.onnx"
-            export_model(folders[kind], path, kv_cache=kv_cache, inline_functions=True, block=16, check_growth=False)
-            made[kind, kv_cache] = path
-        return made[kind, kv_cache]
-
-    return get
+    return cached_exports(folders.__getitem__, tmp_path_factory.mktemp("hf_onnx"))
 
 
 def test_float32_rounding_to_bfloat16_matches_torch():
@@ -57,7 +46,7 @@ def test_ours_equals_transformers(folders, kind, form):
     """float32, left-padded batch, real tokens: our PyTorch model against transformers', each
     judged against our float64 run by the FLOAT32 policy (transformers is float32-exact only)."""
     ours, theirs = load_model(folders[kind]), transformers_model(folders[kind], model_type(kind))
-    length = MPT_MAX_SEQ_LEN if kind == "mpt" else 150
+    length = min(150, ours.max_length() or 150)  # MPT stops at its max_seq_len
     ids, mask = left_padded(length, 3, VOCAB, seed=1)
     keep = mask.astype(bool)
     args = torch.from_numpy(ids), torch.from_numpy(mask)
@@ -79,56 +68,12 @@ def test_ours_equals_transformers(folders, kind, form):
 @pytest.mark.parametrize("kind,atol", [("t5", 1e-10), ("bloom", 1e-5)])
 def test_ours_equals_transformers_in_float64(folders, kind, atol):
     """Without padding transformers' float64 runs are clean."""
-    ours, theirs = load_model(folders[kind]).double(), transformers_model(folders[kind], kind).double()
+    ours, theirs = load_model(folders[kind]).double(), transformers_model(folders[kind], model_type(kind)).double()
     ids = torch.randint(0, VOCAB, (2, 120), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         out = theirs(input_ids=ids)
-        hf = out.last_hidden_state if kind == "t5" else out.logits
+        hf = out.last_hidden_state if ours.arch == "encoder" else out.logits
         assert (ours(ids) - hf).abs().max().item() < atol
-
-
-@pytest.mark.parametrize("kind", tiers.cases(["bloom", "mpt", "falcon", "falcon_grouped", "t5_gated"],
-                                             ["bloom", "mpt", "falcon", "falcon_grouped", "t5_gated"], slow={"mpt", "falcon", "t5_gated"}))
-def test_export_matches_on_every_runtime(folders, exported, kind):
-    """The inlined blocked file on ORT, OpenVINO and the reference evaluator, left-padded, far
-    beyond the trace length (16); MPT's 300 is past its max_seq_len (64): transformers cannot
-    run it (its row says so) and the file is judged against our float64 reference."""
-    lengths = (1, 17, 300)
-    matrix = run_hf_matrix(exported(kind), folders[kind], ("ort-cpu", "openvino", "reference"), lengths,
-                           order=kind == "bloom")  # the order protocol once for imported files
-    assert matrix.ok, [(c.runtime, c.case, c.verdict) for c in matrix.cells if not c.ok]
-    rows = {(c.runtime, c.case): c.verdict for c in matrix.cells}
-    assert all(rows[r, f"L={n} B=3"] == "pass" for r in ("ort-cpu", "openvino", "reference") for n in lengths)
-    if kind == "mpt":
-        assert rows["transformers", "L=300 B=3"].startswith(f"not run: transformers' mpt stops at {MPT_MAX_SEQ_LEN} tokens")
-    else:
-        assert rows["transformers", "L=300 B=3"] == "pass"
-
-
-@pytest.mark.parametrize("kind", tiers.cases(["bloom", "mpt", "falcon", "falcon_grouped", "falcon_sequential"],
-                                             ["bloom", "mpt", "falcon", "falcon_grouped", "falcon_sequential"],
-                                             slow={"falcon_grouped", "falcon_sequential"}))
-def test_cached_decoder_generates_transformers_greedy_tokens(folders, exported, kind):
-    """--kv-cache file, left-padded batch of two prompts, 10 greedy steps through the ORT
-    runner's CachedDecoder: the same tokens as transformers' generate (Falcon's three layouts:
-    multi-query and grouped files cache their own 1 / num_kv_heads key/value heads)."""
-    decoder = load_runner("ort/generate.py").CachedDecoder(str(exported(kind, kv_cache=True)))
-    ids, mask = left_padded(9, 2, VOCAB, seed=3)
-    past, step_ids, step_mask, tokens, step_logits = decoder.empty_past(2), ids, mask, [], []
-    for _ in range(10):
-        logits, past = decoder.step(step_ids, step_mask, past)
-        step_logits.append(logits[:, -1])
-        step_ids = logits[:, -1].argmax(-1)[:, None]
-        tokens.append(step_ids)
-        step_mask = np.concatenate([step_mask, np.ones((2, 1), np.int64)], axis=1)
-    theirs = transformers_model(folders[kind], model_type(kind))
-    expected = theirs.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                               max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0,
-                               output_logits=True, return_dict_in_generate=True)
-    assert np.array_equal(np.concatenate(tokens, axis=1), expected.sequences[:, 9:].numpy())
-    # every step's logits too (float32 both sides, |logits| ~ 1-10): the cache path, not just the argmax
-    their_logits = torch.stack(expected.logits, 1).numpy()  # [B, 10, V]
-    assert np.abs(np.stack(step_logits, 1) - their_logits).max() < 1e-4
 
 
 @pytest.mark.parametrize("form", ["plain", "blocked"])
@@ -146,65 +91,6 @@ def test_t5_decoder_equals_transformers_in_float64(folders, form):
         states = encoder(ids, mask, settings=settings)
         got = decoder(target, torch.ones_like(target), states, mask, settings=settings)
     assert (got - expected).abs().max().item() < 1e-10
-
-
-def _pair_generates_transformers_tokens(folder, tmp_path, dtype, target, names="posbias"):
-    """Export the encoder and the cached decoder (`names`: ours, or the clients' merged layout),
-    generate greedily through runtimes/ort/seq2seq.py on a left-padded batch, and assert the
-    tokens of transformers' generate. Returns (ids, mask)."""
-    kwargs = dict(block=8, check_growth=False, dtype=dtype, target=target)
-    export_model(folder, tmp_path / "encoder.onnx", **kwargs)
-    export_model(folder, tmp_path / "decoder.onnx", part="decoder", names=names, **kwargs)
-    ids, mask = left_padded(20, 2, VOCAB, seed=6)
-    tokens = load_runner("ort/seq2seq.py").greedy_generate(
-        str(tmp_path / "encoder.onnx"), str(tmp_path / "decoder.onnx"), ids, mask, max_new_tokens=12,
-        start_token=0, min_new_tokens=12, eos_ids=(1,))
-    theirs = transformers.T5ForConditionalGeneration.from_pretrained(str(folder)).eval()
-    expected = theirs.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                               max_new_tokens=12, min_new_tokens=12, do_sample=False, decoder_start_token_id=0,
-                               eos_token_id=1, pad_token_id=0)
-    assert np.array_equal(tokens, expected[:, 1:].numpy())
-    return ids, mask
-
-
-@pytest.mark.parametrize("dtype,target", tiers.cases([("float32", "portable"), ("float16", "cuda-ort")],
-                                                    ["float32-portable", "float16-cuda-ort"], slow={"float16-cuda-ort"}))
-def test_t5_encoder_and_decoder_files_generate_transformers_tokens(folders, tmp_path, dtype, target):
-    """The encoder file and the cached decoder file (ORT, runtimes/ort/seq2seq.py), greedy,
-    a left-padded batch: the tokens of transformers' generate (float32); the float16 pair for
-    the GPU target too, its encoder output feeding the decoder in float16."""
-    _pair_generates_transformers_tokens(folders["t5_gated"], tmp_path, dtype, target)
-
-
-@pytest.mark.parametrize("dtype,target", tiers.cases([("float32", "portable"), ("float16", "cuda-ort")],
-                                                    ["float32-portable", "float16-cuda-ort"], slow={"float16-cuda-ort"}))
-def test_clients_t5_decoder_caches_the_cross_attention(folders, tmp_path, dtype, target):
-    """The clients' merged decoder (Optimum's layout: use_cache_branch, past_key_values.N.encoder.*):
-    the first step computes every layer's cross-attention keys and values, later steps take them
-    from the cache and never read encoder_hidden_states (zeros there change nothing), and greedy
-    generation through it (runtimes/ort/seq2seq.py) gives transformers' tokens."""
-    import onnxruntime as ort
-
-    ids, mask = _pair_generates_transformers_tokens(folders["t5_gated"], tmp_path, dtype, target, "huggingface")
-    decoder = ort.InferenceSession(str(tmp_path / "decoder.onnx"), providers=["CPUExecutionProvider"])
-    encoder = ort.InferenceSession(str(tmp_path / "encoder.onnx"), providers=["CPUExecutionProvider"])
-    states = encoder.run(None, {"input_ids": ids, "attention_mask": mask})[0]
-    inputs = [i for i in decoder.get_inputs()]
-    cache = [i for i in inputs if i.name.startswith("past_key_values.")]
-    assert [i.name.split(".")[2] for i in cache[:4]] == ["decoder", "decoder", "encoder", "encoder"]  # Optimum's order
-    dtype_np = states.dtype
-    empty = {i.name: np.zeros((2, i.shape[1], 0, i.shape[3]), dtype_np) for i in cache}
-    start = np.zeros((2, 1), np.int64)
-    first = dict(zip([o.name for o in decoder.get_outputs()], decoder.run(
-        None, {"input_ids": start, "encoder_hidden_states": states, "encoder_attention_mask": mask,
-               "use_cache_branch": np.array([False]), **empty})))
-    assert first["present.0.encoder.key"].shape[2] == ids.shape[1]  # computed from the encoder's states
-    past = {name.replace("present", "past_key_values"): value for name, value in first.items() if name != "logits"}
-    step = first["logits"][:, -1].argmax(-1)[:, None].astype(np.int64)
-    runs = [decoder.run(None, {"input_ids": step, "encoder_hidden_states": s, "encoder_attention_mask": mask,
-                               "use_cache_branch": np.array([True]), **past})[0]
-            for s in (states, np.zeros_like(states))]
-    np.testing.assert_array_equal(runs[0], runs[1])  # the cached branch reads the cache, not the states
 
 
 def test_validate_judges_a_plain_dynamo_export(folders, tmp_path):
@@ -229,13 +115,6 @@ def test_validate_catches_falcon_without_bfloat16_rounding(folders, tmp_path, mo
     assert long.verdict == "FAIL" and long.parity["max_abs"] > 100 * long.parity["budget_abs"]
     assert long.parity["max_abs"] > short.parity["max_abs"]
     assert verdicts["transformers", "L=600 B=3"].verdict == "pass"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", ["bloom", "mpt", "falcon", "t5"])
-def test_export_matches_at_4096(folders, exported, kind):
-    matrix = run_hf_matrix(exported(kind), folders[kind], ("ort-cpu", "openvino", "reference"), (4096,), batch=2)
-    assert matrix.ok, [(c.runtime, c.case, c.verdict) for c in matrix.cells if not c.ok]
 
 
 @pytest.fixture(scope="module")

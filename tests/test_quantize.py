@@ -212,12 +212,14 @@ def test_quantized_imported_model_passes_validate(tmp_path, kind):
     policy against the folder's model (left-padded batches, real tokens), every length in one
     session too."""
     pytest.importorskip("transformers")
-    from hf_folders import MPT_MAX_SEQ_LEN, save_tiny_model
+    from hf_folders import save_tiny_model
+    from posbias_export.hf import load_model
     from posbias_export.hf.export import export_model
     from posbias_export.hf.validate import run_hf_matrix
 
     folder = save_tiny_model(kind, tmp_path / kind)
-    lengths = (1, 17, MPT_MAX_SEQ_LEN if kind == "mpt" else 300)
+    limit = load_model(folder, lazy=True).max_length()  # MPT stops at its max_seq_len
+    lengths = (1, 17, min(300, limit or 300))
     for scheme in ("int8", "int4"):
         out = tmp_path / f"{scheme}.onnx"
         export_model(folder, out, kv_cache=True, quantize=quant_scheme(scheme), check_growth=False)

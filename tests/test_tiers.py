@@ -43,3 +43,29 @@ def test_family_option_selects_every_cell_of_one_family():
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n0", "--family", "sandwhich"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "choose from" in proc.stderr
+
+
+class _Item:
+    def __init__(self, nodeid):
+        self.nodeid, self.marks = nodeid, []
+
+    def add_marker(self, mark):
+        self.marks.append(mark)
+
+
+def test_measured_slow_tests_are_marked_and_a_renamed_one_fails(tmp_path):
+    """slow_by_time.txt: a named test is marked slow, the others are not; a name no test of a file
+    collected whole has is an error, and a file of which one test was asked for is not judged."""
+    listed = tmp_path / "slow.txt"
+    listed.write_text("# measured\n  12.5 tests/test_a.py::test_long[x y]\n")
+    assert tiers.measured_slow(listed) == {"tests/test_a.py::test_long[x y]": 12.5}
+    items = [_Item("tests/test_a.py::test_long[x y]"), _Item("tests/test_a.py::test_short")]
+    tiers.mark_measured(items, tiers.measured_slow(listed))
+    assert [m.name for m in items[0].marks] == ["slow"] and items[1].marks == []
+    renamed = [_Item("tests/test_a.py::test_longer[x y]")]
+    with pytest.raises(tiers.TierError, match="test_long"):
+        tiers.mark_measured(renamed, tiers.measured_slow(listed))
+    tiers.mark_measured(renamed, tiers.measured_slow(listed), args=["tests/test_a.py::test_longer"])
+    assert renamed[0].marks == []
+    # the project's own file names only tests that exist (collection of the whole suite checks it too)
+    assert all("::" in node and node.startswith("tests/test_") for node in tiers.measured_slow())

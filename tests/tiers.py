@@ -1,5 +1,5 @@
-"""Test tiers as data at the parametrize site: which cells the default run keeps (CI, about 13
-minutes on 2 cores) and which run under `-m slow` only.
+"""Test tiers as data at the parametrize site: which cells the default run keeps (CI, about 17
+minutes of pytest on 2 cores) and which run under `-m slow` only.
 
 - A family whose class says `test_tier = "extended"` (kerple_power, sandwich, none: their paths
   through the exporters are another family's, and their formulas are checked against the papers
@@ -8,10 +8,13 @@ minutes on 2 cores) and which run under `-m slow` only.
 - Other cells are named slow by id where they are parametrized (`cases(..., slow={ids})`); an id
   that no case has any more is an error at collection, so a rename cannot silently move a cell
   between the tiers.
+- The architecture tests take their tier from the variant's role (tests/role_matrix.py).
+- Tests measured long are named with their seconds in slow_by_time.txt (`mark_measured`, below).
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +54,37 @@ def cases(values: Sequence, ids: Sequence[str], slow: Iterable[str] = (), grid: 
         is_slow = case_id in slow or (grid and any(extended(v) for v in parts))
         out.append(pytest.param(*parts, id=case_id, marks=SLOW if is_slow else ()))
     return out
+
+
+# Tests measured long in the default run (`pytest --durations=0`, two workers on a 2-core machine),
+# named in slow_by_time.txt as "seconds node-id": marked slow at collection so the default run
+# stays near 15 minutes. Each behaviour they cover keeps a faster case in the default run (a
+# smaller parameter, a sibling test) or is named in the file's comment as covered by -m slow only.
+MEASURED = Path(__file__).with_name("slow_by_time.txt")
+
+
+def measured_slow(path: Path = MEASURED) -> dict[str, float]:
+    """node id -> the seconds it took, from the file (comments and blank lines skipped)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            seconds, node = line.split(maxsplit=1)
+            out[node] = float(seconds)
+    return out
+
+
+def mark_measured(items, listed: dict[str, float], args=()) -> None:
+    """Mark slow each item the file names. Raises TierError for a named id whose file was collected
+    whole (no `args` names a test in it) but which no item has: a renamed test would otherwise move
+    silently into the default run."""
+    collected = {item.nodeid for item in items}
+    picked = {Path(arg.split("::")[0]).name for arg in args if "::" in arg}
+    files = {node.split("::")[0] for node in collected} - {f for f in {n.split("::")[0] for n in collected}
+                                                           if Path(f).name in picked}
+    missing = sorted(node for node in listed if node.split("::")[0] in files and node not in collected)
+    if missing:
+        raise TierError(f"{MEASURED.name} names tests that do not exist: {', '.join(missing[:5])}")
+    for item in items:
+        if item.nodeid in listed:
+            item.add_marker(SLOW)

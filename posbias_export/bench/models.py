@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..environment import describe, environment, exporter_versions
+from ..errors import first_line
 from ..limits import total_memory_share
 from ..hf.models import ARCHITECTURES
 
@@ -59,7 +60,7 @@ def export_all(kind: str, folder: Path, work: Path) -> dict[str, Path | str]:
     try:
         files["dynamo"] = dynamo_export(folder, work / f"{kind}_dynamo.onnx", kind)
     except Exception as err:  # a failed baseline is a result, not a crash
-        files["dynamo"] = f"export failed: {str(err).splitlines()[0][:160]}"
+        files["dynamo"] = f"export failed: {first_line(err, 160)}"
     try:
         out = work / f"{kind}_optimum"
         out.mkdir()

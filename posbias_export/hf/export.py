@@ -44,7 +44,7 @@ class ImportedSpec(ExportSpec):
         if model.arch == "decoder":  # the T5 decoder file always carries its cache
             part = dataclasses.replace(naming, cache_part="decoder") if naming.name != POSBIAS.name else naming
             # the clients feed a seq2seq decoder no mask of its own (transformers.js gives it the encoder's)
-            return T5DecoderSpec(f"{model.model_type} {model.arch}", model.bias_name, True, naming=part,
+            return Seq2SeqDecoderSpec(f"{model.model_type} {model.arch}", model.bias_name, True, naming=part,
                                  with_mask=naming.name == POSBIAS.name, **common)
         return cls(f"{model.model_type} {model.arch}", model.bias_name, kv_cache, naming=naming, **common)
 
@@ -92,8 +92,9 @@ class ImportedSpec(ExportSpec):
         return self.model.arch in ("lm", "decoder", "encoder")
 
 
-class CachedT5Decoder(torch.nn.Module):
-    """Flat tensors in and out for the T5 decoder file (as KVCacheLM, with the encoder's output)."""
+class CachedSeq2SeqDecoder(torch.nn.Module):
+    """Flat tensors in and out for an encoder-decoder's decoder file (a `part="decoder"` class: T5's,
+    UMT5's), as KVCacheLM with the encoder's output."""
 
     def __init__(self, decoder, settings):
         super().__init__()
@@ -106,8 +107,8 @@ class CachedT5Decoder(torch.nn.Module):
         return (logits, *[t for kv in presents for t in kv])
 
 
-class CachedT5DecoderMerged(torch.nn.Module):
-    """The T5 decoder as the clients call it, in Optimum's merged layout: no mask of its own
+class CachedSeq2SeqDecoderMerged(torch.nn.Module):
+    """An encoder-decoder's decoder as the clients call it, in Optimum's merged layout: no mask of its own
     (decoder tokens are never padded while generating: every key is attended, as transformers'
     own generate does), use_cache_branch, and per layer the self-attention cache then the
     cross-attention one (t5_decoder.T5Decoder.step_cross_cached)."""
@@ -133,10 +134,10 @@ def merged_cache_names(layers: int) -> tuple[list[str], list[str]]:
 
 
 @dataclass
-class T5DecoderSpec(ImportedSpec):
-    """The cached T5 decoder (hf/architectures/t5_decoder.py): input_ids, attention_mask,
+class Seq2SeqDecoderSpec(ImportedSpec):
+    """The cached decoder part of an encoder-decoder (hf/architectures/t5_decoder.py): input_ids, attention_mask,
     encoder_hidden_states, encoder_attention_mask and the past pairs in; logits and the present
-    pairs out. with_mask off: the clients' merged file (CachedT5DecoderMerged)."""
+    pairs out. with_mask off: the clients' merged file (CachedSeq2SeqDecoderMerged)."""
 
     with_mask: bool = True
 
@@ -161,13 +162,13 @@ class T5DecoderSpec(ImportedSpec):
             return self.merged_signature(model, (ids, states, enc_mask), (b, seq, enc_seq, past_dim), settings, dtype,
                                          gen, past_len)
         names = leading_inputs(self.role)
-        module, leading, shapes = CachedT5Decoder(model, settings), (ids, mask, states, enc_mask), (
+        module, leading, shapes = CachedSeq2SeqDecoder(model, settings), (ids, mask, states, enc_mask), (
             {0: b, 1: seq}, {0: b, 1: total}, {0: b, 1: enc_seq}, {0: b, 1: enc_seq})
         return cached_signature(module, leading, shapes, names, {n: (0, 1) for n in names}, m.num_kv_heads, m.head_dim,
                                 m.num_layers, batch, past_len, dtype, gen, past_dim)
 
     def merged_signature(self, model, leading_args, dims, settings, dtype, gen, past_len) -> Signature:
-        """The clients' file (CachedT5DecoderMerged): traced on the cached branch's shapes (the
+        """The clients' file (CachedSeq2SeqDecoderMerged): traced on the cached branch's shapes (the
         cross cache as long as the encoder's states; torch.cond traces both branches)."""
         m = self.model
         (ids, states, enc_mask), (b, seq, enc_seq, past_dim) = leading_args, dims
@@ -179,7 +180,7 @@ class T5DecoderSpec(ImportedSpec):
         leading = leading_inputs(self.role)
         cache_shapes = tuple({0: b, 2: cross_dim if "cross" in n else past_dim} for n in past_names)
         return Signature(
-            CachedT5DecoderMerged(model, settings), (ids, states, enc_mask, torch.tensor([True]), *past),
+            CachedSeq2SeqDecoderMerged(model, settings), (ids, states, enc_mask, torch.tensor([True]), *past),
             ({0: b, 1: seq}, {0: b, 1: enc_seq}, {0: b, 1: enc_seq}, {}, cache_shapes),
             [*leading, *past_names], ["logits", *present_names],
             {**{n: (0, 1) for n in leading[:3]}, "logits": (0, 1), **{n: (0, 2) for n in past_names + present_names}},
