@@ -1,4 +1,4 @@
-"""Test tiers as data at the parametrize site: which cells the default run keeps (CI, about 17
+"""Test tiers as data at the parametrize site: which cells the default run keeps (CI, about 22
 minutes of pytest on 2 cores) and which run under `-m slow` only.
 
 - A family whose class says `test_tier = "extended"` (kerple_power, sandwich, none: their paths
