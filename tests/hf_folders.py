@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 
-from posbias_export.hf.layers import PARTS
 from posbias_export.hf.models import architecture
 from posbias_export.hf.tiny import BOS, EOS, PAD, TESTS, VARIANTS, Sizes, save_tiny_folder, save_tokenizer  # noqa: F401
 
@@ -68,8 +67,9 @@ def client_variant(kind: str) -> str:
 def seq2seq(kind: str) -> bool:
     """Whether a client folder of `kind` is an encoder-decoder (two files, Optimum's seq2seq layout):
     its architecture has a registered decoder part and the variant is the whole model."""
-    variant = VARIANTS[client_variant(kind)]
-    return (variant.model_type, "decoder") in PARTS and bool(variant.config.get("encoder_decoder"))
+    from role_matrix import role
+
+    return role(VARIANTS[client_variant(kind)]) == "seq2seq"
 
 
 def positions_from_mask(kind: str) -> bool:

@@ -79,9 +79,8 @@ def mark_measured(items, listed: dict[str, float], args=()) -> None:
     whole (no `args` names a test in it) but which no item has: a renamed test would otherwise move
     silently into the default run."""
     collected = {item.nodeid for item in items}
-    picked = {Path(arg.split("::")[0]).name for arg in args if "::" in arg}
-    files = {node.split("::")[0] for node in collected} - {f for f in {n.split("::")[0] for n in collected}
-                                                           if Path(f).name in picked}
+    picked = {Path(arg.split("::")[0]).name for arg in args if "::" in arg}  # files of which some tests were asked for
+    files = {f for f in (node.split("::")[0] for node in collected) if Path(f).name not in picked}
     missing = sorted(node for node in listed if node.split("::")[0] in files and node not in collected)
     if missing:
         raise TierError(f"{MEASURED.name} names tests that do not exist: {', '.join(missing[:5])}")
