@@ -561,3 +561,16 @@ def test_bench_quant_judges_a_sharded_encoder_alone_on_its_embedding(tmp_path, m
     assert "## Real size, an encoder alone" in md and "| tiny-umt5 | int8 |" in md
     assert "tiny-umt5 int8 (encoder): embedding cosine to float32 >= 0.99 |" in md
     assert "tiny-umt5 int8 (encoder): export peak <=" in md
+
+
+def test_a_node_clients_cell_gives_the_error_message_not_the_quoted_source_line():
+    """bench-clients --models umt5: transformers.js has no umt5; Node prints the throwing source
+    line first, and the cell must carry the message under it."""
+    from posbias_export.clients.checks import node_error
+
+    stderr = ("file:///js/node_modules/@huggingface/transformers/dist/transformers.node.mjs:123\n"
+              "            throw Error(`Unsupported model type: ${model_type}`);\n            ^\n\n"
+              "Error: Unsupported model type: umt5\n    at Function.from_pretrained (file:///js/x.mjs:1:2)\n")
+    assert node_error(stderr) == "Error: Unsupported model type: umt5"
+    assert node_error("TypeError: x is not a function\n") == "TypeError: x is not a function"
+    assert node_error("") == "node failed"

@@ -14,6 +14,7 @@ untied heads (a tied tiny head mostly repeats its last token), made here.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -99,6 +100,13 @@ def ours(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndar
     return prompt + gen.generate(decoder, [prompt], NEW_TOKENS, eos_ids=(EOS,), pad_id=PAD)[0], logits[0]
 
 
+def node_error(stderr: str) -> str:
+    """The message of Node's uncaught error ("Error: ..."), not the source line it quotes above it."""
+    lines = [line.strip() for line in stderr.splitlines()]
+    message = next((line for line in lines if re.match(r"^\w*Error\b.*:", line)), None)
+    return message or next((line for line in lines if "Error" in line), "node failed")
+
+
 def transformers_js(kind: str, folder: Path, prompt: list[int], tmp: Path) -> tuple[list[int], np.ndarray]:
     if shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir():
         raise RuntimeError(f"not installed (cd {JS} && npm install --ignore-scripts)")
@@ -108,7 +116,7 @@ def transformers_js(kind: str, folder: Path, prompt: list[int], tmp: Path) -> tu
         proc = subprocess.run(["node", str(JS / script), mode, str(folder.resolve()), *args], capture_output=True,
                               text=True, timeout=900, cwd=JS)
         if proc.returncode:
-            raise RuntimeError(next((l for l in proc.stderr.splitlines() if "Error" in l), "node failed").strip())
+            raise RuntimeError(node_error(proc.stderr))
         return proc.stdout.strip().splitlines()[-1]
 
     tokens = json.loads(node("generate.mjs", json.dumps([prompt]), str(NEW_TOKENS)))[0]
@@ -124,7 +132,7 @@ def web(kind: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarr
     proc = subprocess.run(["node", str(JS / "web.mjs"), str(folder.resolve()), json.dumps(prompt), str(NEW_TOKENS),
                            str(EOS)], capture_output=True, text=True, timeout=1800, cwd=JS)
     if proc.returncode:
-        raise RuntimeError(next((l for l in proc.stderr.splitlines() if "Error" in l), "node failed").strip())
+        raise RuntimeError(node_error(proc.stderr))
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     return out["tokens"], np.asarray(out["logits"], np.float32)[None]
 
