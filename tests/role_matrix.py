@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from posbias_export.hf.layers import PARTS
+from posbias_export.hf.imported import PARTS
 from posbias_export.hf.models import architecture
 from posbias_export.hf.tiny import VARIANTS, Variant
 

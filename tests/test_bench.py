@@ -247,7 +247,7 @@ def test_bench_serving_judges_our_files_beside_llama_cpp(monkeypatch):
     bytes, peak RSS, and decode CPU time per token at 4096; without llama_cpp its rows are
     skipped with the reason."""
     from posbias_export.bench.serving import LLAMA_CPP, ServingRow, llama_cpp_targets, render
-    from posbias_export.hf import llama_cpp_runs
+    from posbias_export.peers import llama_cpp_runs
 
     def run(file, context, cpu, file_gb, peak, scheme="int4"):
         return {"scheme": scheme, "file": file, "context": context, "prefill_s": 1.0, "prefill_peak_gb": 1.0,
@@ -495,7 +495,7 @@ def test_bench_embed_runs_every_form_and_judges_its_targets(tmp_path, monkeypatc
     paths = embedders.run_and_write((64, 2048), tmp_path, progress=lambda m: None)
     data = json.loads(paths[1].read_text())
     cells = {(c["form"], c["length"], c["batch"]): c for c in data["cells"]}
-    from posbias_export.hf import llama_cpp_runs
+    from posbias_export.peers import llama_cpp_runs
 
     forms = [f for f in embedders.FORMS if f != "llama.cpp" or not llama_cpp_runs.missing()]  # where it is here
     assert set(cells) == {(f, n, b) for f in forms for n, b in ((64, 1), (2048, 1), (32, 4))}

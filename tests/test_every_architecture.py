@@ -1,4 +1,4 @@
-"""Every architecture of the registry (hf/layers.py ARCHITECTURES) has a tiny folder in the one
+"""Every architecture of the registry (hf/imported.py ARCHITECTURES) has a tiny folder in the one
 factory (hf/tiny.py), and its export passes validate against the folder: a new architecture
 without either fails here."""
 from __future__ import annotations

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from hf_folders import KINDS, VOCAB, cached_exports, model_type, save_tiny_model  # noqa: E402
 from posbias_export.hf import load_model  # noqa: E402
-from posbias_export.hf.baselines import dynamo_export  # noqa: E402
+from posbias_export.peers.baselines import dynamo_export  # noqa: E402
 from posbias_export.hf.architectures.falcon import round_to_bfloat16  # noqa: E402
 from posbias_export.hf.validate import left_padded, run_hf_matrix, transformers_model  # noqa: E402
 from posbias_export.nn import AttentionSettings  # noqa: E402

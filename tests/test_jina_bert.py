@@ -183,7 +183,7 @@ def test_llama_cpp_computes_the_same_embedding_from_its_gguf(folders, tmp_path, 
     0.9999, the clients' bar; llama.cpp's GELU is the tanh form) for the ids the text names."""
     import shutil
 
-    from posbias_export.hf import llama_cpp_runs
+    from posbias_export.peers import llama_cpp_runs
 
     reason = llama_cpp_runs.missing()
     if reason:

@@ -1,4 +1,4 @@
-"""bench-serving's llama.cpp rows (hf/llama_cpp_runs.py): the GGUF its own converter makes from a
+"""bench-serving's llama.cpp rows (peers/llama_cpp_runs.py): the GGUF its own converter makes from a
 BLOOM folder decodes, through the loop our files are timed by, what transformers computes.
 Needs llama-cpp-python and LLAMA_CPP_CONVERTER (the converter from its sdist): skipped otherwise."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from posbias_export.hf import llama_cpp_runs
+from posbias_export.peers import llama_cpp_runs
 
 pytestmark = pytest.mark.skipif(llama_cpp_runs.missing() is not None, reason=str(llama_cpp_runs.missing()))
 

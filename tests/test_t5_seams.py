@@ -10,7 +10,7 @@ from torch.nn import functional as F
 from hf_folders import save_client_model
 from posbias_export.hf.architectures.t5 import T5Encoder, T5FeedForward
 from posbias_export.hf.architectures.t5_decoder import T5Decoder
-from posbias_export.hf.layers import ARCHITECTURES, PARTS
+from posbias_export.hf.imported import ARCHITECTURES, PARTS
 from posbias_export.hf.models import load_model
 
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..environment import describe, environment
-from ..hf import llama_cpp_runs
+from ..peers import llama_cpp_runs
 from .harness import ChildFailed, Measured, measured_python, one_line, run_into, targets_section, write_results
 
 COMMAND = "python -m posbias_export bench-embed"
@@ -78,7 +78,7 @@ def run_python(cell: EmbedCell, args: list[str], timeout: float) -> None:
 
 def eager_worker(folder: str, length: int, batch: int, runs: int) -> None:
     """Our module in float32, plain attention, on the worker's inputs: the last of `runs` timed."""
-    from ..hf.eager_runs import module_forward
+    from ..peers.eager_runs import module_forward
     from ..runners import runtimes_common
 
     vocab = json.loads((Path(folder) / "config.json").read_text())["vocab_size"]
@@ -91,7 +91,7 @@ def run(lengths=LENGTHS, forms=FORMS, timeout: float = 1800.0, progress=print) -
     with tempfile.TemporaryDirectory(prefix="posbias-bench-embed-") as tmp:
         folder, files = make_files(Path(tmp), "llama.cpp" in forms, progress)
         workers = {"eager": ["-m", "posbias_export.bench.embedders", "eager", str(folder)],
-                   "llama.cpp": ["-m", "posbias_export.hf.llama_cpp_runs", "embed", str(files.get("llama.cpp"))]}
+                   "llama.cpp": ["-m", "posbias_export.peers.llama_cpp_runs", "embed", str(files.get("llama.cpp"))]}
         for length, batch in [(n, 1) for n in lengths] + [SHORT_BATCH[::-1]]:
             for form in forms:
                 cell = EmbedCell(form=form, length=length, batch=batch)

@@ -51,7 +51,7 @@ def make_folder(kind: str, folder: Path, hidden: int = 256, heads: int = 4, laye
 
 def export_all(kind: str, folder: Path, work: Path) -> dict[str, Path | str]:
     """exporter -> file, or the one line saying why there is none."""
-    from ..hf.baselines import dynamo_export, optimum_export
+    from ..peers.baselines import dynamo_export, optimum_export
     from ..hf.export import export_model
 
     files: dict[str, Path | str] = {}

@@ -14,9 +14,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..hf import eager_runs, llama_cpp_runs, ort_runs
-from ..hf.baselines import optimum_cli
-from ..hf.eager_runs import prompt_ids
+from ..peers import eager_runs, llama_cpp_runs, ort_runs
+from ..peers.baselines import optimum_cli
+from ..peers.eager_runs import prompt_ids
 from ..hf.published import PUBLISHED, SHARDED, published_folder
 from ..environment import copy_bandwidth_gbs
 from ..export.files import scratch

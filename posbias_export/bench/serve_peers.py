@@ -5,7 +5,7 @@
                       and an older optimum, so it lives in a virtual environment of its own.
     llama.cpp server  `python -m llama_cpp.server` (llama-cpp-python's OpenAI server) on a float32
                       GGUF of the same Hugging Face folder, made by llama.cpp's converter
-                      (hf/llama_cpp_runs.causal_gguf; LLAMA_CPP_CONVERTER names it), with
+                      (peers/llama_cpp_runs.causal_gguf; LLAMA_CPP_CONVERTER names it), with
                       --interrupt_requests False (its default cuts a stream short when the next
                       request arrives: 4 streams of 128 tokens gave 131 tokens in all).
 
@@ -34,7 +34,7 @@ def infinity_missing() -> str:
 
 
 def llama_missing() -> str:
-    from ..hf.llama_cpp_runs import missing
+    from ..peers.llama_cpp_runs import missing
 
     why = missing()
     return f"{why} (pip install 'llama-cpp-python[server]' builds llama.cpp from source)" if why else ""
@@ -70,7 +70,7 @@ def infinity_server(served: Path, work: Path, name: str) -> ServerProcess:
 def llama_server(hf_folder: Path, work: Path, name: str, progress, context: int) -> ServerProcess:
     """llama-cpp-python's OpenAI server on the folder's float32 GGUF (converted once into `work`),
     with a context of `context` tokens (a prompt and its new tokens)."""
-    from ..hf.llama_cpp_runs import causal_gguf
+    from ..peers.llama_cpp_runs import causal_gguf
 
     gguf = work / f"{name}-f32.gguf"
     if not gguf.is_file():

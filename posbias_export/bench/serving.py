@@ -34,7 +34,7 @@ FILES = {"concat": ["--target", "portable"], "in place": ["--target", "ort"],
          "in place, float16 cache": ["--target", "ort", "--kv-dtype", "float16"],
          "in place, int8 cache": ["--target", "ort", "--kv-dtype", "int8"]}
 OPTIMUM, EAGER = "Optimum's file", "transformers eager"  # what people run today, beside ours (float32 only)
-LLAMA_CPP = "llama.cpp"  # float32, int8, int4: f32, Q8_0, Q4_0 (hf/llama_cpp_runs.GGUF_TYPES)
+LLAMA_CPP = "llama.cpp"  # float32, int8, int4: f32, Q8_0, Q4_0 (peers/llama_cpp_runs.GGUF_TYPES)
 KINDS = (*FILES, OPTIMUM, EAGER, LLAMA_CPP)
 KIND_NAMES = dict(zip(("concat", "inplace", "half", "int8", "optimum", "eager", "llama.cpp"), KINDS))  # --files
 SCHEMES = {"float32": [], "float16": ["--dtype", "float16"], "int8": ["--quantize", "int8"],
@@ -120,7 +120,7 @@ def _llama_cpp(row: ServingRow, folder: Path, files: Path, scheme: str, contexts
                progress) -> None:
     """llama.cpp's GGUF of the folder at the scheme's bit width, run by the same greedy loop; its
     floor from its own file's bytes and a float16 cache (llama.cpp's default)."""
-    from ..hf import llama_cpp_runs
+    from ..peers import llama_cpp_runs
 
     if scheme not in llama_cpp_runs.GGUF_TYPES:
         return
@@ -132,7 +132,7 @@ def _llama_cpp(row: ServingRow, folder: Path, files: Path, scheme: str, contexts
     progress(f"{row.name}: GGUF {llama_cpp_runs.GGUF_TYPES[scheme]} by llama.cpp's converter")
     try:
         seconds, peak, _ = measured_python(["-c", "import sys; from pathlib import Path; "
-                                            "from posbias_export.hf.llama_cpp_runs import causal_gguf; "
+                                            "from posbias_export.peers.llama_cpp_runs import causal_gguf; "
                                             "causal_gguf(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])",
                                             str(folder), str(out), scheme])
     except RuntimeError as err:  # its converter refuses the architecture (transformers' MptForCausalLM): rows saying so

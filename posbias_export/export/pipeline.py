@@ -156,7 +156,7 @@ def generated_functions(model: torch.nn.Module, settings: AttentionSettings, dty
         if type(bias).name not in FAMILIES:
             for proto in reversed(type(bias).function_protos()):  # the key row first: the bias calls it
                 protos[proto.name] = proto
-        if settings.cache == "inplace":  # the model's cache heads and position convention (hf/layers.py)
+        if settings.cache == "inplace":  # the model's cache heads and position convention (hf/imported.py)
             proto = inplace_function_proto(bias, opset, getattr(model, "num_kv_heads", None),
                                            getattr(model, "positions_from_mask", True), dtype == torch.float16)
             protos[proto.name] = proto

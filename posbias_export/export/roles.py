@@ -1,7 +1,7 @@
 """What a file takes and gives, declared by its role (as Optimum declares its ONNX configs by
 task): the export's signature names its inputs and outputs from here, and every input name of
 every role is made by one generator (runtimes/common/inputs.py) for validate's cases, the benches
-and the client checks. A new architecture declares its role (hf/layers.py ImportedModel.role)
+and the client checks. A new architecture declares its role (hf/imported.py ImportedModel.role)
 and the extra inputs it takes (token_type_ids for a BERT); "past" stands for the cache pairs."""
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from ..export.roles import leading_inputs, role
 from ..export.signature import ExportSpec, Signature, cached_signature, lm_signature
 from ..nn import file_sha256
 from .folder import folder_files
-from .layers import ImportedModel
+from .imported import ImportedModel
 from .models import load_model
 
 

@@ -322,7 +322,7 @@ def open_state(files: list[Path]) -> dict[str, TensorReader]:
 
 
 def read_folder(path, architectures: dict, part: str = "encoder") -> ModelFolder:
-    """The folder's config and weights; `architectures` (model_type -> class, hf/layers.py) say
+    """The folder's config and weights; `architectures` (model_type -> class, hf/imported.py) say
     which model types are supported and may refuse a config. The config's sizes are checked
     against the weights' shapes (read from their headers) before anything is allocated."""
     path = Path(path)

@@ -1,12 +1,12 @@
 """The imported architectures (hf/architectures/, discovered and registered on import:
-hf/layers.py ARCHITECTURES) and load_model, which builds one from a folder."""
+hf/imported.py ARCHITECTURES) and load_model, which builds one from a folder."""
 from __future__ import annotations
 
 import os
 
 from . import architectures  # noqa: F401  (every module there registers its architecture)
 from .folder import FolderError, read_folder
-from .layers import ARCHITECTURES, PARTS, ImportedModel
+from .imported import ARCHITECTURES, PARTS, ImportedModel
 from ..nn.lazy_weights import parameters_on_meta
 from .weights import attach_weights, load_weights
 

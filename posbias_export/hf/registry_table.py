@@ -3,7 +3,7 @@
 (tests/test_docs_registry.py compares the doc with it)."""
 from __future__ import annotations
 
-from .layers import ARCHITECTURES, PARTS
+from .imported import ARCHITECTURES, PARTS
 from .tiny import VARIANTS
 
 BEGIN, END = "<!-- architectures: generated from the registry -->", "<!-- end of the generated table -->"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .layers import PARTS
+from .imported import PARTS
 from .models import architecture
 
 PAD, BOS, EOS = 0, 1, 2  # a client folder's special tokens (its config and tokenizer)

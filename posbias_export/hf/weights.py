@@ -10,7 +10,7 @@ import torch
 from ..nn import non_finite_tensor
 from ..nn.lazy_weights import RowRange, TensorReader, attach_readers, materialize
 from .folder import FolderError
-from .layers import ImportedModel
+from .imported import ImportedModel
 
 
 def attach_weights(model: ImportedModel, state: dict[str, TensorReader], where: Path) -> None:

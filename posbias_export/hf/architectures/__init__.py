@@ -1,5 +1,5 @@
 """The imported architectures: every module here defines an `ImportedModel` subclass with a
-`model_type`, which registers it (hf/layers.py ARCHITECTURES); importing this package imports
+`model_type`, which registers it (hf/imported.py ARCHITECTURES); importing this package imports
 them all, as biases/ discovers its families. A new architecture is one file here."""
 from __future__ import annotations
 

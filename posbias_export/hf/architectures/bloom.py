@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from ...biases import create_bias
-from ..layers import CausalLM, Shape, bloom_style_slopes, merge_heads, self_attention
+from ..blocks import bloom_style_slopes, merge_heads, self_attention
+from ..imported import CausalLM, Shape
 
 
 def bloom_gelu(x: torch.Tensor) -> torch.Tensor:

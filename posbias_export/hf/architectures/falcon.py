@@ -23,7 +23,8 @@ from torch import nn
 
 from ...biases import AttentionBias
 from ...biases.onnx_domain import posbias
-from ..layers import CausalLM, Shape, bloom_style_slopes, merge_heads, self_attention
+from ..blocks import bloom_style_slopes, merge_heads, self_attention
+from ..imported import CausalLM, Shape
 
 BF16_SPLIT = 65537.0  # 2^16 + 1: keeps 24 - 16 = 8 significant bits
 

@@ -26,7 +26,8 @@ from torch.nn import functional as F
 
 from ...biases import create_bias
 from ...nn.attention import EAGER
-from ..layers import ImportedModel, Shape, bloom_style_slopes, merge_heads, self_attention, split_heads
+from ..blocks import bloom_style_slopes, merge_heads, self_attention, split_heads
+from ..imported import ImportedModel, Shape
 
 ACTIVATIONS = {"geglu": F.gelu, "reglu": F.relu}
 BASE_KEY, CODE_KEY = "mlp.gated_layers.weight", "mlp.up_gated_layer.weight"

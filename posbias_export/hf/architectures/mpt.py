@@ -19,7 +19,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from ...biases import create_bias
-from ..layers import CausalLM, Shape, merge_heads, scale_queries, self_attention, split_heads
+from ..blocks import merge_heads, scale_queries, self_attention, split_heads
+from ..imported import CausalLM, Shape
 
 
 TRANSFORMERS_ALIBI_BIAS_MAX = 8  # what transformers' MPT passes, whatever the config holds

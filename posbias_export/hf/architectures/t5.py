@@ -11,7 +11,8 @@ from torch import nn
 
 from ...biases import create_bias
 from ...nn.attention import EAGER
-from ..layers import ImportedModel, RMSNorm, Shape, merge_heads, scale_queries, self_attention, split_heads
+from ..blocks import RMSNorm, merge_heads, scale_queries, self_attention, split_heads
+from ..imported import ImportedModel, Shape
 
 BIAS_KEY = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
 

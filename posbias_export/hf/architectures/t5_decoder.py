@@ -26,7 +26,8 @@ from torch.nn import functional as F
 from ...biases import MASK_PENALTY, create_bias, floor_scores
 from ...nn.attention import EAGER
 from ..folder import FolderError
-from ..layers import ImportedModel, RMSNorm, Shape, merge_heads, scale_queries, self_attention, split_heads
+from ..blocks import RMSNorm, merge_heads, scale_queries, self_attention, split_heads
+from ..imported import ImportedModel, Shape
 from .t5 import T5FeedForward, T5Projections, normed_sublayer, t5_bias_params
 
 BIAS_KEY = "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"

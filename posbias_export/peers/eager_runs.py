@@ -141,7 +141,7 @@ def module_forward(folder: str, ids: np.ndarray, mask: np.ndarray, runs: int = 2
     """Our module of an imported folder (hf.models.load_model) in float32 with plain attention:
     `runs` forwards, the last one's seconds in `times`."""
     from ..nn import AttentionSettings
-    from .models import load_model
+    from ..hf.models import load_model
 
     torch = _torch(threads)
     model = load_model(folder)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from .models import architecture
-from .validate import transformers_model
+from ..hf.models import architecture
+from ..hf.validate import transformers_model
 
 
 def optimum_cli() -> Path | None:

@@ -4,7 +4,7 @@ llama-cpp-python does not install: LLAMA_CPP_CONVERTER names it, e.g. the one in
 llama-cpp-python sdist under vendor/llama.cpp/), and llama-cpp-python runs it, timed as our
 files are (eager_runs.py, ort_runs.py).
 
-    python -m posbias_export.hf.llama_cpp_runs embed MODEL.gguf LENGTH BATCH RUNS  -> {"times": [s]}
+    python -m posbias_export.peers.llama_cpp_runs embed MODEL.gguf LENGTH BATCH RUNS  -> {"times": [s]}
 
 A causal LM (bench-serving's llama.cpp rows) is converted at float32 (f32) or Q8_0 by the
 converter, and to Q4_0 from the f32 file by llama.cpp's own quantizer (llama_model_quantize,
@@ -82,7 +82,7 @@ def causal_gguf(folder: Path, out: Path, scheme: str) -> Path:
     """The GGUF of a causal LM folder at the scheme's bit width (GGUF_TYPES): a folder without a
     tokenizer gets a small byte-level BPE one (the converter pads the vocabulary to the model's
     with unused tokens; runs send ids, not text); q4_0 quantized from a temporary f32 file."""
-    from .tiny import save_tokenizer
+    from ..hf.tiny import save_tokenizer
 
     config = json.loads((folder / "config.json").read_text())
     if not (folder / "tokenizer.json").is_file():
