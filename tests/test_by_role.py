@@ -181,22 +181,30 @@ def pytest_collection_modifyitems(config, items):
 
 def test_a_variant_added_to_variants_alone_gets_its_roles_tests(tmp_path, monkeypatch):
     """Collected with two throwaway variants, a causal one and a seq2seq one: each has exactly its
-    role's tests (the slow tier included), and the causal variant's greedy test runs and passes
+    role's tests, the serving clients' among them (the slow tier included), and the causal variant's greedy test runs and passes
     against transformers; a declared expected failure is a strict xfail with its reason."""
     (tmp_path / "throwaway_plugin.py").write_text(textwrap.dedent(THROWAWAY_PLUGIN))
     tests = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(tests), os.environ.get("PYTHONPATH", "")])}
     ran = subprocess.run([sys.executable, "-m", "pytest", "-p", "throwaway_plugin", "-p", "no:cacheprovider", "-n", "0",
                           "-q", "-m", "slow or not slow", "-k", "greedy and bloom_throwaway", "--rootdir", str(tests.parent),
-                          str(tests / "test_by_role.py")], capture_output=True, text=True, env=env, cwd=tmp_path)
+                          str(tests / "test_by_role.py"), str(tests / "test_clients.py")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)
     assert ran.returncode == 0 and "1 passed" in ran.stdout, ran.stdout[-3000:] + ran.stderr[-2000:]
     ids = [line for line in (tmp_path / "collected.txt").read_text().splitlines() if "throwaway" in line]
     tests_of = {v: {line.split("::")[1].split("[")[0] for line in ids if v in line}
                 for v in ("bloom_throwaway", "t5_throwaway")}
+    clients = {"test_transformers_js_generates_transformers_tokens", "test_triton_config_parses_and_matches_the_file",
+               "test_gpu_target_folder_is_gpu_ready", "test_our_generate_takes_and_prints_text",
+               "test_the_folder_holds_what_each_client_looks_for"}  # the serving clients', every text-generation role
+    decoder_clients = {"test_onnxruntime_web_generates_transformers_tokens", "test_onnxruntime_genai_generates_transformers_tokens",
+                       "test_onnxruntime_genai_shares_the_buffer_of_an_inplace_folder",
+                       "test_validate_judges_the_shipped_decoder"}  # a causal LM's clients alone
     assert tests_of["bloom_throwaway"] == {"test_file_matches_on_every_runtime", "test_file_matches_at_4096",
-                                           "test_cached_decoder_generates_transformers_greedy_tokens"}, ids
+                                           "test_cached_decoder_generates_transformers_greedy_tokens",
+                                           *clients, *decoder_clients}, ids
     assert tests_of["t5_throwaway"] == {"test_pair_generates_transformers_tokens",
-                                        "test_clients_decoder_caches_the_cross_attention"}, ids
+                                        "test_clients_decoder_caches_the_cross_attention", *clients}, ids
 
     from posbias_export.hf import tiny
     monkeypatch.setitem(tiny.VARIANTS, "t5_throwaway", tiny.Variant("t5", dict(encoder_decoder=True)))

@@ -19,12 +19,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import tiers
 import torch
 
 transformers = pytest.importorskip("transformers")
 
-from hf_folders import CLIENT_KINDS, EOS, PAD, positions_from_mask, save_client_model, seq2seq  # noqa: E402
+import role_matrix  # noqa: E402
+from hf_folders import EOS, PAD, VARIANTS, positions_from_mask, save_client_model, seq2seq  # noqa: E402
 from posbias_export.hf.ship import ship  # noqa: E402
 from posbias_export.parity import load_runner  # noqa: E402
 from posbias_export.parity.tokens import until_stop  # noqa: E402
@@ -39,19 +39,34 @@ NEW = 12
 INT8_PROMPT = [40, 41, 42, 43, 44, 45]
 
 
+# the client variants the default run covers: the first of each role the clients take (role_matrix's tier)
+DEFAULT_VARIANTS = sorted(role_matrix.default_tier() & set(role_matrix.variants_for("folder_contents")))
+
+
+class _Shipped(dict):
+    """variant -> (source folder, the folder written for the clients), each made on first use (a
+    worker makes only the folders of the tests it runs)."""
+
+    def __init__(self, root: Path, **options):
+        super().__init__()
+        self.root, self.options = root, options
+
+    def __missing__(self, variant: str):
+        source = self.root / variant
+        if not source.is_dir():
+            save_client_model(variant, source)
+        out = self.root / f"{variant}_{self.options.get('target', 'out')}"
+        ship(source, out, check_growth=False, **self.options)
+        self[variant] = (source, out)
+        return self[variant]
+
+
 @pytest.fixture(scope="module")
 def shipped(tmp_path_factory):
-    """kind -> (source folder, the folder written for the clients)."""
-    root = tmp_path_factory.mktemp("clients")
-    made = {}
-    for kind in CLIENT_KINDS:
-        source = save_client_model(kind, root / kind)
-        ship(source, root / f"{kind}_out", check_growth=False)
-        made[kind] = (source, root / f"{kind}_out")
-    return made
+    return _Shipped(tmp_path_factory.mktemp("clients"))
 
 
-def transformers_tokens(source: Path, kind: str, prompts: list[list[int]], side: str = "left") -> list[list[int]]:
+def transformers_tokens(source: Path, variant: str, prompts: list[list[int]], side: str = "left") -> list[list[int]]:
     """transformers' greedy generate on the batch padded with PAD on `side` (causal LMs: the prompt
     and the new tokens; T5: the decoder's tokens after its start token)."""
     width = max(len(p) for p in prompts)
@@ -60,7 +75,8 @@ def transformers_tokens(source: Path, kind: str, prompts: list[list[int]], side:
     for row, p in enumerate(prompts):
         cols = slice(width - len(p), width) if side == "left" else slice(0, len(p))
         ids[row, cols], mask[row, cols] = torch.tensor(p), 1
-    cls = transformers.T5ForConditionalGeneration if seq2seq(kind) else transformers.AutoModelForCausalLM
+    cls = getattr(transformers, role_matrix.seq2seq_class(VARIANTS[variant])) if seq2seq(variant) else \
+        transformers.AutoModelForCausalLM
     model = cls.from_pretrained(str(source)).eval()
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=PAD)
@@ -81,28 +97,28 @@ def _varied(tokens: list[list[int]]) -> None:
 @pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir(),
                     reason="transformers.js not installed (cd posbias_export/clients/js && npm install --ignore-scripts)")
 @pytest.mark.parametrize("batch", [1, 2], ids=["single", "padded-batch"])
-@pytest.mark.parametrize("kind", CLIENT_KINDS)
-def test_transformers_js_generates_transformers_tokens(shipped, kind, batch):
-    source, folder = shipped[kind]
+@pytest.mark.parametrize("variant", role_matrix.cases("transformers_js"))
+def test_transformers_js_generates_transformers_tokens(shipped, variant, batch):
+    source, folder = shipped[variant]
     prompts = PROMPTS[:batch]
-    cmd = ["node", str(JS / "generate.mjs"), "seq2seq" if seq2seq(kind) else "causal", str(folder.resolve()),
+    cmd = ["node", str(JS / "generate.mjs"), "seq2seq" if seq2seq(variant) else "causal", str(folder.resolve()),
            json.dumps(prompts), str(NEW)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=JS)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    expected = transformers_tokens(source, kind, prompts, side="right" if seq2seq(kind) else "left")
+    expected = transformers_tokens(source, variant, prompts, side="right" if seq2seq(variant) else "left")
     _varied(expected)
-    start = 1 if seq2seq(kind) else max(len(p) for p in prompts)  # after the decoder's start token / the prompts
+    start = 1 if seq2seq(variant) else max(len(p) for p in prompts)  # after the decoder's start token / the prompts
     assert until_eos(got, start) == until_eos(expected, start)
 
 
 @pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir(),
                     reason="transformers.js not installed (cd posbias_export/clients/js && npm install --ignore-scripts)")
-@pytest.mark.parametrize("kind", ["bloom", "falcon"])
-def test_transformers_js_takes_a_last_logits_folder(shipped, tmp_path, kind):
+@pytest.mark.parametrize("variant", ["bloom", "falcon"])
+def test_transformers_js_takes_a_last_logits_folder(shipped, tmp_path, variant):
     """--out-dir --logits last: the decoder returns [B, 1, V]; transformers.js reads only the
     last position when it generates, so a left-padded batch gives transformers' tokens."""
-    source, _ = shipped[kind]
+    source, _ = shipped[variant]
     folder = tmp_path / "last"
     ship(source, folder, check_growth=False, logits="last")
     cmd = ["node", str(JS / "generate.mjs"), "causal", str(folder.resolve()), json.dumps(PROMPTS), str(NEW)]
@@ -110,7 +126,7 @@ def test_transformers_js_takes_a_last_logits_folder(shipped, tmp_path, kind):
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     start = max(len(p) for p in PROMPTS)
-    assert until_eos(got, start) == until_eos(transformers_tokens(source, kind, PROMPTS), start)
+    assert until_eos(got, start) == until_eos(transformers_tokens(source, variant, PROMPTS), start)
 
 
 WEB = pytest.mark.skipif(shutil.which("node") is None or not (JS / "node_modules" / "onnxruntime-web").is_dir(),
@@ -125,18 +141,14 @@ def _web_tokens(folder: Path, prompt: list[int]) -> list[int]:
     return json.loads(proc.stdout.strip().splitlines()[-1])["tokens"]
 
 
-CAUSAL_KINDS = [k for k in CLIENT_KINDS if not seq2seq(k)]  # decoders: one file with a cache
-WEB_KINDS = CAUSAL_KINDS
-
-
 @WEB
-@pytest.mark.parametrize("kind", tiers.cases(WEB_KINDS, WEB_KINDS, slow={"mpt", "falcon"}))  # bloom by default
-def test_onnxruntime_web_generates_transformers_tokens(shipped, kind):
+@pytest.mark.parametrize("variant", role_matrix.cases("web"))
+def test_onnxruntime_web_generates_transformers_tokens(shipped, variant):
     """The browser's runtime (WebAssembly, one thread) runs the folder's model.onnx with its
     cache: transformers' greedy tokens."""
-    source, folder = shipped[kind]
+    source, folder = shipped[variant]
     start = len(PROMPTS[0])
-    expected = transformers_tokens(source, kind, PROMPTS[:1])
+    expected = transformers_tokens(source, variant, PROMPTS[:1])
     _varied(expected)
     assert until_eos([_web_tokens(folder, PROMPTS[0])], start) == until_eos(expected, start)
 
@@ -160,54 +172,49 @@ def right_padded_greedy(source: Path, prompts: list[list[int]]) -> list[list[int
     return ids.tolist()
 
 
-@pytest.mark.parametrize("kind", [k for k in CLIENT_KINDS if not seq2seq(k)])
-def test_onnxruntime_genai_generates_transformers_tokens(shipped, kind):
+@pytest.mark.parametrize("variant", role_matrix.cases("genai"))
+def test_onnxruntime_genai_generates_transformers_tokens(shipped, variant):
     """genai runs our decoder as its generic "llama" type from genai_config.json. It pads a batch
     on the right and decodes after the padding, which leaves holes in the mask: the file counts
     positions as transformers does (BLOOM, Falcon: cumsum of the mask, so each row is its prompt
     alone; MPT: the index), so genai's tokens are transformers' under the same inputs."""
-    source, folder = shipped[kind]
-    _genai_generates_transformers_tokens(source, folder, kind)
+    source, folder = shipped[variant]
+    _genai_generates_transformers_tokens(source, folder, variant)
 
 
 @pytest.fixture(scope="module")
-def shipped_inplace(shipped, tmp_path_factory):
-    """kind -> the folder written with --target ort (an in-place cache; genai shares its buffer)."""
-    root = tmp_path_factory.mktemp("inplace")
-    out = {}
-    for kind in CAUSAL_KINDS:
-        out[kind] = root / kind
-        ship(shipped[kind][0], out[kind], target="ort", check_growth=False)
-    return out
+def shipped_inplace(shipped):
+    """variant -> (source, the folder written with --target ort: an in-place cache; genai shares its buffer)."""
+    return _Shipped(shipped.root, target="ort")
 
 
-@pytest.mark.parametrize("kind", tiers.cases(CAUSAL_KINDS, CAUSAL_KINDS, slow={"mpt", "falcon"}))
-def test_onnxruntime_genai_shares_the_buffer_of_an_inplace_folder(shipped, shipped_inplace, kind):
+@pytest.mark.parametrize("variant", role_matrix.cases("genai_inplace"))
+def test_onnxruntime_genai_shares_the_buffer_of_an_inplace_folder(shipped, shipped_inplace, variant):
     """--target ort: genai_config.json says past_present_share_buffer, genai binds one
     [B, H, max_length, d] buffer as past and present, and its tokens are still transformers'
     (a single prompt, and a right-padded batch that decodes with holes in the mask)."""
-    folder = shipped_inplace[kind]
+    folder = shipped_inplace[variant][1]
     config = json.loads((folder / "genai_config.json").read_text())
     assert config["search"]["past_present_share_buffer"] is True
     assert config["model"]["decoder"]["session_options"]["provider_options"] == []  # not a GPU folder
-    _genai_generates_transformers_tokens(shipped[kind][0], folder, kind)
+    _genai_generates_transformers_tokens(shipped[variant][0], folder, variant)
     if shutil.which("node") and (JS / "node_modules" / "@huggingface").is_dir():  # transformers.js grows the cache
         cmd = ["node", str(JS / "generate.mjs"), "causal", str(folder.resolve()), json.dumps(PROMPTS), str(NEW)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=JS)
         assert proc.returncode == 0, proc.stderr[-2000:]
         start = max(len(p) for p in PROMPTS)
-        expected = until_eos(transformers_tokens(shipped[kind][0], kind, PROMPTS), start)
+        expected = until_eos(transformers_tokens(shipped[variant][0], variant, PROMPTS), start)
         assert until_eos(json.loads(proc.stdout.strip().splitlines()[-1]), start) == expected
     if shutil.which("node") and (JS / "node_modules" / "onnxruntime-web").is_dir():  # the browser's runtime (wasm)
         from posbias_export.clients.checks import web
 
-        tokens, _ = web(kind, folder, PROMPTS[0])
+        tokens, _ = web(variant, folder, PROMPTS[0])
         start = len(PROMPTS[0])
         tokens = tokens[:start + NEW]  # web.mjs makes the clients table's 16 new tokens
-        assert until_eos([tokens], start) == until_eos(transformers_tokens(shipped[kind][0], kind, [PROMPTS[0]]), start)
+        assert until_eos([tokens], start) == until_eos(transformers_tokens(shipped[variant][0], variant, [PROMPTS[0]]), start)
 
 
-def _genai_generates_transformers_tokens(source: Path, folder: Path, kind: str) -> None:
+def _genai_generates_transformers_tokens(source: Path, folder: Path, variant: str) -> None:
     og = pytest.importorskip("onnxruntime_genai")
     for prompts in ([PROMPTS[0]], PROMPTS):
         width = max(len(p) for p in prompts)
@@ -222,9 +229,9 @@ def _genai_generates_transformers_tokens(source: Path, folder: Path, kind: str) 
         expected = until_eos(right_padded_greedy(source, prompts), width)
         _varied(expected)
         assert got == expected, prompts
-        if positions_from_mask(kind):  # positions from the mask: the holes are invisible, each row is its prompt alone
+        if positions_from_mask(variant):  # positions from the mask: the holes are invisible, each row is its prompt alone
             for prompt, row in zip(prompts, expected):
-                alone = until_eos(transformers_tokens(source, kind, [prompt]), len(prompt))[0]
+                alone = until_eos(transformers_tokens(source, variant, [prompt]), len(prompt))[0]
                 assert prompt + row[width:] == alone
 
 
@@ -241,14 +248,14 @@ def _triton_model_config():
     return module
 
 
-@pytest.mark.parametrize("kind", CLIENT_KINDS)
-def test_triton_config_parses_and_matches_the_file(shipped, kind):
+@pytest.mark.parametrize("variant", role_matrix.cases("triton"))
+def test_triton_config_parses_and_matches_the_file(shipped, variant):
     from google.protobuf import text_format
 
     pb = _triton_model_config()
-    _, folder = shipped[kind]
+    _, folder = shipped[variant]
     entries = sorted((folder / "triton").iterdir())
-    assert len(entries) == (2 if seq2seq(kind) else 1)
+    assert len(entries) == (2 if seq2seq(variant) else 1)
     types = {"tensor(float)": pb.TYPE_FP32, "tensor(int64)": pb.TYPE_INT64, "tensor(float16)": pb.TYPE_FP16,
              "tensor(bool)": pb.TYPE_BOOL}
     for entry in entries:
@@ -257,7 +264,7 @@ def test_triton_config_parses_and_matches_the_file(shipped, kind):
         session = ort.InferenceSession(str(entry / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
         # every input batched: Triton owns the first axis; else (the T5 decoder's use_cache_branch [1]) none
         batched = all(isinstance(v.shape[0], str) for v in session.get_inputs())
-        assert batched == (not (seq2seq(kind) and entry.name.endswith("_decoder"))), entry.name
+        assert batched == (not (seq2seq(variant) and entry.name.endswith("_decoder"))), entry.name
         assert (config.max_batch_size > 0 and config.HasField("dynamic_batching")) if batched else (
             config.max_batch_size == 0 and not config.HasField("dynamic_batching"))
         for declared, values in ((config.input, session.get_inputs()), (config.output, session.get_outputs())):
@@ -279,15 +286,15 @@ def _op_types(proto: onnx.ModelProto) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("kind", tiers.cases(["bloom", "t5"], ["bloom", "t5"], slow={"t5"}))
-def test_gpu_target_folder_is_gpu_ready(shipped, tmp_path, kind):
+@pytest.mark.parametrize("variant", role_matrix.cases("gpu_folder"))
+def test_gpu_target_folder_is_gpu_ready(shipped, tmp_path, variant):
     """--out-dir --target cuda-ort --dtype float16: Triton instances on the GPU (KIND_GPU, parsed
     by Triton's own proto), onnxruntime-genai on the CUDA provider, float16 files that ORT CPU
     (which runs MultiHeadAttention too) loads; the default folder stays on the CPU."""
     from google.protobuf import text_format
 
     pb = _triton_model_config()
-    source, cpu_folder = shipped[kind]
+    source, cpu_folder = shipped[variant]
     folder = tmp_path / "gpu"
     ship(source, folder, check_growth=False, target="cuda-ort", dtype="float16")
     for entry, cpu_entry in zip(sorted((folder / "triton").iterdir()), sorted((cpu_folder / "triton").iterdir())):
@@ -299,27 +306,28 @@ def test_gpu_target_folder_is_gpu_ready(shipped, tmp_path, kind):
         ort.InferenceSession(str(entry / "1" / "model.onnx"), providers=["CPUExecutionProvider"])  # loads
         proto = onnx.load(str(entry / "1" / "model.onnx"))
         assert "MultiHeadAttention" in _op_types(proto)
-    if not seq2seq(kind):
+    if not seq2seq(variant):
         genai = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
         assert genai["provider_options"] == [{"cuda": {}}]
         assert json.loads((cpu_folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"][
             "provider_options"] == []
 
 
-def test_the_folder_holds_what_each_client_looks_for(shipped):
-    for kind, (source, folder) in shipped.items():
+@pytest.mark.parametrize("variant", role_matrix.cases("folder_contents"))
+def test_the_folder_holds_what_each_client_looks_for(shipped, variant):
+    for source, folder in [shipped[variant]]:
         names = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
-        models = ["encoder_model.onnx", "decoder_model_merged.onnx"] if seq2seq(kind) else ["model.onnx"]
+        models = ["encoder_model.onnx", "decoder_model_merged.onnx"] if seq2seq(variant) else ["model.onnx"]
         assert {*models, *(f"onnx/{m}" for m in models), "config.json", "generation_config.json", "tokenizer.json",
                 "tokenizer_config.json"} <= names
-        assert ("genai_config.json" in names) == (not seq2seq(kind))
+        assert ("genai_config.json" in names) == (not seq2seq(variant))
         for name in models:  # names and axes as the clients expect; where it came from, but not its local path
             session = ort.InferenceSession(str(folder / name), providers=["CPUExecutionProvider"])
             inputs = {i.name: i.shape for i in session.get_inputs()}
             assert inputs["input_ids"] == ["batch_size", "sequence_length"]
             cache = [n for n in inputs if n.startswith("past_key_values.")]
             if name != "encoder_model.onnx":
-                part = ".decoder" if seq2seq(kind) else ""
+                part = ".decoder" if seq2seq(variant) else ""
                 assert cache[:2] == [f"past_key_values.0{part}.key", f"past_key_values.0{part}.value"]
                 assert inputs[cache[0]][0] == "batch_size" and inputs[cache[0]][2] == "past_sequence_length"
             meta = session.get_modelmeta().custom_metadata_map
@@ -327,11 +335,11 @@ def test_the_folder_holds_what_each_client_looks_for(shipped):
             assert str(source.parent) not in json.dumps(meta)
 
 
-@pytest.mark.parametrize("kind", CLIENT_KINDS)
-def test_our_generate_takes_and_prints_text(shipped, kind):
+@pytest.mark.parametrize("variant", role_matrix.cases("generate_text"))
+def test_our_generate_takes_and_prints_text(shipped, variant):
     """`python -m posbias_export generate OUT --prompt TEXT`: the folder's tokenizer in and
     out (no transformers needed to serve), the text transformers generates from that text."""
-    source, folder = shipped[kind]
+    source, folder = shipped[variant]
     texts = ["To be, or not", "the question"]
     cmd = [sys.executable, "-m", "posbias_export", "generate", str(folder), "--max-new-tokens", str(NEW)]
     for text in texts:
@@ -340,8 +348,8 @@ def test_our_generate_takes_and_prints_text(shipped, kind):
     assert proc.returncode == 0, proc.stderr
     tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(source / "tokenizer.json"), pad_token="<pad>")
     prompts = [tok(t).input_ids for t in texts]
-    side = "right" if seq2seq(kind) else "left"
-    expected = [tok.decode(row, skip_special_tokens=True) for row in transformers_tokens(source, kind, prompts, side)]
+    side = "right" if seq2seq(variant) else "left"
+    expected = [tok.decode(row, skip_special_tokens=True) for row in transformers_tokens(source, variant, prompts, side)]
     assert proc.stdout.splitlines() == expected
 
 
@@ -380,8 +388,8 @@ def test_out_dir_refusals_are_one_line_and_touch_nothing(shipped, tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
-@pytest.mark.parametrize("kind", tiers.cases(CAUSAL_KINDS, CAUSAL_KINDS, slow={"mpt", "falcon"}))
-def test_validate_judges_the_shipped_decoder(shipped, kind, tmp_path):
+@pytest.mark.parametrize("variant", role_matrix.cases("validate_shipped"))
+def test_validate_judges_the_shipped_decoder(shipped, variant, tmp_path):
     """validate FILE --model DIR on a cached decoder (Hugging Face names): the folder's default
     in-place file on every runtime that runs it (ONNX Runtime bound to one buffer and not, Node);
     the --target portable folder on OpenVINO and the reference evaluator too. An empty cache is a
@@ -389,7 +397,7 @@ def test_validate_judges_the_shipped_decoder(shipped, kind, tmp_path):
     names, so its runner reads them from the file)."""
     from posbias_export.hf.validate import run_hf_matrix
 
-    source, folder = shipped[kind]
+    source, folder = shipped[variant]
     matrix = run_hf_matrix(folder / "model.onnx", source, ("ort-cpu", "ort-cpu-shared", "node"), (1, 17))
     assert matrix.ok, [(c.runtime, c.case, c.verdict) for c in matrix.cells if not c.ok]
     ship(source, tmp_path / "portable", check_growth=False, target="portable")
@@ -490,11 +498,12 @@ def test_each_folder_says_how_its_clients_set_the_denormal_flag(shipped, tmp_pat
     format on an ONNX file, then fails the load)."""
     from posbias_export.hf.cpu_notes import CLIENTS, FLAG
 
-    for kind, (_, folder) in shipped.items():
+    for variant in DEFAULT_VARIANTS:
+        folder = shipped[variant][1]
         notes = (folder / "SERVING.md").read_text()
-        role = "seq2seq" if seq2seq(kind) else "lm"
-        assert all((client in notes) == (role in roles) for client, (roles, _) in CLIENTS.items()), kind
-        if not seq2seq(kind):
+        role = "seq2seq" if seq2seq(variant) else "lm"
+        assert all((client in notes) == (role in roles) for client, (roles, _) in CLIENTS.items()), variant
+        if not seq2seq(variant):
             options = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
             assert options[FLAG] == "1"
     og = pytest.importorskip("onnxruntime_genai")

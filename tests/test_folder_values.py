@@ -375,7 +375,7 @@ def test_an_encoder_decoders_tables_that_are_not_copies_are_refused(tmp_path, ke
     from posbias_export.hf.folder import FolderError
     from posbias_export.hf.models import load_model
 
-    folder = save_client_model("t5", tmp_path / "t5")  # the whole encoder-decoder, a head of its own
+    folder = save_client_model("t5_gated", tmp_path / "t5")  # the whole encoder-decoder, a head of its own
     state = load_file(folder / "model.safetensors")
     shared = state["shared.weight"]
     save_file({**state, key: shared.clone()}, folder / "model.safetensors")

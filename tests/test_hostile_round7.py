@@ -23,7 +23,7 @@ def shipped(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("round7")
     made = {}
-    for kind in ("bloom", "t5"):
+    for kind in ("bloom", "t5_gated"):
         ship(save_client_model(kind, root / kind), root / f"{kind}_out", check_growth=False)
         made[kind] = root / f"{kind}_out"
         made[f"{kind}_source"] = root / kind
@@ -73,8 +73,8 @@ def test_the_profiler_says_one_line(shipped, extra, words):
 def test_validate_passes_the_t5_folder_out_dir_writes(shipped):
     """encoder_model.onnx + decoder_model_merged.onnx on the default runtimes (node included where
     installed): no FAILURES. The node runner refused the merged decoder's empty cross cache."""
-    out = shipped["t5"]
+    out = shipped["t5_gated"]
     proc = run_cli("validate", str(out / "encoder_model.onnx"), str(out / "decoder_model_merged.onnx"),
-                   "--model", str(shipped["t5_source"]), "--lengths", "8,24")
+                   "--model", str(shipped["t5_gated_source"]), "--lengths", "8,24")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     assert "FAILURES" not in proc.stdout and "ALL PASS" in proc.stdout

@@ -44,7 +44,7 @@ def seq2seq_files(tmp_path_factory):
     from posbias_export.hf.export import export_model
 
     root = tmp_path_factory.mktemp("runner_refusals_t5")
-    ship(save_client_model("t5", root / "t5"), root / "t5_out", check_growth=False)
+    ship(save_client_model("t5_gated", root / "t5"), root / "t5_out", check_growth=False)
     export_model(save_tiny_model("bloom", root / "plain"), root / "plain.onnx", check_growth=False)
     return root
 
@@ -206,7 +206,7 @@ def test_seq2seq_bounds_a_request_and_pairs_one_folder(seq2seq_files, tmp_path):
     _one_line(_run([PY, RUNTIMES_DIR / "ort/seq2seq.py", seq2seq_files / "t5_out", "--prompt", "To be",
                     "--max-new-tokens", "100000000"]), "max_new_tokens is at most 8192")
     other = tmp_path / "other_out"
-    ship(save_client_model("t5", tmp_path / "other", seed=1), other, check_growth=False)
+    ship(save_client_model("t5_gated", tmp_path / "other", seed=1), other, check_growth=False)
     seq2seq = load_runner("ort/seq2seq.py")
     ids = np.array([[5, 6, 7]], np.int64)
     encoder = str(seq2seq_files / "t5_out" / "encoder_model.onnx")

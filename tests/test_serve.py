@@ -231,7 +231,7 @@ def test_served_seq2seq(root):
     from posbias_export.serve.folder import ServedFolder
 
     folder = root / "t5_served"
-    ship(save_client_model("t5", root / "t5"), folder, check_growth=False)
+    ship(save_client_model("t5_gated", root / "t5"), folder, check_growth=False)
     served = ServedFolder.read(folder)
     seq2seq = load_runner("ort/seq2seq.py")
     from tokenizers import Tokenizer

@@ -35,7 +35,7 @@ def folders(tmp_path_factory):
     """kind -> a folder written by --out-dir: a BLOOM decoder (in-place cache), a T5 pair, a JinaBERT embedder."""
     root = tmp_path_factory.mktemp("served")
     made = {}
-    for kind in ("bloom", "t5"):
+    for kind in ("bloom", "t5_gated"):
         ship(save_client_model(kind, root / kind), root / f"{kind}_out", check_growth=False)
         made[kind] = root / f"{kind}_out"
     source = save_tiny_folder("jina_bert", root / "jina")
@@ -65,7 +65,7 @@ def collect(request: Request, timeout: float = 120.0) -> list[int]:
 
 
 def test_the_folders_are_told_apart(folders, tmp_path):
-    assert [ServedFolder.read(folders[k]).kind for k in ("bloom", "t5", "jina_bert")] == ["decoder", "seq2seq", "embedder"]
+    assert [ServedFolder.read(folders[k]).role for k in ("bloom", "t5_gated", "jina_bert")] == ["decoder", "seq2seq", "embedder"]
     with pytest.raises(FolderError, match="no tokenizer.json"):
         ServedFolder.read(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{}")
@@ -81,15 +81,15 @@ def test_the_marker_files_decide_without_parsing_the_weights(folders, tmp_path, 
     import posbias_export.serve.folder as folder_module
 
     monkeypatch.setattr(folder_module, "_has_cache", lambda model: pytest.fail("the graph was parsed"))
-    assert ServedFolder.read(folders["bloom"]).kind == "decoder"
-    assert ServedFolder.read(folders["jina_bert"]).kind == "embedder"
+    assert ServedFolder.read(folders["bloom"]).role == "decoder"
+    assert ServedFolder.read(folders["jina_bert"]).role == "embedder"
     monkeypatch.undo()
     import shutil
 
     mixed = tmp_path / "mixed"
     shutil.copytree(folders["bloom"], mixed)
     (mixed / "genai_config.json").unlink()
-    assert ServedFolder.read(mixed).kind == "decoder"  # no marker: the graph's cache inputs decide
+    assert ServedFolder.read(mixed).role == "decoder"  # no marker: the graph's cache inputs decide
     (mixed / "modules.json").write_text("[]")
     with pytest.raises(ValueError, match="takes a KV cache"):
         EmbedderEngine(ServedFolder.read(mixed))
@@ -151,7 +151,7 @@ def test_stop_ids_and_cancel_free_the_row(folders):
 
 
 def test_seq2seq_batches_give_each_prompt_its_own_tokens(folders):
-    folder = ServedFolder.read(folders["t5"])
+    folder = ServedFolder.read(folders["t5_gated"])
     seq2seq = load_runner("ort/seq2seq.py")
     engine = Seq2SeqEngine(folder, slots=4)
     requests = [Request(p, n) for p, n in zip(PROMPTS, [5, 9, 3, 7, 6])]

@@ -31,7 +31,7 @@ class SquaredReluDecoder(T5Decoder):
 
 
 def test_a_variant_with_another_feed_forward_is_a_short_subclass(tmp_path):
-    folder = save_client_model("t5", tmp_path / "t5")  # T5 v1.1: gated GELU feed-forward
+    folder = save_client_model("t5_gated", tmp_path / "t5")  # T5 v1.1: gated GELU feed-forward
     encoder, decoder = load_model(folder).eval(), load_model(folder, part="decoder").eval()
     variant = SquaredReluEncoder(encoder.config)
     variant_decoder = SquaredReluDecoder(decoder.config, own_head=decoder.lm_head is not None,

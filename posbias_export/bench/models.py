@@ -23,7 +23,7 @@ from ..hf.models import ARCHITECTURES
 
 # the architectures transformers implements (each cell is judged against it); JinaBERT's code is
 # remote, so validate judges it against our float64 model and bench-embed times it
-KINDS = tuple(k for k, cls in ARCHITECTURES.items() if cls.transformers_class)
+MODEL_TYPES = tuple(k for k, cls in ARCHITECTURES.items() if cls.transformers_class)
 from .harness import Measured, run_into, write_results
 
 LENGTHS = (2048, 8192, 16384)
@@ -35,36 +35,36 @@ COMMAND = "python -m posbias_export bench-models"
 
 @dataclass
 class ModelCell(Measured):
-    kind: str
+    model_type: str
     exporter: str
     length: int
     error_vs_torch: float | None = None
 
 
-def make_folder(kind: str, folder: Path, hidden: int = 256, heads: int = 4, layers: int = 2,
+def make_folder(model_type: str, folder: Path, hidden: int = 256, heads: int = 4, layers: int = 2,
                 max_len: int = max(LENGTHS)) -> Path:
-    """A random transformers model of architecture `kind` saved as a local folder."""
+    """A random transformers model of architecture `model_type` saved as a local folder."""
     from ..hf.tiny import Sizes, save_tiny_folder
 
-    return save_tiny_folder(kind, folder, Sizes(VOCAB, hidden, heads, layers, max_len), noise=0.0)
+    return save_tiny_folder(model_type, folder, Sizes(VOCAB, hidden, heads, layers, max_len), noise=0.0)
 
 
-def export_all(kind: str, folder: Path, work: Path) -> dict[str, Path | str]:
+def export_all(model_type: str, folder: Path, work: Path) -> dict[str, Path | str]:
     """exporter -> file, or the one line saying why there is none."""
     from ..peers.baselines import dynamo_export, optimum_export
     from ..hf.export import export_model
 
     files: dict[str, Path | str] = {}
-    export_model(folder, work / f"{kind}_posbias.onnx")
-    files["posbias"] = work / f"{kind}_posbias.onnx"
+    export_model(folder, work / f"{model_type}_posbias.onnx")
+    files["posbias"] = work / f"{model_type}_posbias.onnx"
     try:
-        files["dynamo"] = dynamo_export(folder, work / f"{kind}_dynamo.onnx", kind)
+        files["dynamo"] = dynamo_export(folder, work / f"{model_type}_dynamo.onnx", model_type)
     except Exception as err:  # a failed baseline is a result, not a crash
         files["dynamo"] = f"export failed: {first_line(err, 160)}"
     try:
-        out = work / f"{kind}_optimum"
+        out = work / f"{model_type}_optimum"
         out.mkdir()
-        files["optimum"] = optimum_export(folder, out, kind)
+        files["optimum"] = optimum_export(folder, out, model_type)
     except ImportError:
         files["optimum"] = "optimum-onnx is not installed (it pins transformers < 4.58)"
     except Exception as err:
@@ -73,20 +73,20 @@ def export_all(kind: str, folder: Path, work: Path) -> dict[str, Path | str]:
 
 
 @torch.no_grad()
-def torch_reference(kind: str, folder: Path, length: int) -> np.ndarray:
+def torch_reference(model_type: str, folder: Path, length: int) -> np.ndarray:
     """transformers float32 on the worker's inputs (seed 0, no padding)."""
     from ..hf.models import architecture
     from ..hf.validate import transformers_model
 
     ids = torch.from_numpy(np.random.default_rng(0).integers(0, VOCAB, (1, length), dtype=np.int64))
-    out = transformers_model(folder, kind)(input_ids=ids, attention_mask=torch.ones_like(ids))
+    out = transformers_model(folder, model_type)(input_ids=ids, attention_mask=torch.ones_like(ids))
     # what the architecture's file gives (an encoder's states, an LM's logits), not its name
-    return (out.last_hidden_state if architecture(kind).arch == "encoder" else out.logits).numpy()
+    return (out.last_hidden_state if architecture(model_type).arch == "encoder" else out.logits).numpy()
 
 
 def run_cell(cell: ModelCell, model: Path, work: Path, repeats: int, timeout: float) -> np.ndarray | None:
-    saved = work / f"out_{cell.kind}_{cell.exporter}_{cell.length}.npy"
-    cmd = [sys.executable, str(WORKER), "--runner", "ort", "--variant", "model", "--model", str(model), "--length",
+    saved = work / f"out_{cell.model_type}_{cell.exporter}_{cell.length}.npy"
+    cmd = [sys.executable, str(WORKER), "--runner", "ort", "--model_type", "model", "--model", str(model), "--length",
            str(cell.length), "--vocab", str(VOCAB), "--repeats", str(repeats), "--save", str(saved)]
     if run_into(cell, cmd, timeout) is None:
         return None
@@ -95,31 +95,31 @@ def run_cell(cell: ModelCell, model: Path, work: Path, repeats: int, timeout: fl
     return output
 
 
-def check_kinds(kinds) -> None:
+def check_model_types(model_types) -> None:
     """Names bench-models measures, refused in one line before anything is made."""
-    unknown = [k for k in kinds if k not in KINDS]
+    unknown = [k for k in model_types if k not in MODEL_TYPES]
     if unknown:
         if unknown[0] in ARCHITECTURES:
             raise ValueError(f"{unknown[0]} has no transformers implementation to judge the exports against "
-                             f"(its code is remote): bench-embed measures it; bench-models takes {', '.join(KINDS)}")
-        raise ValueError(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(KINDS)}")
+                             f"(its code is remote): bench-embed measures it; bench-models takes {', '.join(MODEL_TYPES)}")
+        raise ValueError(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODEL_TYPES)}")
 
 
-def run(kinds=KINDS, lengths=LENGTHS, exporters=EXPORTERS, repeats: int = 2, timeout: float = 900.0,
+def run(model_types=MODEL_TYPES, lengths=LENGTHS, exporters=EXPORTERS, repeats: int = 2, timeout: float = 900.0,
         progress=None) -> list[ModelCell]:
-    check_kinds(kinds)
+    check_model_types(model_types)
     cells = []
     budget = total_memory_share()
     with tempfile.TemporaryDirectory(prefix="posbias-bench-models-") as tmp:
         work = Path(tmp)
-        for kind in kinds:
-            folder = make_folder(kind, work / kind)
-            files = export_all(kind, folder, work)
+        for model_type in model_types:
+            folder = make_folder(model_type, work / model_type)
+            files = export_all(model_type, folder, work)
             peaks: dict[str, tuple[int, int]] = {}  # exporter -> (length, peak) of its last run
             for length in lengths:
                 reference = None
                 for exporter in exporters:
-                    cell = ModelCell(kind, exporter, length)
+                    cell = ModelCell(model_type, exporter, length)
                     cells.append(cell)
                     model = files.get(exporter)
                     if isinstance(model, str):
@@ -136,7 +136,7 @@ def run(kinds=KINDS, lengths=LENGTHS, exporters=EXPORTERS, repeats: int = 2, tim
                         peaks[exporter] = (length, cell.peak_rss)
                     if output is not None:
                         if reference is None:
-                            reference = torch_reference(kind, folder, length)
+                            reference = torch_reference(model_type, folder, length)
                         cell.error_vs_torch = float(np.abs(output.astype(np.float64) - reference).max())
                     if progress:
                         progress(1)
@@ -154,7 +154,7 @@ def _fmt(cell: ModelCell | None) -> str:
 def markdown(cells: list[ModelCell], env: dict) -> str:
     lengths = sorted({c.length for c in cells})
     exporters = [e for e in EXPORTERS if any(c.exporter == e for c in cells)]
-    find = {(c.kind, c.exporter, c.length): c for c in cells}
+    find = {(c.model_type, c.exporter, c.length): c for c in cells}
     lines = [
         "# Imported models: our export vs a plain dynamo export vs Optimum",
         "",
@@ -171,10 +171,10 @@ def markdown(cells: list[ModelCell], env: dict) -> str:
         "drops that bfloat16 rounding, hence its error growing with L.",
         "",
     ]
-    for kind in dict.fromkeys(c.kind for c in cells):
-        lines += [f"## {kind}", "", "| L | " + " | ".join(exporters) + " |", "|---" * (len(exporters) + 1) + "|"]
+    for model_type in dict.fromkeys(c.model_type for c in cells):
+        lines += [f"## {model_type}", "", "| L | " + " | ".join(exporters) + " |", "|---" * (len(exporters) + 1) + "|"]
         for length in lengths:
-            lines.append(f"| {length} | " + " | ".join(_fmt(find.get((kind, e, length))) for e in exporters) + " |")
+            lines.append(f"| {length} | " + " | ".join(_fmt(find.get((model_type, e, length))) for e in exporters) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -186,10 +186,10 @@ def write(cells: list[ModelCell], out_dir: Path) -> list[Path]:
                          markdown(cells, env))
 
 
-def run_and_write(kinds=KINDS, lengths=LENGTHS, repeats: int = 2, out_dir="benchmarks", progress=None) -> list[Path]:
+def run_and_write(model_types=MODEL_TYPES, lengths=LENGTHS, repeats: int = 2, out_dir="benchmarks", progress=None) -> list[Path]:
     """`bench-models`: every cell, then models.md/.json."""
     from ..export.files import output_folder
 
-    check_kinds(kinds)  # before the results folder is made
+    check_model_types(model_types)  # before the results folder is made
     out = output_folder(out_dir)
-    return write(run(tuple(kinds), tuple(lengths), repeats=repeats, progress=progress), out)
+    return write(run(tuple(model_types), tuple(lengths), repeats=repeats, progress=progress), out)

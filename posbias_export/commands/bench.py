@@ -88,7 +88,7 @@ def build_bench_models_parser() -> argparse.ArgumentParser:
     p = parser("bench-models", "Imported BLOOM / MPT / Falcon (alibi) / T5-encoder models: our blocked export vs a "
                 "plain dynamo export vs Optimum's (if installed), time, peak RSS and error vs transformers on ONNX "
                 "Runtime CPU, each cell in its own process; writes models.md/.json.")
-    p.add_argument("--models", type=name_list, default=bench.KINDS, help=f"from: {', '.join(bench.KINDS)}")
+    p.add_argument("--models", type=name_list, default=bench.MODEL_TYPES, help=f"from: {', '.join(bench.MODEL_TYPES)}")
     p.add_argument("--lengths", type=int_list, default=bench.LENGTHS,
                    help=f"comma-separated sequence lengths (default {','.join(map(str, bench.LENGTHS))})")
     p.add_argument("--repeats", type=positive_int, default=2, help="timed forwards per cell (default 2)")

@@ -54,12 +54,12 @@ class Sizes:
 TESTS = Sizes()
 
 
-def tiny_model(kind: str, sizes: Sizes = TESTS, noise: float = 0.1, seed: int = 0, **config):
+def tiny_model(name: str, sizes: Sizes = TESTS, noise: float = 0.1, seed: int = 0, **config):
     """A random transformers model of the variant, with std-`noise` Gaussian noise on top of its
     initialization (enough that tokens differ step to step); `config`: more config fields."""
     import transformers as tf
 
-    variant = VARIANTS[kind]
+    variant = VARIANTS[name]
     torch.manual_seed(seed)
     model = architecture(variant.model_type).tiny_transformers_model(
         tf, sizes.vocab, sizes.hidden, sizes.heads, sizes.layers, sizes.max_len, **{**variant.config, **config})
@@ -70,16 +70,16 @@ def tiny_model(kind: str, sizes: Sizes = TESTS, noise: float = 0.1, seed: int = 
     return model
 
 
-def save_tiny_folder(kind: str, folder: Path, sizes: Sizes = TESTS, noise: float = 0.1, seed: int = 0,
+def save_tiny_folder(name: str, folder: Path, sizes: Sizes = TESTS, noise: float = 0.1, seed: int = 0,
                      client: bool = False, **config) -> Path:
     """The model saved as a local folder. client: as a serving client loads it (special token
     ids in its config, its generation config, an untied head: with a tied one a tiny random
     model mostly repeats its last token, and equal tokens would then prove little)."""
     if client:
         config = dict(pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=False, **config)
-        if (VARIANTS[kind].model_type, "decoder") in PARTS:  # an encoder-decoder's decoder starts from a token
+        if (VARIANTS[name].model_type, "decoder") in PARTS:  # an encoder-decoder's decoder starts from a token
             config.setdefault("decoder_start_token_id", PAD)
-    model = tiny_model(kind, sizes, noise, seed, **config)
+    model = tiny_model(name, sizes, noise, seed, **config)
     model.save_pretrained(folder)
     if client:
         model.generation_config.save_pretrained(folder)

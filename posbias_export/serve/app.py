@@ -145,9 +145,9 @@ class Answers:
                            code="body_too_large")
         return parse_body(b"".join(kept))
 
-    def _need(self, kind: str, route: str) -> None:
-        if self.served.kind != kind and not (kind == "decoder" and self.served.kind == "seq2seq"):
-            raise ApiError(400, f"{route} is not served here: {self.served.name} is a {self.served.kind}")
+    def _need(self, role: str, route: str) -> None:
+        if self.served.role != role and not (role == "decoder" and self.served.role == "seq2seq"):
+            raise ApiError(400, f"{route} is not served here: {self.served.name} is a {self.served.role}")
 
     async def health_answer(self):
         from fastapi.responses import JSONResponse

@@ -26,9 +26,9 @@ class FolderError(ValueError):
 @dataclass(frozen=True)
 class ServedFolder:
     path: Path
-    kind: str
+    role: str  # what the folder serves: decoder, seq2seq or embedder
     name: str
-    files: dict[str, Path]  # role -> file: model / encoder / decoder, tokenizer
+    files: dict[str, Path]  # part -> file: model / encoder / decoder, tokenizer
     context: int  # the longest prompt + completion a request may ask for
     pooling: str = "mean"  # an embedder's: "mean" (with L2 normalisation, as its clients do) or "cls"
     settings: dict = field(default_factory=dict)  # eos / pad / decoder start ids from the folder's configs
@@ -79,7 +79,7 @@ def _is_decoder(path: Path, model: Path) -> bool:
     """Told by the files --out-dir writes beside the model (genai_config.json for a decoder,
     modules.json for an embedder), else by the graph's inputs. Reading the graph parses the whole
     file when its weights are inside it (a 550 MB jina-v2-base took 1.2 GB in the server's driver and
-    ingress at start); the replica's session checks the inputs against the kind (engines)."""
+    ingress at start); the replica's session checks the inputs against the role (engines)."""
     if (path / "genai_config.json").is_file():
         return True
     if (path / "modules.json").is_file():

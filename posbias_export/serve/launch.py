@@ -52,7 +52,7 @@ def launch(served: ServedFolder, host: str, port: int, replicas: int, address: s
             serve.run(app, name=served.name, route_prefix="/", blocking=False)
         except RuntimeError as err:  # a replica that cannot load the folder: Serve's report, one line
             raise UsageError(f"cannot serve {served.path}: {_first_cause(str(err))}") from None
-        print(f"serving {served.name} ({served.kind}, {replicas} replica{'s' * (replicas > 1)}) at "
+        print(f"serving {served.name} ({served.role}, {replicas} replica{'s' * (replicas > 1)}) at "
               f"http://{host}:{port}/v1; Ctrl-C or SIGTERM stops", flush=True)
         stop.wait()
         print(f"stopping: requests in flight get up to {DRAIN_S} s", file=sys.stderr, flush=True)

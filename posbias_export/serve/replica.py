@@ -22,10 +22,10 @@ GATHER_S = 0.005  # how long the first waiting embedding input waits for others 
 class Replica:
     def __init__(self, folder: str, threads: int = 0, max_batch_tokens: int | None = None, slots: int = DEFAULT_SLOTS):
         self.folder = ServedFolder.read(folder)
-        self.kind = self.folder.kind
+        self.role = self.folder.role
         self.started = time.time()
         self.id = f"{os.getpid()}"
-        if self.kind == "embedder":
+        if self.role == "embedder":
             self.engine = EmbedderEngine(self.folder, threads)
             hidden = self.engine.dimension if isinstance(self.engine.dimension, int) else 768
             self.budget = max_batch_tokens or default_budget(self.folder.context, hidden,
@@ -34,7 +34,7 @@ class Replica:
             self.draining: asyncio.Task | None = None
             self.batch_sizes: list[int] = []
         else:  # a decoder batches continuously, a seq2seq folder by request
-            engine = DecoderEngine if self.kind == "decoder" else Seq2SeqEngine
+            engine = DecoderEngine if self.role == "decoder" else Seq2SeqEngine
             self.engine = engine(self.folder, slots=slots, threads=threads)
             self.engine.start()
         runtimes_common("memory").return_free_heap()
@@ -102,12 +102,12 @@ class Replica:
         return runtimes_common("memory").rss_now()
 
     def healthy(self) -> bool:
-        if self.kind != "embedder":
+        if self.role != "embedder":
             return self.engine.thread is not None and self.engine.thread.is_alive()
         return True
 
     def stop(self) -> None:
-        if self.kind != "embedder":
+        if self.role != "embedder":
             self.engine.stop()
 
 
