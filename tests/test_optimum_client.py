@@ -30,7 +30,7 @@ def test_optimum_runs_our_folder_like_transformers(kind, tmp_path, monkeypatch):
     prompt = np.random.default_rng(3).integers(3, checks.VOCAB, 12).tolist()
     tokens, logits = checks.reference(kind, source, prompt)
     np.save(tmp_path / "reference.npy", logits)
-    case = {"id": f"{kind}/short", "variant": kind, "seq2seq": checks.seq2seq(kind), "source": str(source),
+    case = {"id": f"{kind}/short", "model_type": kind, "seq2seq": checks.seq2seq(kind), "source": str(source),
             "shipped": str(shipped), "prompt": prompt, "new": checks.NEW_TOKENS, "pad": checks.PAD,
             "start": checks.PAD, "own_export": False, "reference_logits": str(tmp_path / "reference.npy"),
             "reference_tokens": tokens}

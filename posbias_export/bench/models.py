@@ -86,7 +86,7 @@ def torch_reference(model_type: str, folder: Path, length: int) -> np.ndarray:
 
 def run_cell(cell: ModelCell, model: Path, work: Path, repeats: int, timeout: float) -> np.ndarray | None:
     saved = work / f"out_{cell.model_type}_{cell.exporter}_{cell.length}.npy"
-    cmd = [sys.executable, str(WORKER), "--runner", "ort", "--model_type", "model", "--model", str(model), "--length",
+    cmd = [sys.executable, str(WORKER), "--runner", "ort", "--variant", "model", "--model", str(model), "--length",
            str(cell.length), "--vocab", str(VOCAB), "--repeats", str(repeats), "--save", str(saved)]
     if run_into(cell, cmd, timeout) is None:
         return None

@@ -45,9 +45,9 @@ SCHEMES = tuple(ALL_SCHEMES)
 QUANTIZED_CLIENTS = ("transformers.js", "onnxruntime-web (wasm)", "onnxruntime-genai", "Optimum, this folder")
 
 
-def seq2seq(variant: str) -> bool:
+def seq2seq(model_type: str) -> bool:
     """An architecture with a decoder part (T5, UMT5): its client folder is the encoder-decoder pair."""
-    return (variant, "decoder") in PARTS
+    return (model_type, "decoder") in PARTS
 
 
 # the architectures whose folders the text-generation clients load: a causal LM, or a seq2seq pair
@@ -55,30 +55,31 @@ def seq2seq(variant: str) -> bool:
 SUPPORTED = tuple(k for k, cls in ARCHITECTURES.items() if cls.arch == "lm" or seq2seq(k))
 
 
-def make_folder(variant: str, folder: Path) -> Path:
-    """The client folder of an architecture (a T5: the whole encoder-decoder), weights + 0.5 noise."""
-    extra = {"encoder_decoder": True} if seq2seq(variant) else {}
-    return save_tiny_folder(variant, folder, Sizes(VOCAB, HIDDEN, HEADS, LAYERS, 2048), noise=0.5, client=True, **extra)
+def make_folder(model_type: str, folder: Path) -> Path:
+    """The client folder of an architecture (its tiny variant of the same name; a T5: the whole
+    encoder-decoder), weights + 0.5 noise."""
+    extra = {"encoder_decoder": True} if seq2seq(model_type) else {}
+    return save_tiny_folder(model_type, folder, Sizes(VOCAB, HIDDEN, HEADS, LAYERS, 2048), noise=0.5, client=True, **extra)
 
 
-def reference(variant: str, source: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
+def reference(model_type: str, source: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
     """transformers' greedy tokens and prefill logits ([L, V]; T5: the decoder's first step)."""
     import transformers as tf
 
-    cls = tf.AutoModelForSeq2SeqLM if seq2seq(variant) else tf.AutoModelForCausalLM
+    cls = tf.AutoModelForSeq2SeqLM if seq2seq(model_type) else tf.AutoModelForCausalLM
     model = cls.from_pretrained(str(source)).eval()
     ids = torch.tensor([prompt])
     with torch.no_grad():
         tokens = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
                                 do_sample=False, pad_token_id=PAD)[0].tolist()
-        extra = {"decoder_input_ids": torch.tensor([[PAD]])} if seq2seq(variant) else {}
+        extra = {"decoder_input_ids": torch.tensor([[PAD]])} if seq2seq(model_type) else {}
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **extra).logits[0].double().numpy()
     return tokens, logits
 
 
-def ours(variant: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
+def ours(model_type: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
     ids = np.array([prompt], np.int64)
-    if seq2seq(variant):
+    if seq2seq(model_type):
         import onnxruntime as ort
 
         tokens = load_runner("ort/seq2seq.py").greedy_generate(
@@ -107,10 +108,10 @@ def node_error(stderr: str) -> str:
     return message or next((line for line in lines if "Error" in line), "node failed")
 
 
-def transformers_js(variant: str, folder: Path, prompt: list[int], tmp: Path) -> tuple[list[int], np.ndarray]:
+def transformers_js(model_type: str, folder: Path, prompt: list[int], tmp: Path) -> tuple[list[int], np.ndarray]:
     if shutil.which("node") is None or not (JS / "node_modules" / "@huggingface").is_dir():
         raise RuntimeError(f"not installed (cd {JS} && npm install --ignore-scripts)")
-    mode = "seq2seq" if seq2seq(variant) else "causal"
+    mode = "seq2seq" if seq2seq(model_type) else "causal"
 
     def node(script, *args):
         proc = subprocess.run(["node", str(JS / script), mode, str(folder.resolve()), *args], capture_output=True,
@@ -124,8 +125,8 @@ def transformers_js(variant: str, folder: Path, prompt: list[int], tmp: Path) ->
     return tokens, np.fromfile(tmp / "logits.bin", np.float32).reshape(dims)[0]
 
 
-def web(variant: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
-    if seq2seq(variant):
+def web(model_type: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
+    if seq2seq(model_type):
         raise RuntimeError("not measured: the page script (js/web.mjs) drives decoder-only folders")
     if shutil.which("node") is None or not (JS / "node_modules" / "onnxruntime-web").is_dir():
         raise RuntimeError(f"not installed (cd {JS} && npm install --ignore-scripts)")
@@ -137,8 +138,8 @@ def web(variant: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.nd
     return out["tokens"], np.asarray(out["logits"], np.float32)[None]
 
 
-def genai(variant: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
-    if seq2seq(variant):
+def genai(model_type: str, folder: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
+    if seq2seq(model_type):
         raise RuntimeError("not applicable: onnxruntime-genai has no T5 (encoder-decoder) model type")
     import onnxruntime_genai as og
 
@@ -167,25 +168,25 @@ def run(kinds=SUPPORTED, optimum: bool = True, progress=None) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="posbias-clients-") as tmp:
         tmp = Path(tmp)
         cases = []
-        for variant in kinds:
-            source = make_folder(variant, tmp / variant)
-            shipped = tmp / f"{variant}_out"
+        for model_type in kinds:
+            source = make_folder(model_type, tmp / model_type)
+            shipped = tmp / f"{model_type}_out"
             ship(source, shipped, check_growth=False)
             for label, length in PROMPTS.items():
                 prompt = np.random.default_rng(length).integers(3, VOCAB, length).tolist()
-                ref_tokens, ref_logits = reference(variant, source, prompt)
-                np.save(tmp / f"{variant}_{label}.npy", ref_logits)
-                start = 1 if seq2seq(variant) else length
-                rows += _client_rows(variant, shipped, prompt, label, ref_tokens, ref_logits, tmp,
+                ref_tokens, ref_logits = reference(model_type, source, prompt)
+                np.save(tmp / f"{model_type}_{label}.npy", ref_logits)
+                start = 1 if seq2seq(model_type) else length
+                rows += _client_rows(model_type, shipped, prompt, label, ref_tokens, ref_logits, tmp,
                                      ("posbias generate (ORT)", "transformers.js", "onnxruntime-web (wasm)",
                                       "onnxruntime-genai"))
-                cases.append({"id": f"{variant}/{label}", "variant": variant, "seq2seq": seq2seq(variant), "source": str(source), "shipped": str(shipped),
+                cases.append({"id": f"{model_type}/{label}", "model_type": model_type, "seq2seq": seq2seq(model_type), "source": str(source), "shipped": str(shipped),
                               "prompt": prompt, "new": NEW_TOKENS, "pad": PAD, "start": PAD,
-                              "reference_logits": str(tmp / f"{variant}_{label}.npy"), "reference_tokens": ref_tokens})
-                if not seq2seq(variant):
-                    float_tokens = ours(variant, shipped, prompt)[0]
+                              "reference_logits": str(tmp / f"{model_type}_{label}.npy"), "reference_tokens": ref_tokens})
+                if not seq2seq(model_type):
+                    float_tokens = ours(model_type, shipped, prompt)[0]
                     for scheme in SCHEMES:
-                        rows_q, case = _quantized(variant, source, tmp, scheme, prompt, label, float_tokens)
+                        rows_q, case = _quantized(model_type, source, tmp, scheme, prompt, label, float_tokens)
                         rows += rows_q
                         cases.append(case)
             if progress:
@@ -194,15 +195,15 @@ def run(kinds=SUPPORTED, optimum: bool = True, progress=None) -> list[dict]:
     return rows
 
 
-def _client_rows(variant, folder, prompt, label, ref_tokens, ref_logits, tmp, clients, scheme=None) -> list[dict]:
-    calls = {"posbias generate (ORT)": lambda: ours(variant, folder, prompt),
-             "transformers.js": lambda: transformers_js(variant, folder, prompt, tmp),
-             "onnxruntime-web (wasm)": lambda: web(variant, folder, prompt),
-             "onnxruntime-genai": lambda: genai(variant, folder, prompt)}
-    start = 1 if seq2seq(variant) else len(prompt)
+def _client_rows(model_type, folder, prompt, label, ref_tokens, ref_logits, tmp, clients, scheme=None) -> list[dict]:
+    calls = {"posbias generate (ORT)": lambda: ours(model_type, folder, prompt),
+             "transformers.js": lambda: transformers_js(model_type, folder, prompt, tmp),
+             "onnxruntime-web (wasm)": lambda: web(model_type, folder, prompt),
+             "onnxruntime-genai": lambda: genai(model_type, folder, prompt)}
+    start = 1 if seq2seq(model_type) else len(prompt)
     rows = []
     for client in clients:
-        row = {"client": client, "model": variant, "prompt": label, **({"scheme": scheme} if scheme else {})}
+        row = {"client": client, "model": model_type, "prompt": label, **({"scheme": scheme} if scheme else {})}
         try:
             row.update(judge(*calls[client](), ref_tokens, ref_logits, start))
         except Exception as err:  # noqa: BLE001 - a client that fails or does not apply is a result
@@ -211,26 +212,26 @@ def _client_rows(variant, folder, prompt, label, ref_tokens, ref_logits, tmp, cl
     return rows
 
 
-def _quantized(variant, source, tmp, scheme, prompt, label, float_tokens) -> tuple[list[dict], dict]:
+def _quantized(model_type, source, tmp, scheme, prompt, label, float_tokens) -> tuple[list[dict], dict]:
     """The clients on the `--quantize SCHEME` folder, judged against ONNX Runtime on that file; and
     how many new tokens ONNX Runtime's greedy run on it shares with the float folder's."""
     from ..export.quantize.schemes import scheme as quant_scheme
     from ..hf.ship import ship
 
-    folder = tmp / f"{variant}_{scheme}"
+    folder = tmp / f"{model_type}_{scheme}"
     if not folder.is_dir():
         ship(source, folder, check_growth=False, quantize=quant_scheme(scheme))
-    ref_tokens, ref_logits = ours(variant, folder, prompt)
-    np.save(tmp / f"{variant}_{scheme}_{label}.npy", ref_logits)
+    ref_tokens, ref_logits = ours(model_type, folder, prompt)
+    np.save(tmp / f"{model_type}_{scheme}_{label}.npy", ref_logits)
     start = len(prompt)
     shared = agreeing(ref_tokens, float_tokens, start, (EOS,))
     float_new = until_stop(float_tokens, start, (EOS,))[start:]
-    rows = [{"client": "ORT: tokens shared with the float folder", "model": variant, "prompt": label, "scheme": scheme,
+    rows = [{"client": "ORT: tokens shared with the float folder", "model": model_type, "prompt": label, "scheme": scheme,
              "shared": shared, "of": len(float_new)}]
-    rows += _client_rows(variant, folder, prompt, label, ref_tokens, ref_logits, tmp, QUANTIZED_CLIENTS[:-1], scheme)
-    case = {"id": f"{variant}-{scheme}/{label}", "variant": variant, "seq2seq": seq2seq(variant), "source": str(source), "shipped": str(folder),
+    rows += _client_rows(model_type, folder, prompt, label, ref_tokens, ref_logits, tmp, QUANTIZED_CLIENTS[:-1], scheme)
+    case = {"id": f"{model_type}-{scheme}/{label}", "model_type": model_type, "seq2seq": seq2seq(model_type), "source": str(source), "shipped": str(folder),
             "prompt": prompt, "new": NEW_TOKENS, "pad": PAD, "start": PAD, "own_export": False,
-            "reference_logits": str(tmp / f"{variant}_{scheme}_{label}.npy"), "reference_tokens": ref_tokens}
+            "reference_logits": str(tmp / f"{model_type}_{scheme}_{label}.npy"), "reference_tokens": ref_tokens}
     return rows, case
 
 
@@ -243,13 +244,13 @@ def run_optimum(cases: list[dict], tmp: Path) -> list[dict]:
     why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200]
     rows = []
     for case in cases:
-        variant, label = case["variant"], case["id"].split("/")[1]
+        model_type, label = case["model_type"], case["id"].split("/")[1]
         scheme = case["id"].split("/")[0].partition("-")[2]
-        start = 1 if seq2seq(variant) else len(case["prompt"])
+        start = 1 if seq2seq(model_type) else len(case["prompt"])
         result = results.get(case["id"], {})
         which = (("Optimum, this folder", "ours"),) + (() if scheme else (("Optimum, its own export", "optimum"),))
         for client, key in which:
-            row = {"client": client, "model": variant, "prompt": label, "environment": result.get("transformers"),
+            row = {"client": client, "model": model_type, "prompt": label, "environment": result.get("transformers"),
                    **({"scheme": scheme} if scheme else {})}
             measured = result.get(key, {"error": f"the Optimum environment failed: {why}"})
             if "error" in measured:

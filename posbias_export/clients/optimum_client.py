@@ -66,7 +66,7 @@ def main() -> int:
                         folder = case["shipped"]
                     else:
                         if case["source"] not in exports:
-                            exports[case["source"]] = optimum_export(case, Path(tmp) / case["variant"])
+                            exports[case["source"]] = optimum_export(case, Path(tmp) / case["model_type"])
                         folder = exports[case["source"]]
                     row[which] = measure(load(case["seq2seq"], folder), case)
                 except Exception as err:  # noqa: BLE001 - a client that fails is a result
