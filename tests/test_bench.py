@@ -470,7 +470,7 @@ def test_client_results_name_no_path_of_this_machine(tmp_path, monkeypatch):
     from posbias_export.clients import checks
 
     leak = f"Load model from {tmp_path}/bloom/decoder_model_merged.onnx failed: bad input"
-    monkeypatch.setattr(checks, "run", lambda kinds, optimum, progress: [
+    monkeypatch.setattr(checks, "run", lambda model_types, optimum, progress: [
         {"client": "transformers.js", "model": "bloom", "prompt": "short", "error": leak}])
     monkeypatch.setattr(checks, "client_versions", lambda: {"transformers": "x", "transformers_js": "y",
                                                             "onnxruntime_genai": "z"})

@@ -161,14 +161,14 @@ def judge(tokens: list[int], logits: np.ndarray, ref_tokens: list[int], ref_logi
             "logit_error": float(np.abs(logits.astype(np.float64) - ref).max())}
 
 
-def run(kinds=SUPPORTED, optimum: bool = True, progress=None) -> list[dict]:
+def run(model_types=SUPPORTED, optimum: bool = True, progress=None) -> list[dict]:
     from ..hf.ship import ship
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="posbias-clients-") as tmp:
         tmp = Path(tmp)
         cases = []
-        for model_type in kinds:
+        for model_type in model_types:
             source = make_folder(model_type, tmp / model_type)
             shipped = tmp / f"{model_type}_out"
             ship(source, shipped, check_growth=False)
@@ -299,13 +299,13 @@ def markdown(rows: list[dict], env: dict) -> str:
              "transformers' generate, and the largest |logit - transformers' logit| of the prefill (every prompt "
              f"position; onnxruntime-genai exposes the last one). Prompts: {PROMPTS['short']} and {PROMPTS['long']} "
              "tokens. Optimum runs in its own environment (it pins transformers < 4.58).", ""]
-    kinds = list(dict.fromkeys(r["model"] for r in rows))
+    model_types = list(dict.fromkeys(r["model"] for r in rows))
     for label in PROMPTS:
-        lines += [f"## {label} prompt ({PROMPTS[label]} tokens)", "", "| client | " + " | ".join(kinds) + " |",
-                  "|---|" + "---|" * len(kinds)]
+        lines += [f"## {label} prompt ({PROMPTS[label]} tokens)", "", "| client | " + " | ".join(model_types) + " |",
+                  "|---|" + "---|" * len(model_types)]
         for client in CLIENTS:
             cells = [_cell(next((r for r in rows if (r["client"], r["model"], r["prompt"]) == (client, k, label)
-                                 and "scheme" not in r), None)) for k in kinds]
+                                 and "scheme" not in r), None)) for k in model_types]
             lines.append(f"| {client} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines + _quantized_markdown(rows))
@@ -337,8 +337,8 @@ def _quantized_markdown(rows: list[dict]) -> list[str]:
     return lines
 
 
-def run_and_write(kinds=SUPPORTED, out_dir="benchmarks", optimum: bool = True, progress=None) -> list[Path]:
-    unknown = [k for k in kinds if k not in SUPPORTED]
+def run_and_write(model_types=SUPPORTED, out_dir="benchmarks", optimum: bool = True, progress=None) -> list[Path]:
+    unknown = [k for k in model_types if k not in SUPPORTED]
     if unknown:  # names first: a refused run makes no folder
         embedders = [k for k in unknown if k in ARCHITECTURES]
         if embedders:
@@ -347,7 +347,7 @@ def run_and_write(kinds=SUPPORTED, out_dir="benchmarks", optimum: bool = True, p
                              f"timed by bench-embed; bench-clients takes {', '.join(SUPPORTED)}")
         raise ValueError(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(SUPPORTED)}")
     out = output_folder(out_dir)
-    rows = [without_local_paths(r) for r in run(kinds, optimum, progress)]
+    rows = [without_local_paths(r) for r in run(model_types, optimum, progress)]
     env = {**environment(), **client_versions()}
     md, js = out / "clients.md", out / "clients.json"
     write_text_atomic(md, markdown(rows, env))
