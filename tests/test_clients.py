@@ -503,6 +503,8 @@ def test_each_folder_says_how_its_clients_set_the_denormal_flag(shipped, tmp_pat
         notes = (folder / "SERVING.md").read_text()
         role = "seq2seq" if seq2seq(variant) else "lm"
         assert all((client in notes) == (role in roles) for client, (roles, _) in CLIENTS.items()), variant
+        # a causal LM's default file is in place: GroupQueryAttention's softmax is unfloored, and the notes say so
+        assert ("fused op" in notes) == (role == "lm") and ("no subnormal" in notes), variant
         if not seq2seq(variant):
             options = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
             assert options[FLAG] == "1"

@@ -1,12 +1,14 @@
-"""No subnormal float in any attention we export: every Softmax output, every MatMul operand and
-the probabilities inside the fused ops (GroupQueryAttention, MultiHeadAttention) of each family's
-attention (causal and bidirectional, 4096 tokens, ALiBi's steepest and flattest heads), the trained
-checkpoints on English text, a decode step after a long prompt (the Concat and the in-place file),
-the plain form, the GPU-target files run on a CPU, a JinaBERT v2 embedding and the T5 / UMT5
-encoder and decoder, counted by the reference evaluator (runtimes/reference/subnormals.py).
+"""No subnormal float in any attention whose softmax we write: every Softmax output, every MatMul
+operand of each family's attention (causal and bidirectional, 4096 tokens, ALiBi's steepest and
+flattest heads), the trained checkpoints on English text, a decode step after a long prompt (the
+Concat file), the plain form, a JinaBERT v2 embedding and the T5 / UMT5 encoder and decoder,
+counted by the reference evaluator (runtimes/reference/subnormals.py), which also looks inside
+the fused ops (GroupQueryAttention, MultiHeadAttention).
 
-Why it matters and how the files avoid them: biases/base.py (SCORE_FLOOR, BIAS_FLOOR). Before the
-floors (main at a323f52) the ALiBi attention alone made 4.28 million subnormals at 4096 tokens."""
+Why it matters and how the files avoid them: biases/base.py (SCORE_FLOOR). Before the floors (main
+at a323f52) the ALiBi attention alone made 4.28 million subnormals at 4096 tokens. The fused ops
+softmax where no floor reaches, and a floor on their bias alone is not exact
+(tests/test_long_prompt_exactness.py): those cells are expected failures, kept as data."""
 from __future__ import annotations
 
 import sys
@@ -29,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 Case, feeds_for = runtimes_common("inputs").Case, runtimes_common("inputs").feeds_for
 MODELS = ROOT / "models"
 LONG = 4096
+# the fused ops' softmax is out of our reach, and their bias is handed over exact (biases/base.py)
+FUSED = ("the fused op softmaxes the family's bias unfloored, as exactness needs: far keys give subnormal "
+         "probabilities in a default session (our sessions and genai_config set session.set_denormal_as_zero)")
 ATTENTION = ["--arch", "attention", "--heads", "8", "--dim", "512", "--skip-growth-check"]  # H=8: slopes 1/2 .. 1/256
 
 
@@ -122,7 +127,7 @@ def test_trained_checkpoint_reads_4096_bytes_of_english(tmp_path, name):
     assert_no_subnormal(model, feeds_for(declared(model), Case(ids, np.ones_like(ids))))
 
 
-@pytest.mark.parametrize("target", ["concat", "inplace"])
+@pytest.mark.parametrize("target", ["concat", pytest.param("inplace", marks=pytest.mark.xfail(strict=True, reason=FUSED))])
 def test_a_decode_step_after_a_long_prompt(tmp_path, target):
     """The trained ALiBi decoder with its cache: a 4096-byte prompt through ONNX Runtime, then one
     step watched (the Concat file's one-block branch; the in-place file's GroupQueryAttention,
@@ -138,23 +143,25 @@ def test_a_decode_step_after_a_long_prompt(tmp_path, target):
         if name.startswith("past"):
             step[name] = presents[name.replace("past", "present", 1)]
     counts = assert_no_subnormal(model, step)
-    assert counts.by_op.keys() >= ({"GroupQueryAttention"} if target == "inplace" else {"Softmax"})
+    assert counts.by_op.keys() >= {"Softmax"}
 
 
 @pytest.mark.parametrize("bias, padded", tiers.cases(
     [("alibi", True), ("kerple_power", False), ("t5", True)], ["alibi-padded", "kerple_power", "t5-padded"], grid=False))
-def test_a_gpu_target_file_run_on_a_cpu(tmp_path, bias, padded):
-    """--target cuda-ort on ONNX Runtime's CPU provider: each block's bias floored before the
-    fused MultiHeadAttention takes it (a padded batch of a cached file, whose mask gives the
-    positions: the per-block bias; KERPLE unpadded: the slim table)."""
+def test_a_gpu_target_file_run_on_a_cpu(request, tmp_path, bias, padded):
+    """--target cuda-ort on ONNX Runtime's CPU provider: each block's bias handed to the fused
+    MultiHeadAttention (a padded batch of a cached file, whose mask gives the positions: the
+    per-block bias; KERPLE unpadded: the slim table). T5's learned table stays a few nats deep, so
+    its far keys stay normal; ALiBi's and KERPLE's grow without bound."""
+    if bias != "t5":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=FUSED))
     model = export(tmp_path, "--bias", bias, "--target", "cuda-ort", *ATTENTION[:-1], "--arch", "lm", "--layers", "1",
                    "--skip-growth-check", *(["--kv-cache"] if padded else []))
     ids = english_bytes(2048).repeat(2, 0) if padded else english_bytes(2048)
     mask = np.ones_like(ids)
     if padded:
         mask[1, 1500:] = 0  # the second text is shorter: right padding, as embedding servers batch
-    counts = assert_no_subnormal(model, feeds_for(declared(model), Case(ids, mask)))
-    assert counts.by_op.keys() >= {"MultiHeadAttention"}
+    assert_no_subnormal(model, feeds_for(declared(model), Case(ids, mask)))
 
 
 @pytest.mark.xfail(strict=True, reason="the cuda-ort file's whole-sequence ALiBi call carries the slopes inside q "

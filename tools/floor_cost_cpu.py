@@ -108,7 +108,7 @@ def main() -> int:
         f"{describe()} CPU vendor: {cpu_vendor()}.", "",
         *([args.note, ""] if args.note else []),
         "before: the files without the floor; after: the same exports with it (every softmax floored at its row's "
-        "maximum minus 64, fused ops' biases at -32). Batch 1: attention alone gets query/key/value N(0, 1); a cached "
+        "maximum minus 64). Batch 1: attention alone gets query/key/value N(0, 1); a cached "
         "decoder a prompt of L random tokens, then one-token steps (a step's seconds; its cache kept as `generate` "
         "keeps it, in generate's session options with the flag on or off); an embedder one text of L tokens. A fresh "
         "process and session "

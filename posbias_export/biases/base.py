@@ -39,15 +39,13 @@ MASK_PENALTY = -1e30
 # is itself masked, so that row stays as it was (uniform).
 SCORE_FLOOR = 64.0
 # A fused attention op (ONNX Runtime's GroupQueryAttention and MultiHeadAttention, ONNX Attention)
-# softmaxes inside, where no floor can reach; what a file controls is the bias it hands over. There
-# every bias value below -BIAS_FLOOR is raised to -BIAS_FLOOR before the masks are added
-# (floor_bias): a far key's score then sits at most BIAS_FLOOR + (its row's raw q.k spread) below
-# the row maximum, so no probability is subnormal while that spread stays under 87 - 32 - ln(keys)
-# (47 nats at 4096 keys; the trained and published-shape models measure far less:
-# tests/test_subnormals.py). A raised key weighs at most e^-32 = 1.3e-14 of the row's largest
-# times e^(its raw score above the row maximum): 2e-10 of an output at 16384 keys, under float32's
-# resolution.
-BIAS_FLOOR = 32.0
+# softmaxes inside, where no floor can reach, and gets the family's bias as it is. A floor on the
+# bias alone (raising it to -32, as 844dbc3 did) is not exact: a far key's weight is e^(raw q.k +
+# bias), and a row's raw scores can be tens of nats apart (a sharp model, an attention sink), so a
+# key whose true bias is -100 came back with e^-32 x e^(raw) and moved outputs by up to 10 logits
+# after a 1024-token prompt (tests/test_long_prompt_exactness.py). Exactness wins: those files can
+# make subnormal probabilities in a default session on Intel; our sessions and genai_config set
+# session.set_denormal_as_zero (hf/cpu_notes.py says how each client does).
 
 FAMILIES: dict[str, type["AttentionBias"]] = {}  # filled as family classes are defined
 
@@ -77,14 +75,6 @@ def floor_scores(scores: torch.Tensor) -> torch.Tensor:
     if scores.dtype == torch.float64:
         return scores
     return torch.maximum(scores, scores.amax(-1, keepdim=True) - SCORE_FLOOR)
-
-
-def floor_bias(bias: torch.Tensor) -> torch.Tensor:
-    """A bias handed to a fused attention op, raised to -BIAS_FLOOR where it is lower (see there).
-
-    ONNX: posbias.FlooredBias (export/targets/blocked_script.py). A float64 reference is left
-    as the paper's formula."""
-    return bias if bias.dtype == torch.float64 else bias.clamp_min(-BIAS_FLOOR)
 
 
 # the largest value a hyper-parameter takes unless its family says less: sizes that become

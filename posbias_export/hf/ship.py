@@ -12,7 +12,7 @@
                                    describing the cache our file holds, where it differs: Falcon)
     OUT/modules.json, 1_Pooling/   an embedder's pooling, as sentence-transformers reads it
     OUT/SERVING.md                 how each of those clients sets session.set_denormal_as_zero on a CPU,
-                                   and why these files need it not (hf/cpu_notes.py)
+                                   and whether these files need it (hf/cpu_notes.py)
 
 The graphs are our exports (blocked, checked), renamed: nothing about the computation changes.
 The copies of one file are hard links where the file system allows. Written into a temporary
@@ -237,7 +237,8 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
         _lay_out(stage, files, gpu=gpu, onnx_names=_transformers_js_names(source, model, options))
         _write_companions(stage, source, copied, model, config)
         role = "lm" if model.arch == "lm" else "seq2seq" if has_decoder(source) else "encoder"
-        (stage / "SERVING.md").write_text(serving_notes(role))
+        fused = target(options.target).inplace_cache or target(options.target).fused_op is not None
+        (stage / "SERVING.md").write_text(serving_notes(role, fused))
         if out.exists():
             out.rmdir()  # checked empty above
         os.replace(stage, out)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..biases import AttentionBias, create_bias, floor_bias, floor_scores, mask_value, query_key_positions
+from ..biases import AttentionBias, create_bias, floor_scores, mask_value, query_key_positions
 from ..limits import check_index
 from .plans import DEFAULT_BLOCK, block_plan
 from .blocked import blocked_attention, keep_mask
@@ -118,7 +118,6 @@ def attend(q, k, v, bias, allowed, impl: str = "explicit") -> torch.Tensor:
     scale = 1.0 / math.sqrt(q.shape[-1])
     low = mask_value(torch.float32)
     if impl == "sdpa":
-        bias = floor_bias(bias)  # the fused op's softmax is out of reach: no subnormal from its bias
         mask = bias if allowed is None else torch.where(allowed, bias, low)  # [H|1, Lq, Lk]
         # clamp at the narrower dtype's lowest: fp16's for fp16 models; for a float64 reference
         # over a float32 bias, float32's (float64's lowest does not fit a float32 tensor)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from onnxscript import BOOL, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
-from ...biases import BIAS_FLOOR, MASK_PENALTY, SCORE_FLOOR
+from ...biases import MASK_PENALTY, SCORE_FLOOR
 from ...biases.onnx_domain import posbias
 
 
@@ -390,18 +390,6 @@ def AttendScores(scores: FLOAT, v_b: FLOAT) -> FLOAT:
 
 
 @script(posbias, default_opset=op)
-def FlooredBias(bias: FLOAT) -> FLOAT:
-    """A bias for a fused attention op (its softmax is out of reach) raised to -BIAS_FLOOR (32)
-    where it is lower, before any mask is added: a far key's probability then stays a normal
-    float32 while its row's raw scores span less than ~47 nats (biases/base.py: BIAS_FLOOR).
-
-    bias [...] float32 -> [...]
-    PyTorch: bias.clamp_min(-32)
-    """
-    return op.Max(bias, op.CastLike(-BIAS_FLOOR, bias))
-
-
-@script(posbias, default_opset=op)
 def BlockAttendMasked(q_b: FLOAT, k_t_b: FLOAT, v_b: FLOAT, bias: FLOAT) -> FLOAT:
     """softmax(q_b k_b^T + bias) v_b, [B, H, Bq, d], for a bias that already carries the masks
     (a slice of a masked distance table): one Add over the scores instead of BlockAttend's two.
@@ -501,7 +489,7 @@ def BlockAssemble(blocks: FLOAT, q: FLOAT, block: INT64) -> FLOAT:
     return op.Slice(joined, [0], op.Shape(q, start=2, end=3), [2])  # [B, H, Lq, d]
 
 
-BLOCK_FUNCTIONS = (FlooredSoftmax, FlooredBias, FitsOneBlock, DirectQueries, DirectPrepare, DirectWindowKeys, PadQueries, BlockPrepare, BlockQueries, BlockKeys, BlockKeysTwoSided,
+BLOCK_FUNCTIONS = (FlooredSoftmax, FitsOneBlock, DirectQueries, DirectPrepare, DirectWindowKeys, PadQueries, BlockPrepare, BlockQueries, BlockKeys, BlockKeysTwoSided,
                    DistanceTablePositions, DistanceVectorPositions, ExpandDistanceVector, SliceByDistance, NearVectorPositions,
                    FarPositions,
                    FarKeys, NearFarScores, AttendScores, MaskTable,

@@ -54,10 +54,8 @@ class _GpuBody:
         self.out_type = ELEM_TYPES[dtype]
 
     def bias_node(self, q_pos, k_pos, out):
-        """The family's bias, raised to -BIAS_FLOOR (FlooredBias): the fused op softmaxes it where
-        our floor cannot reach, so this keeps its far keys' probabilities normal floats on a CPU."""
-        return [call(self.bias.function_name, [q_pos, k_pos, *self.params], [out + "_raw"], **self.attrs),
-                call("FlooredBias", [out + "_raw"], [out])]
+        """The family's bias as it is (a floor on a bias alone is not exact: biases/base.py)."""
+        return [call(self.bias.function_name, [q_pos, k_pos, *self.params], [out], **self.attrs)]
 
     def no_causal_mask(self, name):  # one index past every key: only padding is masked
         if self.bias.causal:
@@ -157,12 +155,11 @@ def _slim_vector(body: _GpuBody) -> list[onnx.NodeProto]:
     """The per-distance vector [H|1, T] in the model dtype (gpu_table_script.py): the family's
     function on T distances, the causal mask folded in, cast there once."""
     bias = body.bias
-    raw = "vector_unmasked" if bias.causal else "vector_f32"
+    family = "vector_unmasked" if bias.causal else "vector_f32"
     return [
         call("SlimVectorPositions", ["k", "block", "lookahead"], ["vector_row", "vector_cols"]),
-        call(bias.function_name, ["vector_row", "vector_cols", *body.params], ["vector_family"], **body.attrs),
-        call("FlooredBias", ["vector_family"], [raw]),  # before the causal mask: see _GpuBody.bias_node
-        *([call("MaskFutureInTable", [raw, "vector_row", "vector_cols"], ["vector_f32"])] if bias.causal else []),
+        call(bias.function_name, ["vector_row", "vector_cols", *body.params], [family], **body.attrs),
+        *([call("MaskFutureInTable", [family, "vector_row", "vector_cols"], ["vector_f32"])] if bias.causal else []),
         *body.in_model_dtype("vector_f32", "vector_3d"),
         helper.make_node("Constant", [], ["vector_axis"], value=helper.make_tensor("vector_axis", TensorProto.INT64,
                                                                                    [1], [1])),

@@ -14,9 +14,9 @@ exact (<= 2.7e-7 against numpy, ALiBi) on ORT 1.22-1.32 CPU (docs/serving.md).
 Every row's new keys are written at slots T-S..T-1 (seqlens_k = T - 1 for every row, T the
 mask's length), as the Concat file appends them: left padding and holes in the mask (right-
 padded batches that go on decoding) are slots masked by the bias, not skipped. The bias is the
-family's, from positions cumsum(mask) - 1 (BLOOM's convention, as every file of ours), raised to
--BIAS_FLOOR where lower (GroupQueryAttention's softmax is out of our reach: this keeps its far keys'
-probabilities normal floats, biases/base.py), plus the lowest float32 on padded keys; GroupQueryAttention adds its own causal mask by slot, which is
+family's, from positions cumsum(mask) - 1 (BLOOM's convention, as every file of ours), unfloored
+(a floor on a bias alone is not exact: biases/base.py), plus the lowest float32 on padded keys;
+GroupQueryAttention adds its own causal mask by slot, which is
 the queries-are-the-last-S convention. [B, H|1, S, T] is small for a decode step; a long prompt
 is run through the buffer in blocks of rows by the runner (memory linear in the prompt).
 """
@@ -91,9 +91,8 @@ def function_proto(bias: AttentionBias, opset: int, kv_heads: int | None = None,
     nodes = [
         *_positions(from_mask),
         call(bias.function_name, ["q_pos", "k_pos", *params], ["family_bias"], **attrs),  # [B, H|1, S, T]
-        call("FlooredBias", ["family_bias"], ["floored_bias"]),  # the op's softmax makes no subnormal (BIAS_FLOOR)
         _const("lowest", FLOAT16_LOWEST if float16 else FLOAT32_LOWEST, TensorProto.FLOAT),
-        helper.make_node("Where", ["keep", "floored_bias", "lowest"], ["masked_bias"]),  # padded keys: lowest
+        helper.make_node("Where", ["keep", "family_bias", "lowest"], ["masked_bias"]),  # padded keys: lowest
         helper.make_node("CastLike", ["masked_bias", "q"], ["attention_bias"]),
         _const("bs_hd", [0, 0, -1], dims=[3]),
         *_heads_last("q", "q3"), *_heads_last("k", "k3"), *_heads_last("v", "v3"),
