@@ -17,6 +17,11 @@ PROXY_TIMEOUTS = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROX
 # fills, the daemons' periodic work then takes the replica's cores (a 512-token embedding: 1.26 s
 # at nice 15, 1.14 s at 0, 1.0 s in a plain process; docs/serving.md). A cluster sets it at `ray start`.
 WORKER_NICENESS = {"RAY_worker_niceness": "0"}
+# An idle local server's Ray took 17% of one core (2 vCPUs: 9% of the machine the model works on),
+# most of it Serve's controller loop (10 times a second) and Ray's own metrics, which nothing here
+# reads (/metrics is the application's). With these: 11%. The controller then notices a dead
+# replica within a second, not a tenth (docs/serving.md). A cluster keeps its own settings.
+QUIET_DAEMONS = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1", "RAY_enable_metrics_collection": "false"}
 
 
 def _check_port(host: str, port: int) -> None:
@@ -38,7 +43,7 @@ def launch(served: ServedFolder, host: str, port: int, replicas: int, address: s
         _check_port(host, port)
     # a busy machine starts Ray's HTTP proxy in more than Serve's 5 s ready check (it then kills the
     # proxy and serve.start fails): give it a minute; local workers inherit this environment
-    for name, value in {**PROXY_TIMEOUTS, **WORKER_NICENESS}.items():
+    for name, value in {**PROXY_TIMEOUTS, **WORKER_NICENESS, **({} if address else QUIET_DAEMONS)}.items():
         os.environ.setdefault(name, value)
     ray.init(address=address or "local", include_dashboard=False, logging_level="ERROR", log_to_driver=False,
              **({} if address else {"num_cpus": os.cpu_count() or 1}))
