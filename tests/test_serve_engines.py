@@ -5,6 +5,7 @@ embedder's padded batches give the vectors of the file run on each input alone, 
 budget groups inputs without ever passing it (or refusing a long one)."""
 from __future__ import annotations
 
+import json
 import sys
 import threading
 from pathlib import Path
@@ -292,15 +293,21 @@ def test_bench_serve_judges_its_targets():
     facts = {"bloom-560m": {"weight_bytes": 2_000_000_000, "cache_bytes_per_token": 200_000}}
     text = render(cells, {**environment(bandwidth=False), "read_gbs": 10.0}, {"infinity-emb": "", "llama.cpp server": ""},
                   facts)
-    assert "| ours | bloom-560m | 512 | 2.12 | 0.212 | 0.320 | 1.51x |" in text
+    assert "| ours | bloom-560m | 512 | 2.12 | 10.0 | 0.212 | 0.320 | 1.51x |" in text
+    cells[5].read_gbs = 20.0  # a row kept from an earlier run: judged at that run's bandwidth, not this one's
+    text = render(cells, {**environment(bandwidth=False), "read_gbs": 10.0}, {"infinity-emb": "", "llama.cpp server": ""},
+                  facts)
+    assert "| ours | bloom-560m | 512 | 2.12 | 20.0 | 0.106 | 0.320 | 3.03x |" in text
     missing = render(cells[:1], environment(), {"infinity-emb": "not installed", "llama.cpp server": "not installed"})
     assert "| embeddings at 512 tokens >= infinity-emb's requests/s | - | not run: not installed |" in missing
 
 
-def test_bench_serve_re_measures_some_cells_and_keeps_the_rest():
+def test_bench_serve_re_measures_some_cells_and_keeps_the_rest(tmp_path):
     """--only embeddings --lengths 512: the 512-token rows are replaced where they were, every other
     row (other lengths, the completions) kept; a cell new to the file comes after."""
-    from posbias_export.bench.serve_load import LoadCell, merge_cells
+    from dataclasses import asdict
+
+    from posbias_export.bench.serve_load import LoadCell, last_cells, merge_cells
 
     old = [LoadCell("ours", "embeddings", 512, 1, requests=2), LoadCell("ours", "embeddings", 8192, 1, requests=2),
            LoadCell("infinity-emb", "embeddings", 512, 1, requests=2),
@@ -309,6 +316,9 @@ def test_bench_serve_re_measures_some_cells_and_keeps_the_rest():
            LoadCell("infinity-emb", "embeddings", 512, 8, requests=9),
            LoadCell("ours", "completions", 512, 16, requests=3, note="mpt-1b")]  # another model: a row of its own
     merged = merge_cells(old, new)
+    path = tmp_path / "serve.json"
+    path.write_text(json.dumps({"environment": {"read_gbs": 17.5}, "cells": [asdict(c) for c in old]}))
+    assert {c.read_gbs for c in last_cells(tmp_path)} == {17.5}  # each kept row remembers its run's bandwidth
     assert [(c.server, c.route, c.length, c.clients, c.requests) for c in merged] == [
         ("ours", "embeddings", 512, 1, 5), ("ours", "embeddings", 8192, 1, 2), ("infinity-emb", "embeddings", 512, 1, 7),
         ("ours", "completions", 512, 16, 0), ("infinity-emb", "embeddings", 512, 8, 9), ("ours", "completions", 512, 16, 3)]

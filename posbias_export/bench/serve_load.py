@@ -52,6 +52,7 @@ class LoadCell:
     peak_rss: int = 0
     peak_pss: int = 0  # peak_rss less the pages shared between the tree's processes (process.py)
     note: str = ""
+    read_gbs: float | None = None  # the read bandwidth measured in the run that measured this cell
 
     def pct(self, q: float) -> float | None:
         return float(np.percentile(self.latencies, q)) if self.latencies else None
@@ -174,22 +175,24 @@ def render(cells: list[LoadCell], env: dict, missing: dict[str, str], models: di
 
 def _floors(comp: list[LoadCell], env: dict, models: dict) -> list[str]:
     """One stream's decode step beside its read floor: the weights and the cache at the stream's
-    mean context, read once a token at the bandwidth measured in this run."""
-    gbs = env.get("read_gbs")
+    mean context, read once a token at the bandwidth measured in the run that measured the step
+    (rows kept by --only come from an earlier run, on a machine that may have been busier)."""
     rows = []
     for c in comp:
-        facts = models.get(c.note)
+        facts, gbs = models.get(c.note), c.read_gbs or env.get("read_gbs")
         if c.clients != 1 or not c.token_s or not facts or not gbs:
             continue
         context = c.length + c.tokens / max(c.requests, 1) / 2
         read = facts["weight_bytes"] + facts["cache_bytes_per_token"] * context
         floor = read / (gbs * 1e9)
         step = float(np.median(c.token_s))
-        rows.append([c.server, c.note, c.length, f"{read / 1e9:.2f}", f"{floor:.3f}", f"{step:.3f}", f"{step / floor:.2f}x"])
+        rows.append([c.server, c.note, c.length, f"{read / 1e9:.2f}", f"{gbs:.1f}", f"{floor:.3f}", f"{step:.3f}",
+                     f"{step / floor:.2f}x"])
     if not rows:
         return []
-    return ["", f"One stream's step beside its read floor (weights + cache at the mean context, at {gbs} GB/s):", ""] + \
-        md_table(["server", "model", "prompt", "GB read a token", "floor s", "step s", "step / floor"], rows)
+    return ["", "One stream's step beside its read floor (weights + cache at the mean context, at the read bandwidth "
+            "measured in the step's run):", ""] + \
+        md_table(["server", "model", "prompt", "GB read a token", "GB/s", "floor s", "step s", "step / floor"], rows)
 
 
 def model_facts(folder: Path) -> dict:
@@ -294,7 +297,9 @@ def run_and_write(work: Path, out_dir: Path, lengths, clients, streams, prompt: 
                 for c in runnable]) if runnable else []
     for name in (decoders if only != "embeddings" else ()):
         cells += _completion_cells(work, name, folders[name], streams, prompt, new_tokens, missing, progress)
-    previous = [LoadCell(**c) for c in _last_cells(out_dir)] if only else []
+    for cell in cells:
+        cell.read_gbs = env.get("read_gbs")
+    previous = last_cells(out_dir) if only else []
     cells = merge_cells(previous, cells)
     models = {c.note: model_facts(folders.get(c.note) or work / f"{c.note}-served") for c in cells
               if c.route == "completions" and (folders.get(c.note) or work / f"{c.note}-served").is_dir()}
@@ -330,11 +335,14 @@ def merge_cells(previous: list[LoadCell], measured: list[LoadCell]) -> list[Load
     return merged + [c for c in measured if key(c) in fresh]
 
 
-def _last_cells(out_dir: Path) -> list[dict]:
+def last_cells(out_dir: Path) -> list[LoadCell]:
+    """The last run's cells, each with the read bandwidth of the run that measured it."""
     import json
 
     path = Path(out_dir) / "serve.json"
-    return json.loads(path.read_text()).get("cells", []) if path.is_file() else []
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    gbs = data.get("environment", {}).get("read_gbs")
+    return [LoadCell(**{**c, "read_gbs": c.get("read_gbs") or gbs}) for c in data.get("cells", [])]
 
 
 def _warm_embeddings(folder: Path, length: int):
