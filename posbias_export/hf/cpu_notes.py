@@ -33,32 +33,35 @@ CLIENTS = {
 }
 
 
+# what a folder's files do about subnormal floats: every softmax floored (the portable body), or
+# ONNX Runtime's fused attention op, whose softmax no file reaches
+FLOORED = [
+    "The attention in these files makes no subnormal float: every softmax floors its scores at the row's",
+    "maximum minus 64 (a far key's weight, below e^-64 of the largest, is kept at that). Subnormal floats cost",
+    "Intel cores a slow assist per operand (2-8x a long prompt's attention time in a default session); AMD",
+    "cores barely notice them. So a default session is fast on both. The model's other layers can still make",
+    f"a few (an activation far below zero); where your client has a knob, set ONNX Runtime's `{FLAG}` to",
+    "`\"1\"` as well:",
+]
+FUSED = [
+    "The attention in these files is ONNX Runtime's fused op (GroupQueryAttention for the cache written in",
+    "place, MultiHeadAttention or ONNX Attention for a GPU target), which softmaxes inside, out of the file's",
+    "reach, and gets the family's bias exact. After a long prompt its far keys make subnormal floats, which",
+    "cost Intel cores a slow assist per operand (up to 2.5x a decode step in a default session); AMD cores",
+    f"barely notice them. On an Intel CPU set ONNX Runtime's `{FLAG}` to `\"1\"`; where a client has no",
+    "knob, ship the folder with `--target portable` (every softmax there is floored: no subnormal):",
+]
+
+
 def serving_notes(role: str, fused: bool) -> str:
     """SERVING.md for a folder whose files have this role ("lm", "seq2seq" or "encoder"); fused:
     its attention is ONNX Runtime's fused op (the in-place cache, the GPU targets), whose softmax
     our files cannot floor (biases/base.py says why the bias it gets is not floored either)."""
     rows = [f"| {client} | {how} |" for client, (roles, how) in CLIENTS.items() if role in roles]
-    ours = [
-        "The attention in these files makes no subnormal float: every softmax floors its scores at the row's",
-        "maximum minus 64 (a far key's weight, below e^-64 of the largest, is kept at that). Subnormal floats cost",
-        "Intel cores a slow assist per operand (2-8x a long prompt's attention time in a default session); AMD",
-        "cores barely notice them. So a default session is fast on both. The model's other layers can still make",
-        f"a few (an activation far below zero); where your client has a knob, set ONNX Runtime's `{FLAG}` to",
-        "`\"1\"` as well:",
-    ]
-    if fused:
-        ours = [
-            "The attention in these files is ONNX Runtime's fused op (GroupQueryAttention for the cache written in",
-            "place, MultiHeadAttention or ONNX Attention for a GPU target), which softmaxes inside, out of the file's",
-            "reach, and gets the family's bias exact. After a long prompt its far keys make subnormal floats, which",
-            "cost Intel cores a slow assist per operand (up to 2.5x a decode step in a default session); AMD cores",
-            f"barely notice them. On an Intel CPU set ONNX Runtime's `{FLAG}` to `\"1\"`; where a client has no",
-            "knob, ship the folder with `--target portable` (every softmax there is floored: no subnormal):",
-        ]
     return "\n".join([
         "# Serving this folder on a CPU",
         "",
-        *ours,
+        *(FUSED if fused else FLOORED),
         "",
         "| client | how |",
         "|---|---|",

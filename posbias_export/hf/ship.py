@@ -218,10 +218,11 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
     generation = read_json_object(generation_file) if generation_file.is_file() else {}
     check_token_ids(generation, generation_file, model.vocab_size)
     copied = copied_files(source)
-    gpu, context = target(options.target).gpu, options.context_length  # the GPU targets; ort's in-place cache runs on either
+    chosen_target, context = target(options.target), options.context_length
+    gpu = chosen_target.gpu  # the GPU targets; ort's in-place cache runs on either
     # a --logits last file gives each row's last position, and genai reads each row's last real token of a
     # right-padded batch there: a folder names only the clients that run it right
-    genai = genai_config(model, config, generation, gpu=gpu, shared_buffer=target(options.target).inplace_cache,
+    genai = genai_config(model, config, generation, gpu=gpu, shared_buffer=chosen_target.inplace_cache,
                          context=DEFAULT_CONTEXT if context is None else context) \
         if model.arch == "lm" and options.logits != "last" else None
     report = ShipReport(out)
@@ -237,7 +238,7 @@ def ship(model_dir, out_dir, options: ExportOptions | None = None, **option_fiel
         _lay_out(stage, files, gpu=gpu, onnx_names=_transformers_js_names(source, model, options))
         _write_companions(stage, source, copied, model, config)
         role = "lm" if model.arch == "lm" else "seq2seq" if has_decoder(source) else "encoder"
-        fused = target(options.target).inplace_cache or target(options.target).fused_op is not None
+        fused = chosen_target.inplace_cache or chosen_target.fused_op is not None
         (stage / "SERVING.md").write_text(serving_notes(role, fused))
         if out.exists():
             out.rmdir()  # checked empty above

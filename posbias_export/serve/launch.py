@@ -17,9 +17,9 @@ PROXY_TIMEOUTS = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROX
 # fills, the daemons' periodic work then takes the replica's cores (a 512-token embedding: 1.26 s
 # at nice 15, 1.14 s at 0, 1.0 s in a plain process; docs/serving.md). A cluster sets it at `ray start`.
 WORKER_NICENESS = {"RAY_worker_niceness": "0"}
-# An idle local server's Ray took 17% of one core (2 vCPUs: 9% of the machine the model works on),
+# An idle local server's Ray took 20% of one core (2 vCPUs: 10% of the machine the model works on),
 # most of it Serve's controller loop (10 times a second) and Ray's own metrics, which nothing here
-# reads (/metrics is the application's). With these: 11%. The controller then notices a dead
+# reads (/metrics is the application's). With these: 13%. The controller then notices a dead
 # replica within a second, not a tenth (docs/serving.md). A cluster keeps its own settings.
 QUIET_DAEMONS = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1", "RAY_enable_metrics_collection": "false"}
 
