@@ -124,7 +124,7 @@ def real_rows(name: str, work: Path, threads: int, new_tokens: int, progress=pri
 def _encoder_row(name, label, spec, folder, place, threads, *_) -> dict:
     """An encoder alone, int8 (its float32 file would not fit here): the streamed export (own process,
     peak RSS), one forward of 512 tokens on ORT CPU, and its embedding judged against transformers'
-    float32 run block by block (peers/eager_runs.t5_encoder_streamed) by parity/embedding.py's policy."""
+    float32 run block by block (peers/eager_runs.encoder_streamed) by parity/embedding.py's policy."""
     import numpy as np
 
     from ..parity.embedding import judge

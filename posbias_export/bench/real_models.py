@@ -320,10 +320,10 @@ def main_worker(argv: list[str]) -> None:
              "transformers": lambda: eager_runs.causal_lm_steps(target, device, dtype, threads),
              "llama.cpp": lambda: llama_cpp_runs.causal_steps(target, prompt + new, threads)}
     runs = {"encoder": lambda: ort_runs.encoder_forward(target, prompt, threads, save),
-            "transformers-encoder-streamed": lambda: eager_runs.t5_encoder_streamed_timed(target, prompt, threads, save),
+            "transformers-encoder-streamed": lambda: eager_runs.encoder_streamed_timed(target, prompt, threads, save),
             "seq2seq": lambda: ort_runs.seq2seq_greedy(target, prompt, new),
-            "transformers-seq2seq": lambda: eager_runs.t5_greedy(target, prompt, new, threads),
-            "transformers-encoder": lambda: eager_runs.t5_encoder_forward(target, prompt, threads),
+            "transformers-seq2seq": lambda: eager_runs.seq2seq_greedy(target, prompt, new, threads),
+            "transformers-encoder": lambda: eager_runs.encoder_forward(target, prompt, threads),
             "generate": lambda: eager_runs.generate_timed(target, ids, new, device, dtype)}
     if kind in steps:
         make_step = steps[kind]()

@@ -1,7 +1,8 @@
 """transformers eager on a model folder, the baseline our files are timed against (bench-real,
-bench-quant, bench-serving, the GPU decode lease): greedy decoding with its own cache, a T5
-encoder forward, T5 greedy with its cache; and our own module of an imported folder, where no
-installable implementation exists (JinaBERT: bench-embed). One timed loop (`timed_greedy`) runs these and our
+bench-quant, bench-serving, the GPU decode lease): greedy decoding with its own cache, a
+seq2seq folder's encoder forward and greedy decoding with its cache (the folder's own classes),
+and our own module of an imported folder, where no installable implementation exists
+(JinaBERT: bench-embed). One timed loop (`timed_greedy`) runs these and our
 files alike, so both sides are measured the same way.
 """
 from __future__ import annotations
@@ -101,12 +102,11 @@ def generate_timed(folder: str, ids: np.ndarray, new_tokens: int, device: str = 
     return {"generate_s": time.perf_counter() - start, "tokens": [int(t) for t in out[0, ids.shape[1]:]]}
 
 
-def t5_encoder_forward(folder: str, length: int, threads: int) -> dict:
-    """T5EncoderModel over `length` tokens, one timed forward."""
-    import transformers as tf
-
+def encoder_forward(folder: str, length: int, threads: int) -> dict:
+    """The folder's encoder (T5EncoderModel, UMT5EncoderModel, ...: its own class, as
+    `seq2seq_encoder_class` picks it) over `length` tokens, one timed forward."""
     torch = _torch(threads)
-    model = tf.T5EncoderModel.from_pretrained(folder, dtype=torch.float32).eval()
+    model = seq2seq_encoder_class(folder).from_pretrained(folder, dtype=torch.float32).eval()
     ids = torch.from_numpy(prompt_ids(length, min(32000, model.config.vocab_size)))
     with torch.no_grad():
         start = time.perf_counter()
@@ -114,13 +114,26 @@ def t5_encoder_forward(folder: str, length: int, threads: int) -> dict:
     return {"prefill_s": time.perf_counter() - start}
 
 
-def t5_greedy(folder: str, length: int, new_tokens: int, threads: int) -> dict:
-    """T5ForConditionalGeneration: the encoder over `length` tokens, then greedy decoder steps with
-    its cache (the first, without a cache yet, not kept: as our seq2seq runner's)."""
+def seq2seq_encoder_class(folder: str):
+    """transformers' encoder-only class of a seq2seq folder's model type (UMT5EncoderModel for a
+    umt5 folder: T5's would drop its per-layer bias tables), or of an encoder-only folder itself."""
+    import transformers as tf
+
+    config = tf.AutoConfig.from_pretrained(folder)
+    declared = (config.architectures or [""])[0]
+    if declared.endswith("EncoderModel"):
+        return getattr(tf, declared)
+    return getattr(tf, declared.replace("ForConditionalGeneration", "EncoderModel"))
+
+
+def seq2seq_greedy(folder: str, length: int, new_tokens: int, threads: int) -> dict:
+    """The folder's encoder-decoder (AutoModelForSeq2SeqLM: T5, UMT5, ...): the encoder over
+    `length` tokens, then greedy decoder steps with its cache (the first, without a cache yet,
+    not kept: as our seq2seq runner's)."""
     import transformers as tf
 
     torch = _torch(threads)
-    model = tf.T5ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    model = tf.AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float32).eval()
     ids = torch.from_numpy(prompt_ids(length, min(32000, model.config.vocab_size)))
     mask = torch.ones_like(ids)
     with torch.no_grad():
@@ -153,7 +166,7 @@ def module_forward(folder: str, ids: np.ndarray, mask: np.ndarray, runs: int = 2
     return {"times": [time.perf_counter() - start]}
 
 
-def t5_encoder_streamed(folder: str, ids: np.ndarray, threads: int = 2) -> np.ndarray:
+def encoder_streamed(folder: str, ids: np.ndarray, threads: int = 2) -> np.ndarray:
     """transformers' T5 / UMT5 encoder in float32 over `ids` [1, L] (unpadded) -> last_hidden_state [L, D], for a
     model larger than memory in float32 (UMT5-XXL's encoder: 23 GB): built on the meta device, each
     block's weights read from the shards just before it runs and dropped after, so one block and the
@@ -170,8 +183,8 @@ def t5_encoder_streamed(folder: str, ids: np.ndarray, threads: int = 2) -> np.nd
     where = (json.loads(index.read_text())["weight_map"] if index.is_file() else
              {k: "model.safetensors" for k in safe_open(str(folder / "model.safetensors"), "pt").keys()})
     config = tf.AutoConfig.from_pretrained(folder)
-    with torch.device("meta"):
-        model = getattr(tf, config.architectures[0])(config).eval()
+    with torch.device("meta"):  # the encoder alone, whether the folder holds it alone or with a decoder
+        model = seq2seq_encoder_class(str(folder))(config).eval()
 
     def load(module, prefix: str) -> None:
         state = {}
@@ -193,10 +206,10 @@ def t5_encoder_streamed(folder: str, ids: np.ndarray, threads: int = 2) -> np.nd
     return states[0].numpy()
 
 
-def t5_encoder_streamed_timed(folder: str, length: int, threads: int, save: str | None = None) -> dict:
-    """t5_encoder_streamed over the benches' prompt of `length` tokens, timed (its states saved as .npy)."""
+def encoder_streamed_timed(folder: str, length: int, threads: int, save: str | None = None) -> dict:
+    """encoder_streamed over the benches' prompt of `length` tokens, timed (its states saved as .npy)."""
     start = time.perf_counter()
-    states = t5_encoder_streamed(folder, prompt_ids(length, 32000), threads)
+    states = encoder_streamed(folder, prompt_ids(length, 32000), threads)
     if save:
         np.save(save, states)
     return {"prefill_s": time.perf_counter() - start}
