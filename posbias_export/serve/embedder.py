@@ -70,6 +70,10 @@ class EmbedderEngine:
         self.tokenizer.no_padding()
         self.vocab = self.tokenizer.get_vocab_size()
         self.dimension = self.session.get_outputs()[0].shape[-1]
+        # activations scaled per call (int8 from quantize_dynamic): an input's vector would depend on
+        # the others padded beside it, so each input runs alone (common/graph_facts.py)
+        facts = runtimes_common("graph_facts").read_graph_facts(folder.files["model"])
+        self.inputs_apart = facts is not None and facts.scales_per_call
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch(texts)]

@@ -57,7 +57,9 @@ class Replica:
         await asyncio.sleep(GATHER_S)  # the inputs of requests arriving together batch together
         while self.pending:
             taken, self.pending = self.pending, []
-            for batch in token_batches([len(r) for r, _ in taken], self.budget):
+            lengths = [len(r) for r, _ in taken]
+            batches = [[k] for k in range(len(taken))] if self.engine.inputs_apart else token_batches(lengths, self.budget)
+            for batch in batches:
                 started = time.perf_counter()
                 try:
                     vectors = await loop.run_in_executor(None, self.engine.embed, [taken[i][0] for i in batch])

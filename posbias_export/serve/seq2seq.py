@@ -14,6 +14,7 @@ import threading
 
 import numpy as np
 
+from ..runners import runtimes_common
 from .decoder import DEFAULT_SLOTS, Request, choose_token
 from .embedder import runner
 from .folder import ServedFolder
@@ -32,7 +33,11 @@ class Seq2SeqEngine:
         settings = folder.settings
         self.pad = _int(settings.get("pad_token_id"), 0)
         self.start_token = _int(settings.get("decoder_start_token_id"), self.pad)
-        self.slots, self.capacity = slots, folder.context
+        # activations scaled per call (int8 from quantize_dynamic) in either file: a request's tokens would
+        # depend on the prompts batched with it, so each runs alone (common/graph_facts.py)
+        facts = [runtimes_common("graph_facts").read_graph_facts(p) for p in (encoder_path, decoder_path)]
+        self.slots = 1 if any(f is not None and f.scales_per_call for f in facts) else slots
+        self.capacity = folder.context
         self.waiting: queue.Queue = queue.Queue()
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None

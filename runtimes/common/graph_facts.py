@@ -16,6 +16,12 @@ LOOKUPS = ("Gather", "GatherBlockQuantized")
 # BLOOM-560m step takes 2.4 s with prepacking off, 36 ms with it on: benchmarks/serving.md)
 QUANTIZED_MATMULS = frozenset({"MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
                                "QLinearMatMul"})
+# quantizers of activations with ONE scale per call (the whole input tensor's range): every row of a
+# batch, and every token of a prompt run at once, share it, so a row's numbers depend on what else
+# the call holds (ONNX Runtime's quantize_dynamic writes them; an int8 bloom with noisy weights: a
+# prompt's logits 1.5 apart alone and beside two others). Per-row quantizers (MatMulNBits'
+# accuracy level 4 quantizes each row's blocks) keep rows apart.
+PER_CALL_SCALES = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul"})
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,11 @@ class GraphFacts:
     @property
     def quantized_weights(self) -> bool:
         return bool(self.op_types & QUANTIZED_MATMULS)
+
+    @property
+    def scales_per_call(self) -> bool:
+        """Whether a row's numbers depend on the other rows and tokens of its call (PER_CALL_SCALES)."""
+        return bool(self.op_types & PER_CALL_SCALES)
 
 
 def facts_of(proto) -> GraphFacts:

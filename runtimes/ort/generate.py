@@ -7,7 +7,9 @@
 onnxruntime and numpy only (and the tokenizers package for a model from a Hugging Face folder,
 whose tokenizer.json is found beside the file or in its folder). Greedy by default; a model
 with an end-of-sequence token stops each row there. Several prompts are left-padded into one
-batch; positions come from the attention mask, so each row equals that prompt run alone.
+batch; positions come from the attention mask, so each row equals that prompt run alone (a file
+whose activations are quantized per call, int8's DynamicQuantizeLinear, runs each prompt in a batch
+of its own: there a row's numbers depend on the rows beside it).
 """
 from __future__ import annotations
 
@@ -76,6 +78,9 @@ class CachedDecoder:
         self.vocab = token_limit(facts, contract) or (logits_dim if isinstance(logits_dim, int) else None)
         # --target ort: the cache is written in place, so one buffer per tensor serves every step
         self.inplace = inplace_cache(facts, contract)
+        # activations quantized with one scale per call (int8 from quantize_dynamic): a row's tokens
+        # depend on what else the call holds, so prompts run whole and one at a time (as alone)
+        self.scales_per_call = facts is not None and facts.scales_per_call
 
     def check_ids(self, input_ids: np.ndarray) -> None:
         """Token ids in [0, vocab): what an embedding row exists for."""
@@ -190,8 +195,10 @@ def prefill_shared(decoder: CachedDecoder, ids: np.ndarray, mask: np.ndarray, bu
     """The prompt into an in-place file's buffers -> the last position's logits [B, 1, V]. At
     batch 1 in blocks of PREFILL_BLOCK rows: the step's bias is [H, rows, T], not [H, T, T],
     so memory stays linear in the prompt. A batch goes in whole: GroupQueryAttention's CPU
-    kernel takes several new rows after cached ones at batch 1 only."""
-    block = PREFILL_BLOCK if ids.shape[0] == 1 else ids.shape[1]
+    kernel takes several new rows after cached ones at batch 1 only. So does the prompt of a file
+    whose activations are scaled per call: in blocks, each block's range would set its numbers,
+    and they would differ from every client's, which runs a prompt whole."""
+    block = PREFILL_BLOCK if ids.shape[0] == 1 and not decoder.scales_per_call else ids.shape[1]
     for start in range(0, ids.shape[1], block):
         stop = min(start + block, ids.shape[1])
         logits = decoder.step_shared(ids[:, start:stop], mask[:, :stop], buffers)
@@ -267,9 +274,13 @@ def generate_steps(decoder: CachedDecoder, prompts: list, max_new_tokens: int, t
                    seed: int = 0, max_context: int | None = DEFAULT_MAX_CONTEXT, eos_ids=(), pad_id: int = 0):
     """Yields the next token of every prompt (bytes or token id lists), [B] int64, one step at a
     time (for streaming). A row that produced any of eos_ids yields pad_id from then on, and the
-    steps end once every row has (as transformers' generate)."""
+    steps end once every row has (as transformers' generate). A file whose activations are scaled
+    per call runs each prompt in a batch of its own, so each row still equals its prompt alone."""
     check_request(prompts, max_new_tokens, max_context, decoder.max_positions)
     check_temperature(temperature)
+    if decoder.scales_per_call and len(prompts) > 1:
+        yield from _rows_apart(decoder, prompts, max_new_tokens, temperature, seed, max_context, eos_ids, pad_id)
+        return
     rng = np.random.default_rng(seed)
     ids, mask = left_pad(prompts, pad_id)
     step = stepper(decoder, len(prompts), ids.shape[1] + max_new_tokens)
@@ -282,6 +293,24 @@ def generate_steps(decoder: CachedDecoder, prompts: list, max_new_tokens: int, t
         yield ids[:, 0]
         done |= np.isin(chosen, list(eos_ids))
         if done.all():
+            return
+
+
+def _rows_apart(decoder: CachedDecoder, prompts: list, max_new_tokens: int, temperature: float, seed: int,
+               max_context, eos_ids, pad_id: int):
+    """generate_steps' [B] tokens a step, each row run in a batch of its own (its own cache and
+    sampler seed + row), a finished row giving pad_id until every row has finished."""
+    rows = [generate_steps(decoder, [p], max_new_tokens, temperature, seed + k, max_context, eos_ids, pad_id)
+            for k, p in enumerate(prompts)]
+    done = [False] * len(rows)
+    for _ in range(max_new_tokens):
+        tokens = []
+        for k, row in enumerate(rows):
+            token = None if done[k] else next(row, None)
+            done[k] = done[k] or token is None or int(token[0]) in eos_ids
+            tokens.append(pad_id if token is None else int(token[0]))
+        yield np.array(tokens, np.int64)
+        if all(done):
             return
 
 
