@@ -427,9 +427,10 @@ def _genai_tokens(folder: Path, prompt: list[int]) -> list[int]:
 
 def _stepwise_greedy(model_path: Path, tokens: list[int], start: int) -> list[int]:
     """Our runner's greedy continuation of tokens[:start], one cached step per token, as the
-    clients run it: the reference for int8 files, whose DynamicQuantizeLinear scales each call's
-    activations as a whole, so a full forward over every position and a one-token step quantize
-    differently (measured: a full-forward choice 0.01 logits from a tie flipped)."""
+    clients run it: the reference for int8 files, whose rounding of activations to 8 bits can turn
+    the float32 difference between a full forward over every position and one-token steps into a
+    whole quantization step (measured with per-call scales: a full-forward choice 0.01 logits from
+    a tie flipped)."""
     decoder = load_runner("ort/generate.py").CachedDecoder(str(model_path))
     ids = np.array([tokens[:start]])
     mask = np.ones_like(ids)

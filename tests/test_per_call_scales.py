@@ -1,9 +1,10 @@
-"""A file whose activations are quantized with one scale per call (int8 from ONNX Runtime's
-quantize_dynamic: DynamicQuantizeLinear takes the range of its whole input) gives a row numbers
-that depend on what else the call holds: the other rows of a batch, the rest of a prompt run at
-once. Our runners then keep rows apart and prompts whole, so a row equals its prompt run alone
-as every client runs it (one prompt, prefilled whole, then one token a step); int4 (MatMulNBits
-quantizes each row's blocks) and float files keep batching.
+"""Activations quantized with one scale per call (ONNX Runtime's quantize_dynamic as it writes its
+graph, and so Optimum's int8 files: DynamicQuantizeLinear takes the range of its whole input) give
+a row numbers that depend on what else the call holds: the other rows of a batch, the rest of a
+prompt run at once. Our int8 files quantize each row on its own (export/quantize/per_row.py): a
+one-row call exactly as before, any row beside others as alone. For a file that still scales per
+call, our runners keep rows apart and prompts whole, so a row equals its prompt run alone as every
+client runs it. int4 (MatMulNBits quantizes each row's blocks) and float files batch as they are.
 
 The reference here is `stepwise`: the file on a plain ONNX Runtime session, the prompt whole,
 then one cached step per token (onnxruntime-genai, transformers.js and Optimum run it so)."""
@@ -18,6 +19,7 @@ import onnxruntime as ort
 import pytest
 
 from hf_folders import save_client_model, save_tiny_folder, save_tokenizer
+from posbias_export.export.quantize import per_row
 from posbias_export.export.quantize.schemes import scheme as quant_scheme
 from posbias_export.hf.ship import ship
 from posbias_export.serve.decoder import DecoderEngine, Request
@@ -32,18 +34,27 @@ from common.loading import load_runner  # noqa: E402
 
 gen = load_runner("ort/generate.py")
 NEW = 8
+KINDS = ("float", "int8", "int4", "per call")
+
+
+def ship_as(source: Path, out: Path, kind: str) -> Path:
+    """--out-dir with float, int8, int4 weights, or "per call": int8 as quantize_dynamic writes it
+    (our per-row rewrite left out: the graph Optimum's int8 files have)."""
+    if kind != "per call":
+        ship(source, out, check_growth=False, quantize=None if kind == "float" else quant_scheme(kind))
+        return out
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(per_row, "activations_per_row", lambda proto: 0)
+        ship(source, out, check_growth=False, quantize=quant_scheme("int8"))
+    return out
 
 
 @pytest.fixture(scope="module")
 def shipped(tmp_path_factory):
-    """scheme -> a BLOOM client folder written by --out-dir (the in-place cache), float, int8, int4."""
+    """kind -> a BLOOM client folder written by --out-dir (the in-place cache)."""
     root = tmp_path_factory.mktemp("per_call")
     source = save_client_model("bloom", root / "bloom")
-    folders = {}
-    for name in ("float", "int8", "int4"):
-        folders[name] = root / name
-        ship(source, folders[name], check_growth=False, quantize=None if name == "float" else quant_scheme(name))
-    return folders
+    return {kind: ship_as(source, root / kind.replace(" ", "_"), kind) for kind in KINDS}
 
 
 def stepwise(model: Path, prompt: list[int], new: int) -> tuple[list[int], np.ndarray]:
@@ -69,84 +80,107 @@ def prompts(count: int, seed: int = 5) -> list[list[int]]:
 
 
 def test_the_graph_tells_which_files_scale_per_call(shipped):
-    assert [read_graph_facts(shipped[k] / "model.onnx").scales_per_call for k in ("float", "int8", "int4")] == \
-        [False, True, False]
+    assert [read_graph_facts(shipped[k] / "model.onnx").scales_per_call for k in KINDS] == [False, False, False, True]
 
 
-def test_an_int8_prompt_longer_than_a_prefill_block_goes_in_whole(shipped):
-    """Past PREFILL_BLOCK tokens an in-place file's prompt enters its buffer in blocks; an int8
-    file's goes in whole. In blocks its logits move far (each block's range scales it), whole they
-    equal the clients' to float32 rounding, and so do the greedy tokens."""
-    model = shipped["int8"] / "model.onnx"
+def prefills(model: Path, prompt: list[int]) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The prompt's last logits through the in-place buffer: whole, and in PREFILL_BLOCK blocks."""
+    decoder = gen.CachedDecoder(str(model))
+    ids = np.array([prompt])
+    apart = decoder.scales_per_call
+    got = []
+    for blocks in (False, True):
+        decoder.scales_per_call = not blocks  # the runner's choice, forced each way
+        got.append(gen.prefill_shared(decoder, ids, np.ones_like(ids), decoder.shared_cache(1, len(prompt) + 1))[0, -1])
+    return got[0], got[1], apart
+
+
+@pytest.mark.parametrize("kind", ["per call", "int8"])
+def test_a_prompt_longer_than_a_prefill_block(shipped, kind):
+    """Past PREFILL_BLOCK tokens an in-place file's prompt enters its buffer in blocks. Our int8
+    file's blocks give the whole prompt's logits (rows quantized apart: float32 rounding); a file
+    scaled per call is moved far by them, so its prompt goes in whole. Either way the greedy
+    tokens are the clients'."""
+    model = shipped[kind] / "model.onnx"
     prompt = np.random.default_rng(7).integers(3, 250, gen.PREFILL_BLOCK + 60).tolist()
     want_tokens, want_logits = stepwise(model, prompt, NEW)
-    decoder = gen.CachedDecoder(str(model))
-    assert decoder.scales_per_call
-    ids = np.array([prompt])
-    whole = gen.prefill_shared(decoder, ids, np.ones_like(ids), decoder.shared_cache(1, len(prompt) + 1))[0, -1]
-    decoder.scales_per_call = False  # as before: in blocks
-    blocked = gen.prefill_shared(decoder, ids, np.ones_like(ids), decoder.shared_cache(1, len(prompt) + 1))[0, -1]
+    whole, blocked, apart = prefills(model, prompt)
     scale = np.abs(want_logits).max()
-    assert np.abs(whole - want_logits).max() <= 1e-5 * scale  # the same calls: float32 rounding
-    assert np.abs(blocked - want_logits).max() > 1e-3 * scale  # what the blocks did (so the check can fail)
-    decoder.scales_per_call = True
-    assert gen.generate(decoder, [prompt], NEW)[0] == want_tokens
+    assert np.abs(whole - want_logits).max() <= 1e-5 * scale  # the same call: float32 rounding
+    moved = np.abs(blocked - want_logits).max() / scale
+    assert apart == (kind == "per call")
+    assert (moved > 1e-3) if apart else (moved <= 1e-5), moved  # what blocks do to a file scaled per call
+    assert gen.generate(gen.CachedDecoder(str(model)), [prompt], NEW)[0] == want_tokens
 
 
-@pytest.mark.parametrize("kind", ["int8", "int4", "float"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_each_row_of_a_batch_equals_its_prompt_alone(shipped, kind):
     """generate over several prompts: each row's tokens are the clients' for that prompt alone
-    (an int8 file's rows run apart; the others in one batch)."""
+    (a file scaled per call runs its rows apart; the others in one batch)."""
     decoder = gen.CachedDecoder(str(shipped[kind] / "model.onnx"))
     batch = prompts(3)
     together = gen.generate(decoder, batch, NEW)
     assert together == [stepwise(shipped[kind] / "model.onnx", p, NEW)[0] for p in batch]
 
 
-def test_int8_rows_in_one_call_would_differ(shipped):
-    """Why the int8 rows run apart: the same three prompts left-padded into ONE call give the
-    first prompt logits far from its own (int4 and float: float32 rounding)."""
+def test_rows_in_one_call(shipped):
+    """The same three prompts left-padded into ONE call: the first prompt's logits are its own to
+    float32 rounding in our int8, int4 and float files, and far from them where the scale is the
+    call's (why such a file's rows run apart)."""
     gaps = {}
-    for kind in ("int8", "int4", "float"):
+    for kind in KINDS:
         decoder = gen.CachedDecoder(str(shipped[kind] / "model.onnx"))
         ids, mask = gen.left_pad(prompts(3))
         together, _ = decoder.step(ids, mask, decoder.empty_past(3))
         alone, _ = decoder.step(ids[:1, -9:], mask[:1, -9:], decoder.empty_past(1))
         gaps[kind] = float(np.abs(together[0, -1] - alone[0, -1]).max() / np.abs(alone[0, -1]).max())
-    assert gaps["int8"] > 1e-3 and gaps["int4"] <= 1e-5 and gaps["float"] <= 1e-5, gaps
+    assert gaps["per call"] > 1e-3 and max(gaps[k] for k in ("int8", "int4", "float")) <= 1e-5, gaps
 
 
-def test_serve_decodes_an_int8_folder_one_request_at_a_time(shipped):
-    """The continuous batch of an int8 folder has one slot: each request's tokens are the
-    clients' for its prompt alone, whatever else is waiting."""
-    engine = DecoderEngine(ServedFolder.read(shipped["int8"]), slots=4)
-    assert engine.slots == 1
-    engine.start()
-    try:
-        requests = [engine.submit(Request(p, NEW)) for p in prompts(3)]
-        for request, prompt in zip(requests, prompts(3)):
-            got = []
-            while (token := request.tokens.get(timeout=120)) is not None:
-                got.append(token)
-            assert got == stepwise(shipped["int8"] / "model.onnx", prompt, NEW)[0]
-    finally:
-        engine.stop()
-    assert DecoderEngine(ServedFolder.read(shipped["int4"]), slots=4).slots == 4
+def test_a_one_row_call_is_quantized_as_quantize_dynamic_does(shipped):
+    """A decode step (one row) of our int8 file gives the per-call graph's logits bit for bit:
+    per row is per call there. Several rows at once differ (each row its own scale)."""
+    ours, theirs = (gen.CachedDecoder(str(shipped[k] / "model.onnx")) for k in ("int8", "per call"))
+    for prompt, same in (([7], True), ([7, 9, 200, 13], False)):
+        ids = np.array([prompt])
+        a, past_a = ours.step(ids, np.ones_like(ids), ours.empty_past(1))
+        b, past_b = theirs.step(ids, np.ones_like(ids), theirs.empty_past(1))
+        assert np.array_equal(a, b) == same
+        if same:  # and the next step, from each one's cache
+            mask = np.ones((1, len(prompt) + 1), np.int64)
+            assert np.array_equal(ours.step(np.array([[5]]), mask, past_a)[0], theirs.step(np.array([[5]]), mask, past_b)[0])
 
 
-def test_serve_embeds_int8_inputs_one_at_a_time(tmp_path):
-    """An int8 embedder folder: each input runs alone (its vector the file's on that input alone);
-    a float folder batches by token budget."""
+def test_serve_decodes_a_file_scaled_per_call_one_request_at_a_time(shipped):
+    """The continuous batch of a file scaled per call has one slot; our int8 file's has the slots
+    asked for. Each request's tokens are the clients' for its prompt alone."""
+    for kind, slots in (("per call", 1), ("int8", 4)):
+        engine = DecoderEngine(ServedFolder.read(shipped[kind]), slots=4)
+        assert engine.slots == slots
+        engine.start()
+        try:
+            requests = [engine.submit(Request(p, NEW)) for p in prompts(3)]
+            for request, prompt in zip(requests, prompts(3)):
+                got = []
+                while (token := request.tokens.get(timeout=120)) is not None:
+                    got.append(token)
+                assert got == stepwise(shipped[kind] / "model.onnx", prompt, NEW)[0]
+        finally:
+            engine.stop()
+
+
+def test_serve_embeds_inputs_scaled_per_call_one_at_a_time(tmp_path):
+    """An embedder file scaled per call: each input runs alone; our int8 file and a float one batch
+    by token budget. Each vector is the file's on that input alone."""
     source = save_tiny_folder("jina_bert", tmp_path / "jina")
     save_tokenizer(source, max_length=8192)
     rows = prompts(3)
-    for kind, apart in (("int8", True), ("float", False)):
-        out = tmp_path / kind
-        ship(source, out, check_growth=False, quantize=quant_scheme(kind) if kind != "float" else None)
+    for kind, apart in (("per call", True), ("int8", False), ("float", False)):
+        out = ship_as(source, tmp_path / kind.replace(" ", "_"), kind)
         assert EmbedderEngine(ServedFolder.read(out)).inputs_apart is apart
         replica = Replica(str(out))
 
-        async def together():  # three requests arriving at once: batched unless the file scales per call
+        async def together():  # three requests arriving at once
             return await asyncio.gather(*(replica.embed([row]) for row in rows))
 
         got = asyncio.run(together())

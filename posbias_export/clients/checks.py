@@ -318,8 +318,8 @@ def _quantized_markdown(rows: list[dict]) -> list[str]:
     columns = list(dict.fromkeys((r["model"], r["scheme"]) for r in quantized))
     lines = ["## quantized folders (`--out-dir OUT --quantize int8|int4`)", "",
              "A cell: whether the client's greedy tokens equal ONNX Runtime's on the same quantized file, and the "
-             "largest |logit - ONNX Runtime's logit| of the prefill: the quantized ops (int8: DynamicQuantizeLinear "
-             "and MatMulInteger; int4: MatMulNBits and GatherBlockQuantized) are each client's to run. The first row: "
+             "largest |logit - ONNX Runtime's logit| of the prefill: the quantized ops (int8: MatMulInteger, "
+             "its activations quantized per row in standard ops; int4: MatMulNBits and GatherBlockQuantized) are each client's to run. The first row: "
              "how many new tokens ONNX Runtime's greedy run on the quantized file shares with the float folder's "
              "before the first that differs (a flip is quantization's doing, judged by validate's policy; these "
              "random-weight models, weights of spread 0.5, are harder on 4 bits than trained ones). onnxruntime-web's "

@@ -85,7 +85,8 @@ class Scheme:
 
 @dataclass(frozen=True)
 class Int8(Scheme):
-    """Per-channel (default) or per-tensor int8 weight scales; activations quantized per call."""
+    """Per-channel (default) or per-tensor int8 weight scales; activations quantized per row, as
+    they run (quantize_dynamic's per-call scales rewritten: per_row.py)."""
 
     per_channel: bool = field(default=True, metadata={
         "flag": "--quant-per-tensor", "help": "int8: one scale per weight tensor (default: one per output channel)"})
@@ -109,12 +110,16 @@ class Int8(Scheme):
     def quantize(self, path: str, nodes: list[str], head: tuple[str, ...] = ()) -> onnx.ModelProto:
         from onnxruntime.quantization import QuantType, quantize_dynamic  # int8: the head as every layer
 
+        from .per_row import activations_per_row
+
         with tempfile.TemporaryDirectory(dir=Path(path).parent) as tmp:  # external data both ways: protobuf's 2 GB
             out = Path(tmp) / "quantized.onnx"
             quantize_dynamic(path, out, op_types_to_quantize=["MatMul", "Gather"], nodes_to_quantize=nodes,
                              per_channel=self.per_channel, weight_type=QuantType.QInt8, reduce_range=self.REDUCE_RANGE,
                              use_external_data_format=True, extra_options={"MatMulConstBOnly": True})
-            return onnx.load(str(out))
+            quantized = onnx.load(str(out))
+        activations_per_row(quantized)  # each row its own scale: rows apart from their batch (per_row.py)
+        return quantized
 
 
 @dataclass(frozen=True)
