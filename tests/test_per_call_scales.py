@@ -1,8 +1,8 @@
 """Activations quantized with one scale per call (ONNX Runtime's quantize_dynamic as it writes its
 graph, and so Optimum's int8 files: DynamicQuantizeLinear takes the range of its whole input) give
 a row numbers that depend on what else the call holds: the other rows of a batch, the rest of a
-prompt run at once. Our int8 files quantize each row on its own (export/quantize/per_row.py): a
-one-row call exactly as before, any row beside others as alone. For a file that still scales per
+prompt run at once. Our int8 files quantize each row on its own (export/quantize/per_row.py), so
+any row beside others is as alone. For a file that still scales per
 call, our runners keep rows apart and prompts whole, so a row equals its prompt run alone as every
 client runs it. int4 (MatMulNBits quantizes each row's blocks) and float files batch as they are.
 
@@ -44,7 +44,7 @@ def ship_as(source: Path, out: Path, kind: str) -> Path:
         ship(source, out, check_growth=False, quantize=None if kind == "float" else quant_scheme(kind))
         return out
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(per_row, "activations_per_row", lambda proto: 0)
+        patch.setattr(per_row, "activations_per_row", lambda proto, symmetric=(): 0)
         ship(source, out, check_growth=False, quantize=quant_scheme("int8"))
     return out
 
@@ -137,18 +137,74 @@ def test_rows_in_one_call(shipped):
     assert gaps["per call"] > 1e-3 and max(gaps[k] for k in ("int8", "int4", "float")) <= 1e-5, gaps
 
 
-def test_a_one_row_call_is_quantized_as_quantize_dynamic_does(shipped):
-    """A decode step (one row) of our int8 file gives the per-call graph's logits bit for bit:
-    per row is per call there. Several rows at once differ (each row its own scale)."""
-    ours, theirs = (gen.CachedDecoder(str(shipped[k] / "model.onnx")) for k in ("int8", "per call"))
-    for prompt, same in (([7], True), ([7, 9, 200, 13], False)):
-        ids = np.array([prompt])
-        a, past_a = ours.step(ids, np.ones_like(ids), ours.empty_past(1))
-        b, past_b = theirs.step(ids, np.ones_like(ids), theirs.empty_past(1))
-        assert np.array_equal(a, b) == same
-        if same:  # and the next step, from each one's cache
-            mask = np.ones((1, len(prompt) + 1), np.int64)
-            assert np.array_equal(ours.step(np.array([[5]]), mask, past_a)[0], theirs.step(np.array([[5]]), mask, past_b)[0])
+def quantize_dynamic_graph(weight: np.ndarray, weight_zero: np.ndarray, weight_scale: np.ndarray):
+    """DynamicQuantizeLinear -> MatMulInteger -> Cast -> the scales' Mul, as quantize_dynamic writes
+    one quantized MatMul (its names: the MatMulInteger is <MatMul's name>_quant)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, n = weight.shape
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["y_int"], name="head_quant"),
+             helper.make_node("Cast", ["y_int"], ["y_float"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["xs", "ws"], ["scales"]),
+             helper.make_node("Mul", ["y_float", "scales"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
+                              [numpy_helper.from_array(a, name) for a, name in
+                               ((weight, "w"), (weight_zero, "wz"), (weight_scale, "ws"))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def numpy_rows(x: np.ndarray, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's uint8 values less its zero point, and its scale: DynamicQuantizeLinear's formulas
+    over the row (its range widened to hold 0, 255 steps), or about zero (max|x| / 127)."""
+    if symmetric:
+        scale = np.abs(x).max(-1, keepdims=True) / np.float32(127)
+    else:
+        low, high = np.minimum(x.min(-1, keepdims=True), 0), np.maximum(x.max(-1, keepdims=True), 0)
+        scale = (high - low) / np.float32(255)
+    scale = np.where(scale == 0, np.float32(1), scale).astype(np.float32)
+    if symmetric:
+        return np.clip(np.round(x / scale), -128, 127), scale
+    zero = np.clip(np.round(-(low / scale)), 0, 255)
+    return np.clip(np.round(x / scale) + zero, 0, 255) - zero, scale
+
+
+@pytest.mark.parametrize("symmetric", [False, True], ids=["zero-point-per-row", "head-about-zero"])
+def test_the_row_quantizer_against_numpy(symmetric):
+    """A quantize_dynamic MatMul rewritten per row gives numpy's per-row int8 product to float32
+    rounding: (q - z) (W - w_zp) * scale * w_scale, each row its own scale and zero point (the
+    head's about zero); a row of zeros gives zeros; a row's output is the one it gives alone."""
+    rng = np.random.default_rng(3)
+    weight = rng.integers(-64, 64, (16, 5)).astype(np.int8)
+    weight_zero, weight_scale = np.zeros(5, np.int8), rng.uniform(0.01, 0.02, 5).astype(np.float32)
+    proto = quantize_dynamic_graph(weight, weight_zero, weight_scale)
+    assert per_row.activations_per_row(proto, ("head",) if symmetric else ()) == 1
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = (rng.standard_normal((5, 16)) * np.array([[1.0], [30.0], [0.01], [0.0], [1.0]])).astype(np.float32)
+    x[4] = np.abs(x[4]) + 0.5  # one-sided: where a zero point per row pays
+    got = session.run(None, {"x": x})[0]
+    q, scale = numpy_rows(x, symmetric)
+    want = (q @ (weight.astype(np.float64) - weight_zero)) * scale.astype(np.float64) * weight_scale
+    assert np.allclose(got, want, rtol=1e-6, atol=0), np.abs(got - want).max()
+    assert not got[3].any()
+    for row in range(5):
+        assert np.array_equal(session.run(None, {"x": x[row:row + 1]})[0][0], got[row])
+
+
+def test_a_one_row_call_is_quantized_as_quantize_dynamic_does():
+    """Where the zero point is per row, a one-row call (a decode step) gives DynamicQuantizeLinear's
+    own product bit for bit: per row is per call there."""
+    rng = np.random.default_rng(4)
+    weight = rng.integers(-64, 64, (32, 7)).astype(np.int8)
+    args = weight, rng.integers(-3, 3, 7).astype(np.int8), rng.uniform(0.01, 0.02, 7).astype(np.float32)
+    ours, theirs = quantize_dynamic_graph(*args), quantize_dynamic_graph(*args)
+    per_row.activations_per_row(ours)
+    sessions = [ort.InferenceSession(p.SerializeToString(), providers=["CPUExecutionProvider"]) for p in (ours, theirs)]
+    for _ in range(5):
+        x = (rng.standard_normal((1, 32)) * rng.uniform(0.1, 10)).astype(np.float32)
+        a, b = (s.run(None, {"x": x})[0] for s in sessions)
+        assert np.array_equal(a, b)
 
 
 def test_serve_decodes_a_file_scaled_per_call_one_request_at_a_time(shipped):

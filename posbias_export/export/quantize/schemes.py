@@ -118,7 +118,7 @@ class Int8(Scheme):
                              per_channel=self.per_channel, weight_type=QuantType.QInt8, reduce_range=self.REDUCE_RANGE,
                              use_external_data_format=True, extra_options={"MatMulConstBOnly": True})
             quantized = onnx.load(str(out))
-        activations_per_row(quantized)  # each row its own scale: rows apart from their batch (per_row.py)
+        activations_per_row(quantized, head)  # each row its own scale: rows apart from their batch (per_row.py)
         return quantized
 
 
