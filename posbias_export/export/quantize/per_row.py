@@ -7,7 +7,7 @@ tokens of a prompt run at once share them, so a row's numbers depend on what els
 becomes the same formulas over each row (the last axis): the row's range widened to hold 0, scale =
 range / 255, zero point = round(-min / scale) clipped to [0, 255], q = round(x / scale) + zero point
 clipped (rounding half to even, as the operator's). A one-row call (a decode step) is quantized
-exactly as before.
+exactly as before at every input but the head's (below).
 
 MatMulInteger takes the activations' zero point as a scalar only (ONNX Runtime 1.32: "input1 zero
 point must be a scalar"), so each consumer takes the rows' zero points out after the product:
