@@ -244,3 +244,23 @@ def test_serve_embeds_inputs_scaled_per_call_one_at_a_time(tmp_path):
         for answer, row in zip(got, rows):
             alone = replica.engine.embed([row])[0]
             assert float(answer["vectors"][0] @ alone) >= 1 - 1e-6
+
+
+def test_a_per_call_quantizer_inside_a_branch_is_seen():
+    """A merged decoder (Optimum's int8 among them) holds its layers inside an If: the graph's
+    facts look into its branches."""
+    from onnx import TensorProto, helper
+
+    from common.graph_facts import facts_of
+
+    def branch(name):
+        node = helper.make_node("DynamicQuantizeLinear", ["x"], [f"{name}_q", f"{name}_s", f"{name}_z"])
+        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(f"{name}_s", TensorProto.FLOAT, [])])
+
+    merged = helper.make_node("If", ["use_cache_branch"], ["s"], then_branch=branch("with_cache"),
+                              else_branch=branch("without"))
+    graph = helper.make_graph([merged], "merged", [helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1]),
+                                                   helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+                              [helper.make_tensor_value_info("s", TensorProto.FLOAT, [])])
+    facts = facts_of(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    assert facts.scales_per_call and "If" in facts.op_types

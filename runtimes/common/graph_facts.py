@@ -43,9 +43,19 @@ class GraphFacts:
         return bool(self.op_types & PER_CALL_SCALES)
 
 
+def _every_node(nodes):
+    """The nodes and those of their subgraphs (an If's branches, a Loop's body: a merged decoder,
+    Optimum's among them, holds every layer inside its If)."""
+    for node in nodes:
+        yield node
+        for attribute in node.attribute:
+            for graph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+                yield from _every_node(graph.node)
+
+
 def facts_of(proto) -> GraphFacts:
-    """The facts of an onnx ModelProto (its functions' nodes included)."""
-    nodes = [*proto.graph.node, *(n for f in proto.functions for n in f.node)]
+    """The facts of an onnx ModelProto (its functions' and subgraphs' nodes included)."""
+    nodes = list(_every_node([*proto.graph.node, *(n for f in proto.functions for n in f.node)]))
     dims = {t.name: tuple(t.dims) for t in proto.graph.initializer if len(t.dims) >= 2}
     lookup = next((n for n in proto.graph.node if n.op_type in LOOKUPS and len(n.input) > 1
                    and n.input[1] == TOKEN_INPUT and n.input[0] in dims), None)
