@@ -14,8 +14,7 @@ from posbias_export.biases import FAMILY_TABLE_HEADER, family_row
 from posbias_export.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-from family_docs import BLOCKS, generated_block  # noqa: E402
+from posbias_export.biases.readme_blocks import BLOCKS, generated_block
 
 README = ROOT / "README.md"
 PAGES = sorted((ROOT / "docs").glob("*.md"))
@@ -27,7 +26,7 @@ def test_readme_is_short():
     assert len(README.read_text().splitlines()) < 250
 
 
-STALE = "README's family table is stale: run python tools/family_docs.py"
+STALE = "README's family table is stale: run python -m posbias_export.biases.readme_blocks"
 
 
 def _table_rows() -> list[str]:
@@ -49,7 +48,7 @@ def test_readme_table_is_the_registry_in_order():
 
 def test_docs_keep_no_family_list_by_hand():
     """A line naming four or more families outside a generated block is a list someone must keep
-    when a family is added: generate it (tools/family_docs.py) or name none."""
+    when a family is added: generate it (python -m posbias_export.biases.readme_blocks) or name none."""
     names = re.compile(r"\b(" + "|".join(map(re.escape, pbe.BIASES)) + r")\b")
     for path, text in TEXTS.items():
         for key, (page, _) in BLOCKS.items():

@@ -2,7 +2,7 @@
 CPU and the ONNX reference evaluator): same math as the PLAIN float64 form (an independent
 computation) across block boundaries, the graph shape the GPU needs (one fused attention op per
 block, its bias gathered from a per-distance vector, no tensor near 2^31 elements),
-and the options. The CUDA measurements are in benchmarks/gpu_*.md (tools/gpu_attention.py)."""
+and the options. The CUDA measurements are in benchmarks/gpu_*.md (posbias_export/gpu/attention.py)."""
 from __future__ import annotations
 
 import onnx
@@ -144,16 +144,11 @@ def test_cli_target_flag(tmp_path, capsys):
 
 
 def _gpu_attention():
-    """tools/gpu_attention.py (the GPU benchmark lives with its lease tools; its no-GPU refusal
-    is tested in test_tools.py)."""
-    import importlib.util
-    from pathlib import Path
+    """posbias_export/gpu/attention.py (the GPU benchmark a lease runs; its no-GPU refusal is
+    tested in test_tools.py)."""
+    from posbias_export.gpu import attention
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "gpu_attention.py"
-    spec = importlib.util.spec_from_file_location("tools_gpu_attention", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return attention
 
 
 def test_gpu_bench_targets_are_ratios_of_the_measured_cells(tmp_path):

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "posbias_export"
 # bottom up; a room may import its own layer and every layer before it
 LAYERS = [{"errors", "environment", "lazy", "plots", "runners", "limits"}, {"biases"}, {"nn"}, {"export"}, {"parity"}, {"study", "hf"}, {"peers"},
-          {"bench", "clients", "validation", "serve"}, {"commands"}, {"cli", "__main__", "__init__"}]
+          {"bench", "clients", "validation", "serve"},
+          {"gpu", "evidence"}, {"commands"}, {"cli", "__main__", "__init__"}]
 RANK = {room: rank for rank, rooms in enumerate(LAYERS) for room in rooms}
 
 

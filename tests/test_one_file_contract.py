@@ -62,8 +62,8 @@ def _copy_project(dest: Path, families: dict[str, str]) -> Path:
 
 def _regenerate_docs(project: Path) -> None:
     """The newcomer's one step besides the file: README's family table from the registry."""
-    out = _run(["tools/family_docs.py"], project)
-    check = _run(["tools/family_docs.py", "--check"], project)  # up to date now (a second run writes nothing)
+    out = _run(["-m", "posbias_export.biases.readme_blocks"], project)
+    check = _run(["-m", "posbias_export.biases.readme_blocks", "--check"], project)  # up to date now (a second run writes nothing)
     assert out.returncode == 0 and check.returncode == 0 and "up to date" in check.stdout, out.stdout + out.stderr
 
 
@@ -120,7 +120,7 @@ def test_a_copy_that_keeps_the_summary_is_refused_with_one_line(tmp_path):
 
 
 def test_the_regenerated_readme_documents_the_copies(project):
-    """After tools/family_docs.py the docs checks pass for the new families (the contract's slow
+    """After python -m posbias_export.biases.readme_blocks the docs checks pass for the new families (the contract's slow
     run also runs them under --family)."""
     out = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "tests/test_docs.py"], project)
     assert out.returncode == 0, out.stdout[-3000:]

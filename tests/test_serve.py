@@ -26,7 +26,8 @@ from test_serve_engines import PROMPTS, generate_alone  # noqa: E402  (puts runt
 from common.loading import load_runner  # noqa: E402
 from hf_folders import save_client_model, save_tiny_folder, save_tokenizer  # noqa: E402
 from posbias_export.hf.ship import ship  # noqa: E402
-from posbias_export.serve.process import STARTUP_S, ServeProcess  # noqa: E402
+from posbias_export.peers.servers import STARTUP_S  # noqa: E402
+from posbias_export.serve.process import ServeProcess  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

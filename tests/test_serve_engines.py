@@ -242,7 +242,7 @@ def test_the_server_tree_memory_counts_its_children():
     import os
     import subprocess
 
-    from posbias_export.serve.process import reset_peaks, tree_memory, tree_peak_rss
+    from posbias_export.peers.servers import reset_peaks, tree_memory, tree_peak_rss
 
     child = subprocess.Popen([sys.executable, "-c", "import sys; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]); "
                               "print('ready', flush=True); sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)

@@ -1,5 +1,7 @@
-"""tools/: the scripts that belong to no command (GPU lease steps, one-off measurements whose
-results live in benchmarks/). Each still imports against today's package and answers --help."""
+"""tools/ (the GPU lease's mechanics) and the measurements that belong to no command: what a
+lease measures (posbias_export/gpu/) and the evidence behind design choices
+(posbias_export/evidence/), whose results live in benchmarks/. Each imports against today's
+package and answers --help."""
 from __future__ import annotations
 
 import importlib.util
@@ -16,28 +18,38 @@ import posbias_export as pbe
 from posbias_export.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted((ROOT / "tools").glob("*.py"))
-sys.path.insert(0, str(ROOT / "tools"))  # the tools import each other as a script run by path does
+TOOLS = sorted((ROOT / "tools").glob("*.py"))
+MODULES = [f"posbias_export.{p.parent.name}.{p.stem}" for room in ("gpu", "evidence")
+           for p in sorted((ROOT / "posbias_export" / room).glob("*.py")) if p.stem != "__init__"]
+MODULES.append("posbias_export.biases.readme_blocks")
 
 
 def test_benchmarks_holds_results_only():
     scripts = [p.name for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh", ".js", ".mjs")]
-    assert not scripts, f"scripts in benchmarks/: {scripts} (commands' scripts go to posbias_export/bench/, others to tools/)"
+    assert not scripts, f"scripts in benchmarks/: {scripts} (commands' scripts go to posbias_export/bench/, others to posbias_export/gpu/ or evidence/)"
 
 
-@pytest.mark.parametrize("path", SCRIPTS, ids=[p.name for p in SCRIPTS])
-def test_tool_imports(path):
-    spec = importlib.util.spec_from_file_location(f"tools_{path.stem}", path)
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # its imports of the package resolve
+def test_tools_holds_the_lease_mechanics_only():
+    """The measurements live in the package, under its house rules (tests/test_house_rules.py,
+    tests/test_layers.py); tools/ keeps what moves a lease: the script and the wheel cutter."""
+    assert sorted(p.name for p in (ROOT / "tools").iterdir()) == ["README.md", "gpu_lease.sh", "gpu_wheel.py"]
 
 
-@pytest.mark.parametrize("path", [p for p in SCRIPTS if "argparse" in p.read_text()], ids=lambda p: p.name)
-def test_tool_help(path):
-    proc = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+@pytest.mark.parametrize("name", MODULES)
+def test_measurement_imports(name):
+    importlib.import_module(name)  # its imports of the package resolve
+
+
+@pytest.mark.parametrize("argv", [[str(p)] for p in TOOLS] + [["-m", m] for m in MODULES], ids=lambda a: a[-1])
+def test_tool_help(argv):
+    proc = subprocess.run([sys.executable, *argv, "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-1000:]
 
 
 def load_tool(name: str):
+    """A lease mechanic (tools/NAME.py) by path, or a measurement module (gpu.NAME, evidence.NAME)."""
+    if "." in name:
+        return importlib.import_module(f"posbias_export.{name}")
     spec = importlib.util.spec_from_file_location(f"tools_{name}", ROOT / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -110,7 +122,7 @@ def tiny_attention(tmp_path_factory):
 
 def test_order_case_judges_each_run_against_the_cpu_outputs(tiny_attention, tmp_path):
     """gpu_order's verdict can fail: a CPU reference off by 1e-3 at one length flags that run only."""
-    order = load_tool("gpu_order")
+    order = load_tool("gpu.order")
     runs = order.case(str(tiny_attention), "cpu", [16, 40, 40], order.SETTINGS["ort-defaults"], tmp_path)
     assert [r["agrees"] for r in runs] == [True, True, True] and max(r["max_abs_vs_cpu"] for r in runs) == 0.0
     ref = tmp_path / "alibi_attention_40.npy"
@@ -122,7 +134,7 @@ def test_order_case_judges_each_run_against_the_cpu_outputs(tiny_attention, tmp_
 
 def test_gpu_timings_share_the_bench_worker_and_profile_what_ran(tiny_attention):
     """run_ort's rows (ORT CPU standing in for CUDA): times per length, then the profiled ops."""
-    g = load_tool("gpu_attention")
+    g = load_tool("gpu.attention")
 
     rows = g.run_ort(tiny_attention, [8, 32], "float32", 2, 8, 2, provider="cpu", profile=True)
     assert [r["length"] for r in rows] == [8, 32] and all(len(r["times"]) == 2 for r in rows)
@@ -134,7 +146,7 @@ def test_gpu_timings_share_the_bench_worker_and_profile_what_ran(tiny_attention)
 
 def test_gpu_targets_with_cudnn_off_and_what_ran():
     """cuDNN-off rows get their own targets; profiled rows are listed at 1024 and the target length."""
-    g = load_tool("gpu_attention")
+    g = load_tool("gpu.attention")
 
     def row(config, length, ms, profile=None):
         return {"bias": "alibi", "dtype": "float16", "config": config, "length": length, "times": [ms / 1e3] * 3,
@@ -156,7 +168,7 @@ def test_gpu_parity_plan_covers_every_file_kind(tmp_path):
     """Issue 50's list: every family's default LM, the fused / slim-table / window attention files
     in both dtypes to 32768, an imported BLOOM float16 cuda-ort file, the in-place cache file on
     the shared-buffer runtimes; short jobs first."""
-    parity = load_tool("gpu_parity")
+    parity = load_tool("gpu.parity")
     exports, jobs = parity.plan(tmp_path, small=False)
     names = {j["name"]: j for j in jobs}
     for b in pbe.BIASES:
@@ -180,7 +192,7 @@ def test_gpu_parity_plan_covers_every_file_kind(tmp_path):
 def test_gpu_parity_write_names_the_jobs_that_did_not_run(tmp_path):
     import json
 
-    parity = load_tool("gpu_parity")
+    parity = load_tool("gpu.parity")
     jobs = [{"name": n, "files": [f"lm/{n}.onnx"], "lengths": "16384"} for n in ("a_long", "b_long", "c_long")]
     run = tmp_path / "run"
     (run / "par").mkdir(parents=True)
@@ -196,7 +208,7 @@ def test_gpu_parity_write_names_the_jobs_that_did_not_run(tmp_path):
 def test_gpu_parity_write_lists_each_failing_cell(tmp_path):
     import json
 
-    parity = load_tool("gpu_parity")
+    parity = load_tool("gpu.parity")
 
     def cell(runtime, case, max_abs, verdict="pass"):
         return {"runtime": runtime, "case": case, "dtype": "float32", "verdict": verdict,
@@ -218,7 +230,7 @@ def test_gpu_parity_write_lists_each_failing_cell(tmp_path):
 def test_gpu_decode_real_write_counts_agreeing_tokens(tmp_path):
     import json
 
-    decode = load_tool("gpu_decode_real")
+    decode = load_tool("gpu.decode_real")
     machine = {"gpu": "NVIDIA H100 80GB HBM3", "driver": "580", "cpus": 16, "onnxruntime": "1.31.1",
                "providers": ["CUDAExecutionProvider"], "torch": "2.11.0", "date": "2026-11-25"}
     run = {"name": "bloom-560m", "device": "cuda", "dtype": "float16", "prompt": 512, "new_tokens": 4, "machine": machine,
@@ -248,11 +260,11 @@ def test_gpu_lease_rehearsal_runs_every_step_on_the_cpu(tmp_path):
     assert [line.split()[0] for line in (out / "calls.txt").read_text().splitlines()] == ["pack", "receive", "work"]
     subprocess.run(["tar", "-xzf", str(out / "results.tar.gz"), "-C", str(out)], check=True)
     results = out / "r"
-    assert load_tool("gpu_parity").write([results], tmp_path) == []
+    assert load_tool("gpu.parity").write([results], tmp_path) == []
     assert "## Not run" not in (tmp_path / "gpu_parity.md").read_text()
-    load_tool("gpu_order").write(results / "order", tmp_path / "gpu_order.md")
+    load_tool("gpu.order").write(results / "order", tmp_path / "gpu_order.md")
     assert "DIFFER" not in (tmp_path / "gpu_order.md").read_text()
-    load_tool("gpu_session").part_write([results / "timing"], tmp_path)
+    load_tool("gpu.session").part_write([results / "timing"], tmp_path)
     assert "## What ran" in (tmp_path / "gpu_attention.md").read_text()
     assert "GENERATE TOKENS EQUAL" in (results / "generate.log").read_text()
     assert (results / "decode" / "decode.json").exists()
@@ -263,7 +275,7 @@ def test_gpu_attention_lengths_come_from_the_arguments_not_sys_argv(monkeypatch,
     sys.argv holds), and without --lengths the GPU defaults. The GPU work itself is stubbed."""
     import torch
 
-    gpu_attention = load_tool("gpu_attention")
+    gpu_attention = load_tool("gpu.attention")
 
     seen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -279,7 +291,7 @@ def test_gpu_attention_without_a_gpu_is_one_line(monkeypatch, capsys, tmp_path):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert load_tool("gpu_attention").main(["--out-dir", str(tmp_path / "gpu")]) == 2
+    assert load_tool("gpu.attention").main(["--out-dir", str(tmp_path / "gpu")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["gpu_attention: error: the GPU attention benchmark needs a CUDA GPU visible to PyTorch"]
     assert not (tmp_path / "gpu").exists()
@@ -294,19 +306,19 @@ def test_gpu_big_writes_exports_and_decodes_a_tiny_mpt_on_the_cpu(tmp_path):
     import os
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_big.py"), "run", str(tmp_path / "out"), "--work",
+    proc = subprocess.run([sys.executable, "-m", "posbias_export.gpu.big", "run", str(tmp_path / "out"), "--work",
                            str(tmp_path / "work"), "--provider", "cpu", "--contexts", "64,2100", "--steps", "3",
                            "--tiny"], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     stages = json.loads((tmp_path / "out" / "big.json").read_text())["stages"]
     assert stages["export"]["file_gb"] > 0 and stages["bandwidth"]["read_gbs"] > 0
     assert all(ms > 0 for ms in stages["bandwidth"]["floor_ms"].values())  # weights + that context's cache
-    warm = load_tool("gpu_big").WARM_STEPS  # steps run before the timed ones, their tokens compared too
+    warm = load_tool("gpu.big").WARM_STEPS  # steps run before the timed ones, their tokens compared too
     for context in (64, 2100):
         assert stages[f"ort {context}"]["ran_on"] == "CPUExecutionProvider"
         assert len(stages[f"ort {context}"]["tokens"]) == 3 + warm and stages[f"ort {context}"]["decode_median_ms"] > 0
     assert len(stages["eager 64"]["tokens"]) == 3 + warm and "max_seq_len" in stages["eager 2100"]["error"]
-    load_tool("gpu_big").write(tmp_path / "out", tmp_path)
+    load_tool("gpu.big").write(tmp_path / "out", tmp_path)
     table = (tmp_path / "gpu_big.md").read_text()
     assert "| 2100 | eager | failed: past MPT's max_seq_len" in table and table.count("| ort | CPUExecutionProvider |") == 2
 
@@ -322,13 +334,13 @@ def test_gpu_embed_judges_every_form_of_a_tiny_embedder_on_the_cpu(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for args in (["build", str(tmp_path / "work"), "--tiny"],
                  ["run", str(tmp_path / "work"), str(tmp_path / "out"), "--provider", "cpu", "--tiny"]):
-        proc = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_embed.py"), *args], env=env, capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "posbias_export.gpu.embed", *args], env=env, capture_output=True,
                               text=True, timeout=900, cwd=ROOT)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = json.loads((tmp_path / "out" / "gpu_embed.json").read_text())["rows"]
     timed = [r for r in rows if r["form"] in ("ours", "sdpa", "flex")]
     assert len(timed) == 9 and all(r["parity"]["passed"] and r["parity"]["cosine_min"] > 0.9999 for r in timed), timed
-    load_tool("gpu_embed").write(tmp_path / "out", tmp_path / "gpu_embedders.md")
+    load_tool("gpu.embed").write(tmp_path / "out", tmp_path / "gpu_embedders.md")
     assert (tmp_path / "gpu_embedders.md").read_text().count("| pass |") == 9
 
 
@@ -340,7 +352,7 @@ def test_gpu_cure_variants_drop_the_ifs_and_keep_the_outputs(tmp_path):
 
     from posbias_export.export.functions import all_nodes
 
-    cure = load_tool("gpu_cure")
+    cure = load_tool("gpu.cure")
     core = pbe.build_model(pbe.ModelConfig(bias="kerple_log", num_heads=8, dim=512, num_layers=1), arch="attention")
     (tmp_path / "models").mkdir()
     pbe.export_onnx(core, tmp_path / "models" / "kerple_log_float32_cuda-ort.onnx", target="cuda-ort", block=16,
@@ -353,7 +365,7 @@ def test_gpu_cure_variants_drop_the_ifs_and_keep_the_outputs(tmp_path):
 
 
 def test_floor_cost_compares_two_folders_of_one_file(tmp_path, monkeypatch):
-    """tools/floor_cost_cpu.py times namesakes in two folders, default session and flag, and writes its table."""
+    """evidence/floor_cost.py times namesakes in two folders, default session and flag, and writes its table."""
     for side in ("before", "after"):
         (tmp_path / side).mkdir()
         assert cli_main(["--bias", "alibi", "--arch", "attention", "--heads", "2", "--dim", "32", "--skip-growth-check",
@@ -361,7 +373,7 @@ def test_floor_cost_compares_two_folders_of_one_file(tmp_path, monkeypatch):
     out = tmp_path / "cost.md"
     monkeypatch.setattr(sys, "argv", ["floor_cost_cpu.py", str(tmp_path / "before"), str(tmp_path / "after"),
                                       "--lengths", "40", "--runs", "1", "--out", str(out)])
-    assert load_tool("floor_cost_cpu").main() == 0
+    assert load_tool("evidence.floor_cost").main() == 0
     text = out.read_text()
     assert "| alibi | 40 |" in text and "CPU vendor:" in text
     assert set(json.loads(out.with_suffix(".json").read_text())["alibi.onnx@40"]) == {"defaults", "flag"}

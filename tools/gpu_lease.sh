@@ -8,33 +8,33 @@
 #   call 1 (carry .gpu/c1):  bash tools/gpu_lease.sh receive           (~30 s with the machine's start)
 #   call 2 (carry .gpu/c2):  bash tools/gpu_lease.sh work $OUT [STEP...]   (timeout_s <= 560)
 #   give_back at once.
-#   here, after (files_at as A):  tar -xzf A/results.tar.gz -C A, then each tool's `write` on A/r
+#   here, after (files_at as A):  tar -xzf A/results.tar.gz -C A, then each posbias_export.gpu module's `write` on A/r
 #
 # work joins the wheel, checks that a CUDA session runs, then runs the named steps in order (default:
 # correctness timings torch_timings decode), each under its own timeout, rewriting $OUT/results.tar.gz
 # after each, so a call cut at its limit still brings back every finished step.
 # The steps:
-#   correctness    the validate jobs (gpu_parity.py), the order check (gpu_order.py) and generate's bytes on
+#   correctness    the validate jobs (posbias_export/gpu/parity.py), the order check (posbias_export/gpu/order.py) and generate's bytes on
 #                  CPU and CUDA, together (nothing timed), FlexAttention compiling into the caches meanwhile
 #   parity         the validate jobs alone (PARITY_ONLY: job names; PARITY_LIMIT, PARITY_DEADLINE: seconds)
 #   parity_async   the same with CUDA_LAUNCH_BLOCKING=0: the GPU cells only
-#   race           every attention file's fresh-process runs in three orders (gpu_order.py --race)
-#   cure           where ORT CUDA goes wrong with asynchronous launches (gpu_cure.py; CURE_VARIANTS: the
+#   race           every attention file's fresh-process runs in three orders (posbias_export/gpu/order.py --race)
+#   cure           where ORT CUDA goes wrong with asynchronous launches (posbias_export/gpu/cure.py; CURE_VARIANTS: the
 #                  variant kinds made beside each file, none for none; CURE_EXTRA: a control file; CURE_REPEATS:
 #                  fresh processes per asynchronous case; CURE_LIMIT, CURE_WORKERS)
-#   timings        our attention files alone on the GPU (gpu_session.py ort; GRID: the families)
+#   timings        our attention files alone on the GPU (posbias_export/gpu/session.py ort; GRID: the families)
 #   timings_async  the same with launches asynchronous, then host-synchronous: what the switch costs
 #   torch_timings  PyTorch's cells (eager, SDPA, compiled FlexAttention)
 #   flex           compiled FlexAttention's cells only
 #   decode         one decode timing, the cache on the GPU, vs PyTorch eager (bench-decode --device cuda)
 #   serve          the in-place cache files judged and decode-timed with launches async and blocking
-#                  (gpu_serve.py; SERVE_JOBS, SERVE_FILES, SERVE_LIMIT)
+#                  (posbias_export/gpu/serve.py; SERVE_JOBS, SERVE_FILES, SERVE_LIMIT)
 #   embed_build    (background) jina-v2-base's configuration written and exported float16 --target cuda-ort
-#                  (gpu_embed.py build; its files stay on the machine for a later call's embed)
+#                  (posbias_export/gpu/embed.py build; its files stay on the machine for a later call's embed)
 #   embed          that file on ONNX Runtime CUDA vs PyTorch SDPA with the bias and compiled FlexAttention,
-#                  8192 / 32768 tokens and a padded batch, each judged against float64 (gpu_embed.py run)
+#                  8192 / 32768 tokens and a padded batch, each judged against float64 (posbias_export/gpu/embed.py run)
 #   big            the MPT-7B configuration written on the machine, exported float16 in place, decoded
-#                  against the floor and transformers eager (gpu_big.py; BIG_LIMIT)
+#                  against the floor and transformers eager (posbias_export/gpu/big.py; BIG_LIMIT)
 set -u
 step=$1; out=${2:-}
 cd "$(dirname "$0")/.."
@@ -87,38 +87,42 @@ save() {  # everything so far into $OUT/results.tar.gz (one file: $OUT brings ba
 }
 
 parity_run() {  # $1: results folder, $2: extra options; PARITY_ONLY / PARITY_LIMIT / PARITY_DEADLINE
-  timeout ${PARITY_LIMIT:-300} $py tools/gpu_parity.py run "$files" "$1" --jobs ${PARITY_JOBS:-10} \
+  timeout ${PARITY_LIMIT:-300} $py -m posbias_export.gpu.parity run "$files" "$1" --jobs ${PARITY_JOBS:-10} \
     --deadline ${PARITY_DEADLINE:-220} ${PARITY_ONLY:+--only $PARITY_ONLY} $2
 }
 
 ort_timings() {  # $1: results folder
-  timeout ${TIMING_LIMIT:-80} $py tools/gpu_session.py ort "$1" --models "$files/models" --provider $provider $small \
+  timeout ${TIMING_LIMIT:-80} $py -m posbias_export.gpu.session ort "$1" --models "$files/models" --provider $provider $small \
     ${GRID:+--biases $GRID}
+}
+
+wait_step() {  # the step's background jobs, not the saver (a plain wait would wait for it forever)
+  for p in $(jobs -p); do [ "$p" = "${saver:-}" ] || wait "$p"; done
 }
 
 run_step() {
   case $1 in
     correctness)
       (parity_run "$work/r" "$cpu_only" > "$work/r/parity.log" 2>&1) &
-      (timeout 220 $py tools/gpu_order.py run "$work/r/order" tools/data/alibi_attention_0f33d6a.onnx \
+      (timeout 220 $py -m posbias_export.gpu.order run "$work/r/order" posbias_export/gpu/data/alibi_attention_0f33d6a.onnx \
         "$files/models/alibi_float32_portable.onnx" --provider $provider $small --cache "$work/order_cache" \
         --workers 6 > "$work/r/order.log" 2>&1) &
-      [ -z "${REHEARSAL:-}" ] && (timeout 200 $py tools/gpu_session.py torch "$work/warm" --warm > "$work/r/warm.log" 2>&1) &
+      [ -z "${REHEARSAL:-}" ] && (timeout 200 $py -m posbias_export.gpu.session torch "$work/warm" --warm > "$work/r/warm.log" 2>&1) &
       for p in cpu $provider; do  # the same greedy bytes on both providers, the cache kept on the GPU
         timeout 90 $py runtimes/ort/generate.py "$files/lm/alibi_kv.onnx" --prompt "To be, or not" \
           --max-new-tokens 300 --provider $p --output "$work/gen_$p.bin" >> "$work/r/generate.log" 2>&1
       done
       cmp "$work/gen_cpu.bin" "$work/gen_$provider.bin" >> "$work/r/generate.log" 2>&1 \
         && echo "GENERATE TOKENS EQUAL (cpu, $provider)" >> "$work/r/generate.log"
-      wait ;;
+      wait_step ;;
     parity) parity_run "$work/r" "$cpu_only" > "$work/r/parity.log" 2>&1 ;;
     parity_async) CUDA_LAUNCH_BLOCKING=0 parity_run "$work/r/async" "${cpu_only:---no-cpu}" > "$work/r/parity_async.log" 2>&1 ;;
-    race) timeout 170 $py tools/gpu_order.py run "$work/r/race" --race-models "$files/models" --race --provider $provider \
+    race) timeout 170 $py -m posbias_export.gpu.order run "$work/r/race" --race-models "$files/models" --race --provider $provider \
             --workers 12 --cache "$work/race_cache" > "$work/r/race.log" 2>&1 ;;
     cure)
-      [ "${CURE_VARIANTS:-}" = none ] || $py tools/gpu_cure.py variants "$files" ${CURE_VARIANTS:+--kinds $CURE_VARIANTS} \
+      [ "${CURE_VARIANTS:-}" = none ] || $py -m posbias_export.gpu.cure variants "$files" ${CURE_VARIANTS:+--kinds $CURE_VARIANTS} \
         > "$work/r/variants.log" 2>&1
-      timeout ${CURE_LIMIT:-170} $py tools/gpu_cure.py run "$files" "$work/r/cure" --provider $provider $small \
+      timeout ${CURE_LIMIT:-170} $py -m posbias_export.gpu.cure run "$files" "$work/r/cure" --provider $provider $small \
         --workers ${CURE_WORKERS:-14} --repeats ${CURE_REPEATS:-1} ${CURE_EXTRA:+--extra $CURE_EXTRA} \
         > "$work/r/cure.log" 2>&1 ;;
     timings) ort_timings "$work/r/timing" > "$work/r/timing_ort.log" 2>&1 ;;
@@ -127,9 +131,9 @@ run_step() {
         CUDA_LAUNCH_BLOCKING=$blocking ort_timings "$work/r/timing_$blocking" > "$work/r/timing_ort_$blocking.log" 2>&1
         save "timings (CUDA_LAUNCH_BLOCKING=$blocking)"
       done ;;
-    torch_timings) [ -z "${REHEARSAL:-}" ] && timeout ${TORCH_LIMIT:-70} $py tools/gpu_session.py torch "$work/r/timing" \
+    torch_timings) [ -z "${REHEARSAL:-}" ] && timeout ${TORCH_LIMIT:-70} $py -m posbias_export.gpu.session torch "$work/r/timing" \
                      > "$work/r/timing_torch.log" 2>&1 ;;
-    flex) [ -z "${REHEARSAL:-}" ] && timeout 80 $py tools/gpu_session.py torch "$work/r/timing" --flex-only \
+    flex) [ -z "${REHEARSAL:-}" ] && timeout 80 $py -m posbias_export.gpu.session torch "$work/r/timing" --flex-only \
             > "$work/r/timing_torch.log" 2>&1 ;;
     decode)
       contexts=4096; steps=32; [ -n "${REHEARSAL:-}" ] && { contexts=256; steps=8; }
@@ -142,21 +146,21 @@ run_step() {
       (PARITY_ONLY=$jobs PARITY_LIMIT=$limit CUDA_LAUNCH_BLOCKING=0 parity_run "$work/r/async" "${cpu_only:---no-cpu}" \
         > "$work/r/parity_async.log" 2>&1) &
       (PARITY_ONLY=$jobs PARITY_LIMIT=$limit parity_run "$work/r" "$cpu_only" > "$work/r/parity.log" 2>&1) &
-      wait; save "serve (parity)"
+      wait_step; save "serve (parity)"
       contexts=512,4096; steps=32; [ -n "${REHEARSAL:-}" ] && { contexts=64,256; steps=8; }
       for blocking in 0 1; do  # alone on the GPU: the two settings one after the other
-        CUDA_LAUNCH_BLOCKING=$blocking timeout 70 $py tools/gpu_serve.py run "$work/r/serve" $inplace --provider $provider \
+        CUDA_LAUNCH_BLOCKING=$blocking timeout 70 $py -m posbias_export.gpu.serve run "$work/r/serve" $inplace --provider $provider \
           --contexts $contexts --steps $steps >> "$work/r/serve.log" 2>&1
       done ;;
     big)
       tiny=; contexts=512,4096; [ -n "${REHEARSAL:-}" ] && { tiny=--tiny; contexts=64,2100; }
-      timeout ${BIG_LIMIT:-480} $py tools/gpu_big.py run "$work/r/big" --work "$work/big" --provider $provider \
+      timeout ${BIG_LIMIT:-480} $py -m posbias_export.gpu.big run "$work/r/big" --work "$work/big" --provider $provider \
         --contexts $contexts --steps 16 $tiny > "$work/r/big.log" 2>&1
       rm -rf "$work/big" ;;
     embed_build)  # CPU work, in the background beside the next steps: the folder and our float16 file
-      (timeout ${EMBED_BUILD_LIMIT:-400} $py tools/gpu_embed.py build "$work/embed" ${small:+--tiny} \
+      (timeout ${EMBED_BUILD_LIMIT:-400} $py -m posbias_export.gpu.embed build "$work/embed" ${small:+--tiny} \
         > "$work/r/embed_build.log" 2>&1 &) ;;
-    embed) timeout ${EMBED_LIMIT:-540} $py tools/gpu_embed.py run "$work/embed" "$work/r/embed" --provider $provider \
+    embed) timeout ${EMBED_LIMIT:-540} $py -m posbias_export.gpu.embed run "$work/embed" "$work/r/embed" --provider $provider \
              ${small:+--tiny} --timeout ${EMBED_FORM_LIMIT:-200} > "$work/r/embed.log" 2>&1 ;;
     *) echo "unknown step $1"; return 2 ;;
   esac
@@ -165,7 +169,7 @@ run_step() {
 case $step in
   pack)  # here: every file exported with this checkout's torch (the one CI tests), then the wheel cut to the calls
     files=$(mktemp -d)
-    $py tools/gpu_parity.py build "$files" $small || exit 1
+    $py -m posbias_export.gpu.parity build "$files" $small || exit 1
     [ -n "${GPU_EXTRA:-}" ] && cp -r "$GPU_EXTRA" "$files/"  # files to compare beside them (timings of two forms)
     mkdir -p "$pack" && tar -cJf "$pack/files.tar.xz" -C "$files" . && rm -rf "$files"
     if [ -n "${REHEARSAL:-}" ] && ! ls .gpu/p1 >/dev/null 2>&1; then  # no wheel to cut: a stand-in part

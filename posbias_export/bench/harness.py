@@ -107,6 +107,12 @@ def one_line(text: str, limit: int = 200) -> str:
     return (lines[-1] if lines else "no message")[:limit].replace("|", "/")
 
 
+def failure(err: BaseException, limit: int = 300) -> str:
+    """A failed measurement as its row's words: the last line of a child's reason (without the
+    command, whose paths are this machine's), or of the error."""
+    return one_line(getattr(err, "reason", None) or str(err) or type(err).__name__, limit)
+
+
 def run_into(cell: Measured, cmd: list, timeout: float) -> dict | None:
     """A worker (bench/worker.py) in its own process, its times and peak RSS into `cell`; a failure
     (killed for memory, an error) is the cell's `skipped`. Returns the worker's row, or None."""

@@ -25,7 +25,7 @@ from ..parity.tokens import agreeing
 from . import real_models as real
 from ..environment import copy_bandwidth_gbs
 from ..export.files import scratch
-from .harness import md_table, measured_python, targets_section, write_results
+from .harness import failure, md_table, measured_python, targets_section, write_results
 
 TRAIN_LENGTH_FACTOR = 16  # extrapolation: 16x the training length, as the issue asks
 # (scheme, options) of the checkpoint table; the variants run on the ALiBi checkpoint only
@@ -104,7 +104,7 @@ def real_rows(name: str, work: Path, threads: int, new_tokens: int, progress=pri
                 measure = _encoder_row if alone else _seq2seq_row if seq2seq else _decoder_row
                 out.append(measure(name, label, spec, folder, place, threads, new_tokens, bandwidth, progress))
             except Exception as err:  # noqa: BLE001 - an export killed for memory, a run that fails: a row
-                out.append({"model": name, "scheme": label, "error": (str(err).strip().splitlines() or [repr(err)])[-1][:300]})
+                out.append({"model": name, "scheme": label, "error": failure(err)})
             finally:
                 shutil.rmtree(place, ignore_errors=True)
             float_tokens = out[-1].get("tokens") if spec is None else float_tokens
@@ -191,9 +191,8 @@ def _optimum_int8_row(name, folder, work, threads, new_tokens, bandwidth, progre
                             "quantize_peak_gb": quant_peak},
                 **_run_figures(path, size, threads, new_tokens, bandwidth)}
     except (RuntimeError, ValueError, StopIteration) as err:  # a failed child, or no file written
-        words = getattr(err, "reason", str(err)) or "wrote no .onnx file"  # not the command: its paths are ours
-        return {"model": name, "scheme": OPTIMUM_INT8,
-                "error": f"Optimum's {step}: " + (words.strip().splitlines() or [repr(err)])[-1][:300]}
+        words = failure(err) if str(err) else "wrote no .onnx file"  # StopIteration: no file
+        return {"model": name, "scheme": OPTIMUM_INT8, "error": f"Optimum's {step}: {words}"}
     finally:
         shutil.rmtree(exported, ignore_errors=True)
         shutil.rmtree(quantized, ignore_errors=True)

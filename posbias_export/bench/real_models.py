@@ -20,8 +20,7 @@ from ..peers.eager_runs import prompt_ids
 from ..hf.published import PUBLISHED, SHARDED, published_folder
 from ..environment import copy_bandwidth_gbs
 from ..export.files import scratch
-from .harness import (kept_rows, md_table, measured_python, median, targets_section,
-                      write_results)
+from .harness import failure, kept_rows, md_table, measured_python, median, targets_section, write_results
 
 SEQ2SEQ = {"t5-base"}  # an encoder file and a cached decoder file; the encoder's prefill is run
 # What an export's process holds whatever the model (Python, torch, onnx, onnxscript, transformers):
@@ -78,7 +77,7 @@ def _optimum_export(row: RealRow, folder: Path, out: Path, task: str, label: str
         seconds, peak, _ = measured_python(["export", "onnx", "--model", str(folder), "--task", task, str(out)],
                                            program=str(cli))
     except (RuntimeError, ValueError) as err:  # a failed child: harness.ChildFailed is a RuntimeError
-        row.exports.append({"dtype": label, "error": _short(err)})
+        row.exports.append({"dtype": label, "error": failure(err)})
         return False
     gb = size() / 1e9
     row.exports.append({"dtype": label, "seconds": seconds, "peak_gb": peak, "file_gb": gb, "ratio": peak / gb})
@@ -156,7 +155,7 @@ def _optimum_runs(row: RealRow, folder: Path, work: Path, bandwidth: float, thre
         try:
             got = worker_run("ort", out / "model.onnx", prompt, new_tokens, threads)
         except RuntimeError as err:  # a failed child (harness.ChildFailed)
-            row.runs.append({"prompt": prompt, "optimum": True, "error": _short(err)})
+            row.runs.append({"prompt": prompt, "optimum": True, "error": failure(err)})
             continue
         row.runs.append(_decode_entry(got, {"prompt": prompt, "lean": False, "optimum": True}, floor_ms, bandwidth,
                                       folder_bytes(out)))
@@ -263,12 +262,6 @@ def targets(rows: list[RealRow]) -> list[tuple[str, str, str, bool]]:
                 out.append((r.name, f"prefill 4096 ({label}): peak RSS below Optimum's file",
                             f"{peak:.2f} vs {other:.2f} GB", peak < other))
     return out
-
-
-def _short(err: BaseException) -> str:
-    """The last line of a failed measurement (the runtime's own words)."""
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    return (lines[-1] if lines else type(err).__name__)[-160:]
 
 
 def _export_ok(export: dict) -> bool:

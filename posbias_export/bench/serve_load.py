@@ -8,9 +8,9 @@
                  tokens (greedy, streamed); tokens/s overall and per stream, time to first token
                  p50/p99, peak resident memory
 
-Every server is sent the same texts (bench/serve_peers.text_of_tokens: exactly the cell's tokens under
+Every server is sent the same texts (peers/servers.text_of_tokens: exactly the cell's tokens under
 the folder's tokenizer; a new text per request, so no server reuses a cached prefix). The peers
-(infinity-emb, llama-cpp-python's OpenAI server; bench/serve_peers.py) are rows where they are
+(infinity-emb, llama-cpp-python's OpenAI server; peers/servers.py) are rows where they are
 installed; elsewhere the row says what is missing. `python -m posbias_export bench-serve --work DIR`.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 
 from ..environment import describe, environment
 from ..serve.process import ServeProcess
-from . import serve_peers as peers
+from ..peers import servers as peers
 from .harness import md_table, one_line, write_results
 
 COMMAND = "python -m posbias_export bench-serve"

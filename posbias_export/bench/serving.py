@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..environment import cpu_model, read_bandwidth_gbs
 from ..export.files import check_work_folder, scratch, work_folder
-from .harness import kept_rows, measured_python, targets_section, write_results
+from .harness import failure, kept_rows, measured_python, targets_section, write_results
 from ..hf.published import PUBLISHED, check_published_folder, published_folder
 from .real_models import SEQ2SEQ, folder_bytes, folder_weight_bytes, weight_bytes, worker_run
 
@@ -84,9 +84,7 @@ def _timed_runs(row: ServingRow, scheme: str, label: str, argv: list[str], weigh
         try:
             got = worker_run(*argv, context, new_tokens + WARM_STEPS, threads, warm=WARM_STEPS)
         except RuntimeError as err:  # a client that cannot serve this prompt: a row saying why, the rest still run
-            lines = [line for line in str(err).splitlines() if line.strip()]
-            row.runs.append({"scheme": scheme, "file": label, "context": context,
-                             "error": (lines[-1] if lines else type(err).__name__)[-300:]})
+            row.runs.append({"scheme": scheme, "file": label, "context": context, "error": failure(err)})
             continue
         row.runs.append({"scheme": scheme, "file": label, "context": context, "prefill_s": got["prefill_s"],
                          "prefill_peak_gb": got["prefill_peak_gb"], "peak_gb": got["peak_gb"], "decode_ms": got["decode_ms"],
@@ -136,9 +134,7 @@ def _llama_cpp(row: ServingRow, folder: Path, files: Path, scheme: str, contexts
                                             "causal_gguf(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])",
                                             str(folder), str(out), scheme])
     except RuntimeError as err:  # its converter refuses the architecture (transformers' MptForCausalLM): rows saying so
-        lines = [line for line in str(err).splitlines() if line.strip()]
-        row.runs += [{"scheme": scheme, "file": LLAMA_CPP, "context": c, "error": (lines[-1] if lines else "failed")[-300:]}
-                     for c in contexts]
+        row.runs += [{"scheme": scheme, "file": LLAMA_CPP, "context": c, "error": failure(err)} for c in contexts]
         return
     size = out.stat().st_size
     row.exports.append({"scheme": scheme, "file": LLAMA_CPP, "seconds": seconds, "peak_gb": peak, "file_gb": size / 1e9})

@@ -13,8 +13,7 @@ def build_bench_parser() -> argparse.ArgumentParser:
 
     p = parser("bench", "Long-context attention: our export on ONNX Runtime CPU (blocked and plain forms) and OpenVINO "
                 "vs PyTorch eager with the same bias and PyTorch fused causal SDPA without a bias; one process per "
-                "configuration. Writes attention.md/.json/.png. (On a GPU: python tools/gpu_attention.py from a "
-                "checkout.)", "examples:\n  python -m posbias_export bench\n  "
+                "configuration. Writes attention.md/.json/.png. (On a GPU: python -m posbias_export.gpu.attention.)", "examples:\n  python -m posbias_export bench\n  "
                 "python -m posbias_export bench --biases alibi --lengths 512,2048 --repeats 2 --out-dir /tmp/bench")
     p.add_argument("--biases", type=name_list, default=bench.BIASES, help="comma-separated bias families (default all)")
     p.add_argument("--lengths", type=int_list, default=bench.LENGTHS, help=f"comma-separated sequence lengths (default "

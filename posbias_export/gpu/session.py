@@ -3,9 +3,9 @@ attention files on ONNX Runtime CUDA (each file in its own worker process, profi
 timings: ORT's operators, the CUDA kernels, the kernel its attention op chose) against compiled
 FlexAttention, fused SDPA and PyTorch eager, each in the cells the targets read.
 
-    python tools/gpu_session.py ort OUT --models DIR [--provider cuda|cpu] [--small]
-    python tools/gpu_session.py torch OUT [--warm]     # --warm: each cell once (compiles, fills the caches)
-    python tools/gpu_session.py write OUT_1 OUT_2 ...  # here: benchmarks/gpu_attention.md / .json
+    python -m posbias_export.gpu.session ort OUT --models DIR [--provider cuda|cpu] [--small]
+    python -m posbias_export.gpu.session torch OUT [--warm]     # --warm: each cell once (compiles, fills the caches)
+    python -m posbias_export.gpu.session write OUT_1 OUT_2 ...  # here: benchmarks/gpu_attention.md / .json
 
 --provider cpu --small is the rehearsal (ORT CPU at 64 / 256 tokens, the same workers and writer).
 """
@@ -16,11 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-import gpu_attention as g
+from posbias_export.gpu import attention as g
 from posbias_export.environment import describe_gpu, gpu_environment
 
 HEADS, HEAD_DIM, REPEATS = 8, 64, 10
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The targets' cells (gpu_attention.target_rows): the fused families at 4096 and 16384, the table
 # families at 16384, and each at 32768 for its peak memory; then what each is held to.
 ORT_GRID = {"alibi": (4096, 16384, 32768), "none": (4096, 16384, 32768), "kerple_log": (16384, 32768),
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="part", required=True)
     o = sub.add_parser("ort")
     o.add_argument("out", type=Path)
-    o.add_argument("--models", type=Path, required=True, help="where the attention files are (gpu_parity.py build)")
+    o.add_argument("--models", type=Path, required=True, help="where the attention files are (gpu.parity build)")
     o.add_argument("--provider", choices=("cuda", "cpu"), default="cuda")
     o.add_argument("--small", action="store_true", help="64 and 256 tokens (the CPU rehearsal)")
     o.add_argument("--biases", help="comma-separated: only these families' files")

@@ -3,8 +3,8 @@ family (docs/adding-a-family.md): each lives between `<!-- generated: KEY ... --
 `<!-- end generated -->`. tests/test_docs.py checks them, family by family, so
 `pytest --family NAME` says when one is stale.
 
-    python tools/family_docs.py          # rewrite the generated blocks
-    python tools/family_docs.py --check  # exit 1 if one is stale
+    python -m posbias_export.biases.readme_blocks          # rewrite the generated blocks
+    python -m posbias_export.biases.readme_blocks --check  # exit 1 if one is stale
 """
 from __future__ import annotations
 
@@ -13,11 +13,9 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run by path from a checkout
-    sys.path.insert(0, str(ROOT))
+from . import family_table
 
-from posbias_export.biases import family_table  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout whose README this writes
 
 END = "<!-- end generated -->"
 # key -> (page, generator): every generated block of the docs
@@ -50,7 +48,7 @@ def rewrite(root: Path = ROOT) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="tools/family_docs.py", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m posbias_export.biases.readme_blocks", description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="only say whether a block is stale (exit 1)")
     args = p.parse_args(argv)
     stale = [key for key, (page, make) in BLOCKS.items() if generated_block((ROOT / page).read_text(), key) != make()]

@@ -4,14 +4,14 @@ eager with the same bias, PyTorch's fused causal SDPA without a bias, and FlexAt
 bias as a score_mod. Causal, batch 1, [1, H, L, d]; float16 and float32; GPU memory included.
 
 ONNX Runtime runs each file in its own process (bench/worker.py, the CPU bench's worker: its
-arena and context alone; gpu_profile.py then says what ran);
+arena and context alone; gpu.profile then says what ran);
 PyTorch runs here. FlexAttention's score_mod: ALiBi's closed form (slope * (kv - q)); any other
 relative family reads a [H, L] table of its own bias per distance (the family's from_positions),
 under a causal block mask (a local window: the window's block mask, which skips blocks).
 
-    python tools/gpu_attention.py [--biases alibi,t5] [--lengths 1024,4096] [--out-dir benchmarks]
+    python -m posbias_export.gpu.attention [--biases alibi,t5] [--lengths 1024,4096] [--out-dir benchmarks]
 
-On a lease the same work runs in parts, one GPU call each (tools/gpu_session.py, gpu_lease.sh).
+On a lease the same work runs in parts, one GPU call each (posbias_export.gpu.session, gpu_lease.sh).
 """
 from __future__ import annotations
 
@@ -21,12 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run by path from a checkout
-    sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from posbias_export.bench.harness import median  # noqa: E402
-from posbias_export.export.files import write_text_atomic  # noqa: E402
+from posbias_export.bench.harness import median
+from posbias_export.export.files import write_text_atomic
 
 
 def attention_bias(model):
@@ -35,8 +33,7 @@ def attention_bias(model):
 
     return next(m for m in model.modules() if isinstance(m, AttentionBias))
 
-WORKER = ROOT / "posbias_export" / "bench" / "worker.py"
-GPU_PROFILE = Path(__file__).with_name("gpu_profile.py")
+WORKER = Path(__file__).parents[1] / "bench" / "worker.py"
 LENGTHS = (1024, 4096, 16384, 32768)
 DTYPES = ("float16", "float32")
 TARGETS = ("cuda", "cuda-ort", "portable", "plain")  # plain: the portable target's plain form, at 1024 only (lengths_for)
@@ -73,7 +70,7 @@ def run_ort(path: Path, lengths, dtype: str, heads: int, head_dim: int, repeats:
             env: dict | None = None, provider: str = "cuda", profile: bool = False) -> list[dict]:
     """One file in a worker process (the CPU bench's worker, every length in increasing order).
     env: extra variables (ORT_ENABLE_CUDNN_FLASH_ATTENTION=0 for the run without cuDNN SDPA);
-    profile: then each row gains what ran (gpu_profile.py) and the kernel choices ONNX Runtime's
+    profile: then each row gains what ran (gpu.profile) and the kernel choices ONNX Runtime's
     attention ops printed (ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO)."""
     import os
 
@@ -88,7 +85,7 @@ def run_ort(path: Path, lengths, dtype: str, heads: int, head_dim: int, repeats:
     rows += [{"length": n, "error": why} for n in lengths if n not in done]
     if not profile:
         return rows
-    cmd = [sys.executable, str(GPU_PROFILE), str(path), "--lengths", ",".join(map(str, lengths)), "--dtype", dtype,
+    cmd = [sys.executable, "-m", "posbias_export.gpu.profile", str(path), "--lengths", ",".join(map(str, lengths)), "--dtype", dtype,
            "--heads", str(heads), "--head-dim", str(head_dim), "--provider", provider]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env={**env, "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])})
@@ -191,25 +188,7 @@ def torch_cells(bias_name: str, dtype: str, lengths, heads: int, head_dim: int, 
                 rows.append(row)
                 continue
             try:
-                with torch.no_grad():
-                    try:
-                        runs[config]()  # warm-up (and compile)
-                    except Exception as err:  # noqa: BLE001 - a table score_mod's float16 tiles outgrew H200's 227 KB
-                        if config != "flex" or "out of resource" not in str(err):
-                            raise
-                        options.update(FLEX_SMALL_TILES)
-                        row["kernel_options"] = dict(FLEX_SMALL_TILES)
-                        runs[config]()
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
-                    base = torch.cuda.memory_allocated()
-                    times = []
-                    for _ in range(repeats):
-                        start = time.perf_counter()
-                        runs[config]()
-                        torch.cuda.synchronize()
-                        times.append(time.perf_counter() - start)
-                row.update(times=times, gpu_bytes=torch.cuda.max_memory_allocated() - base)
+                _time_cuda(runs[config], row, repeats, options if config == "flex" else None)
                 if config == "flex" and ran_eagerly(row, heads, length, dtype):
                     row["error"] = f"flex ran eagerly (peak {row['gpu_bytes'] / 1e9:.2f} GB, the scores' size): not compiled"
                     del row["times"]
@@ -220,6 +199,33 @@ def torch_cells(bias_name: str, dtype: str, lengths, heads: int, head_dim: int, 
         del q, k, v
         torch.cuda.empty_cache()
     return rows
+
+
+def _time_cuda(run, row: dict, repeats: int, flex_options: dict | None) -> None:
+    """One warm-up (and compile), then `repeats` timed runs, each synchronised; the row gains its
+    times and the peak GPU bytes above what was allocated before. flex_options: Flex's kernel
+    options, made smaller when a table score_mod's float16 tiles outgrow H200's 227 KB."""
+    import torch
+
+    with torch.no_grad():
+        try:
+            run()
+        except Exception as err:  # noqa: BLE001 - only Flex's out-of-resource is retried
+            if flex_options is None or "out of resource" not in str(err):
+                raise
+            flex_options.update(FLEX_SMALL_TILES)
+            row["kernel_options"] = dict(FLEX_SMALL_TILES)
+            run()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+    row.update(times=times, gpu_bytes=torch.cuda.max_memory_allocated() - base)
 
 
 def flex_check(bias_name: str, heads: int, head_dim: int, length: int = 1024) -> float:
@@ -391,7 +397,7 @@ def targets_markdown(checks: list[dict]) -> list[str]:
 
 
 def what_ran(rows: list[dict]) -> list[str]:
-    """The profiled cells (gpu_profile.py) at 1024 and the target length (else the shortest
+    """The profiled cells (gpu.profile) at 1024 and the target length (else the shortest
     and longest profiled): the CUDA kernels by device time, the kernel ONNX Runtime's attention op
     said it chose, and ORT's busiest operator types."""
     present = {r["length"] for r in rows if r.get("profile")}
@@ -416,7 +422,7 @@ def what_ran(rows: list[dict]) -> list[str]:
 
 def write(result: dict, out_dir: Path, machine: dict | None = None, stale: str | None = None) -> list[Path]:
     """gpu_attention.md/.json. `machine`: the GPU machine's description when the JSON parts were
-    measured elsewhere (tools/gpu_session.py); by default this machine's. `stale`: why the
+    measured elsewhere (posbias_export.gpu.session); by default this machine's. `stale`: why the
     timings no longer describe today's files: the targets then read "not measured"."""
     from posbias_export.environment import describe, environment
 
@@ -429,7 +435,7 @@ def write(result: dict, out_dir: Path, machine: dict | None = None, stale: str |
                            "ort-plain", *TORCH_CONFIGS)
                if any(r["config"] == c for r in rows)]
     lines = ["# Attention on the GPU: ONNX Runtime CUDA vs PyTorch (eager, fused SDPA, FlexAttention)", "",
-             "Generated by `python -m posbias_export bench --device cuda` (or tools/gpu_session.py, the same cells "
+             "Generated by `python -m posbias_export bench --device cuda` (or posbias_export.gpu.session, the same cells "
              "in parts, one GPU call each). Attention alone, causal, batch 1, "
              f"H={result['heads']}, d={result['head_dim']}; ms per forward (median of 10 after a warm-up; IOBinding, "
              "tensors on the GPU) / GPU memory beyond the inputs' process baseline (ONNX Runtime: the process's "
@@ -477,9 +483,14 @@ def main(argv=None) -> int:
     import argparse
 
     from posbias_export.biases import BIASES
-    from posbias_export.commands.options import int_list, name_list
 
-    p = argparse.ArgumentParser(prog="tools/gpu_attention.py", description=__doc__.splitlines()[0])
+    def name_list(text: str) -> tuple[str, ...]:
+        return tuple(x.strip() for x in text.split(",") if x.strip())
+
+    def int_list(text: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in name_list(text))
+
+    p = argparse.ArgumentParser(prog="python -m posbias_export.gpu.attention", description=__doc__.splitlines()[0])
     p.add_argument("--biases", type=name_list, default=BIASES)
     p.add_argument("--lengths", type=int_list, default=None, help=f"default {','.join(map(str, LENGTHS))}")
     p.add_argument("--heads", type=int, default=8)

@@ -1,6 +1,6 @@
 """What one exported attention file ran at each length, on ONNX Runtime CUDA, in its own process.
 
-Run by path (python tools/gpu_profile.py model.onnx --lengths ... --dtype ...) after its timings
+Run as a module (python -m posbias_export.gpu.profile model.onnx --lengths ... --dtype ...) after its timings
 (posbias_export/bench/worker.py --provider cuda, the CPU bench's worker): one JSON line per
 length with ONNX Runtime's profiler (ms per operator type, a fresh session) and, where PyTorch
 with CUDA is importable, the CUDA kernels its profiler (CUPTI, process-wide) saw in the same
@@ -19,11 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run by path from a checkout
-    sys.path.insert(0, str(ROOT))
-
-from posbias_export.bench.worker import make_inputs, ort_runner, served_providers  # noqa: E402
+from posbias_export.bench.worker import make_inputs, ort_runner, served_providers
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
