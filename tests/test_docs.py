@@ -111,3 +111,17 @@ def test_the_capability_table_in_the_docs_is_the_code_s():
     from posbias_export.parity.capabilities import table_markdown
 
     assert table_markdown() in TEXTS[ROOT / "docs" / "validating.md"]
+
+
+def test_layout_names_every_module():
+    """docs/layout.md is the map of the house: every module of the package and of runtimes/ is named
+    there (a bias family's module is "one family each": the registry names it)."""
+    layout = (ROOT / "docs" / "layout.md").read_text()
+    from posbias_export.biases import bias_class
+
+    families = {bias_class(name).__module__.rsplit(".", 1)[-1] for name in pbe.BIASES}
+    modules = [p for folder in ("posbias_export", "runtimes") for p in (ROOT / folder).rglob("*.py")
+               if "node_modules" not in p.parts and p.name != "__init__.py"]
+    missing = [str(p.relative_to(ROOT)) for p in modules if p.name not in layout
+               and not (p.parent.name == "biases" and p.stem in families)]
+    assert modules and not missing, f"docs/layout.md does not name: {missing}"
