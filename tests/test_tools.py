@@ -345,7 +345,7 @@ def test_gpu_embed_judges_every_form_of_a_tiny_embedder_on_the_cpu(tmp_path):
 
 
 def test_gpu_cure_variants_drop_the_ifs_and_keep_the_outputs(tmp_path):
-    """gpu_cure.py's variants (what the first lease ran beside the shipped files): `loop` has no If
+    """gpu/cure.py's variants (what the first lease ran beside the shipped files): `loop` has no If
     and the blocked Loop, `flat` no control flow at all; each agrees with its file on ORT CPU at
     one block, several blocks and an odd length."""
     import onnx
@@ -371,7 +371,7 @@ def test_floor_cost_compares_two_folders_of_one_file(tmp_path, monkeypatch):
         assert cli_main(["--bias", "alibi", "--arch", "attention", "--heads", "2", "--dim", "32", "--skip-growth-check",
                          "--out", str(tmp_path / side / "alibi.onnx")]) == 0
     out = tmp_path / "cost.md"
-    monkeypatch.setattr(sys, "argv", ["floor_cost_cpu.py", str(tmp_path / "before"), str(tmp_path / "after"),
+    monkeypatch.setattr(sys, "argv", ["floor_cost.py", str(tmp_path / "before"), str(tmp_path / "after"),
                                       "--lengths", "40", "--runs", "1", "--out", str(out)])
     assert load_tool("evidence.floor_cost").main() == 0
     text = out.read_text()
