@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 from posbias_export.export.hoist import hoist_functions, hoist_nodes
 
 ROOT = Path(__file__).resolve().parents[1]
-OLD_FILE = ROOT / "tools" / "data" / "alibi_attention_0f33d6a.onnx"  # exported before the hoist
+OLD_FILE = ROOT / "posbias_export" / "gpu" / "data" / "alibi_attention_0f33d6a.onnx"  # exported before the hoist
 
 
 def _host_reads():
@@ -191,10 +191,10 @@ def test_the_portable_file_that_raced_without_a_copy_back_is_fenced(tmp_path):
     import posbias_export as pbe
 
     reads = _host_reads()
-    repro = onnx.load(ROOT / "tools" / "data" / "alibi_attention_portable_77e0afd.onnx")
+    repro = onnx.load(ROOT / "posbias_export" / "gpu" / "data" / "alibi_attention_portable_77e0afd.onnx")
     assert reads.risky_host_reads(repro) == []
     assert len(reads.unfused_loops(repro)) == 2  # the padded and unpadded Loops
-    assert reads.needs_host_sync(str(ROOT / "tools" / "data" / "alibi_attention_portable_77e0afd.onnx"))
+    assert reads.needs_host_sync(str(ROOT / "posbias_export" / "gpu" / "data" / "alibi_attention_portable_77e0afd.onnx"))
     core = pbe.build_model(pbe.ModelConfig(bias="alibi", num_heads=4, dim=64), arch="attention")
     out = tmp_path / "gpu.onnx"
     pbe.export_onnx(core, out, check_growth=False, target="cuda-ort")

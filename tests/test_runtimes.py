@@ -273,7 +273,7 @@ def test_cuda_sessions_launch_host_synchronously_only_for_files_that_read_stale_
     gpu = exports.cli("alibi", extra=("--target", "cuda-ort"))  # blocked Loops, their scalars read from their own Shape
     portable = exports.cli("alibi")  # the portable blocked body: fenced
     sandwich = exports.cli("sandwich", extra=("--target", "cuda-ort"))
-    old = Path(__file__).resolve().parents[1] / "tools" / "data" / "alibi_attention_0f33d6a.onnx"
+    old = Path(__file__).resolve().parents[1] / "posbias_export" / "gpu" / "data" / "alibi_attention_0f33d6a.onnx"
     assert not run.needs_host_sync(str(inplace)) and not run.needs_host_sync(str(gpu))
     assert run.needs_host_sync(str(portable)) and run.needs_host_sync(str(sandwich)) and run.needs_host_sync(str(old))
     monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
