@@ -82,7 +82,7 @@ def compare(before: Path, after: Path, length: int, runs: int, rounds: int = 2) 
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     p.add_argument("before", type=Path, help="a folder of attention files without the floor")
     p.add_argument("after", type=Path, help="the same files' names, with it")
     p.add_argument("--lengths", default="8192")

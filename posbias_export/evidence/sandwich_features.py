@@ -25,7 +25,7 @@ LENGTH, ROWS, HEADS, HEAD_DIM, SIN_DIM = 16384, 64, 8, 64, 128
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/sandwich_features.md")
     args = p.parse_args()
     w = sandwich_frequencies(SIN_DIM).numpy()  # [d'/2] float32

@@ -45,7 +45,7 @@ def feeds(session, length: int) -> dict[str, np.ndarray]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/session_options.md")
     p.add_argument("--rounds", type=int, default=15)  # 5 rounds spread one row 0.84-1.17x run to run
     p.add_argument("--decoder", help="an in-place cache file (--kv-cache --target ort): decode steps, reuse on and off")

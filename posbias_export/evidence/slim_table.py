@@ -51,7 +51,7 @@ def measure(path: Path, length: int, runs: int) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     p.add_argument("before", type=Path)
     p.add_argument("after", type=Path)
     p.add_argument("--label-before", default="table + int64 index")

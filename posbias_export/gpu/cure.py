@@ -293,7 +293,7 @@ def _timing_table(async_dir: Path, blocking_dir: Path) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="part", required=True)
     v = sub.add_parser("variants")
     v.add_argument("root", type=Path)

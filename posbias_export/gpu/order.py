@@ -148,6 +148,17 @@ def run_case(cache: Path, path: str, provider: str, order: list[int], setting: s
     return row
 
 
+def race_files(folder: Path) -> list[str]:
+    """RACE_FILES that the pack holds (a rehearsal's small pack has two families): each one
+    missing is said on stderr, none at all is an error."""
+    missing = [f for f in RACE_FILES if not (folder / f).is_file()]
+    if missing:
+        print(f"race: not in {folder}: {', '.join(missing)}", file=sys.stderr)
+    if len(missing) == len(RACE_FILES):
+        raise SystemExit(f"race: none of {', '.join(RACE_FILES)} in {folder}")
+    return [str(folder / f) for f in RACE_FILES if f not in missing]
+
+
 def run_race(out: Path, files: list[str], provider: str, cache: Path, workers: int = 12) -> None:
     """Each file x RACE_ORDERS x RACE_SETTINGS, each case its own process -> OUT/gpu_race.json."""
     from concurrent.futures import ThreadPoolExecutor
@@ -211,7 +222,7 @@ def write(out: Path, dest: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="part", required=True)
     r = sub.add_parser("run")
     r.add_argument("out", type=Path)
@@ -235,7 +246,7 @@ def main(argv=None) -> int:
     if args.part == "run":
         args.out.mkdir(parents=True, exist_ok=True)
         if args.race:
-            files = [str(args.race_models / f) for f in RACE_FILES] if args.race_models else args.files
+            files = race_files(args.race_models) if args.race_models else args.files
             run_race(args.out, files, args.provider, args.cache or args.out / "cpu_ref", args.workers)
         else:
             run(args.out, args.files, args.provider, args.small, args.cache, args.workers)

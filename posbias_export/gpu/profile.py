@@ -81,7 +81,7 @@ def profile_length(model: str, provider: str, length: int, heads: int, head_dim:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__)
     p.add_argument("model")
     p.add_argument("--lengths", required=True, help="comma-separated")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float16")

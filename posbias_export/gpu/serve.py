@@ -159,7 +159,7 @@ def write(folders: list[Path], dest: Path = ROOT / "benchmarks") -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="part", required=True)
     r = sub.add_parser("run")
     r.add_argument("out", type=Path)

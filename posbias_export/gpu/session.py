@@ -70,7 +70,7 @@ def part_write(folders: list[Path], dest: Path) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="part", required=True)
     o = sub.add_parser("ort")
     o.add_argument("out", type=Path)
