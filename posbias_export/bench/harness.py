@@ -108,9 +108,12 @@ def one_line(text: str, limit: int = 200) -> str:
 
 
 def failure(err: BaseException, limit: int = 300) -> str:
-    """A failed measurement as its row's words: the last line of a child's reason (without the
-    command, whose paths are this machine's), or of the error."""
-    return one_line(getattr(err, "reason", None) or str(err) or type(err).__name__, limit)
+    """A failed measurement as its row's words: the end of the last line of a child's reason
+    (without the command, whose paths are this machine's) or of the error (ONNX Runtime's line
+    starts with a source path and ends with what happened)."""
+    text = getattr(err, "reason", None) or str(err) or type(err).__name__
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(err).__name__)[-limit:].replace("|", "/")
 
 
 def run_into(cell: Measured, cmd: list, timeout: float) -> dict | None:
