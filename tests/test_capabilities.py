@@ -18,7 +18,6 @@ FEATURE_FILES = {
     "in-place cache": ["--kv-cache", "--target", "ort"],
     "com.microsoft.GroupQueryAttention": ["--kv-cache", "--target", "ort"],
     "an int4 table wider than a whole number of blocks": ["--quantize", "int4", "--dim", "48"],
-    "int8 activations quantized per row": ["--quantize", "int8"],
 }
 
 

@@ -192,6 +192,27 @@ def test_the_row_quantizer_against_numpy(symmetric):
         assert np.array_equal(session.run(None, {"x": x[row:row + 1]})[0][0], got[row])
 
 
+@pytest.mark.parametrize("symmetric", [False, True], ids=["zero-point-per-row", "head-about-zero"])
+def test_openvino_runs_the_row_quantizer(symmetric):
+    """OpenVINO's CPU plugin compiles the per-row graph (an empty optional input, the activations'
+    zero point left out, was a node of dynamic rank it refused) and gives numpy's per-row product."""
+    ov = pytest.importorskip("openvino")
+    rng = np.random.default_rng(6)
+    weight = rng.integers(-64, 64, (16, 5)).astype(np.int8)
+    weight_zero, weight_scale = np.zeros(5, np.int8), rng.uniform(0.01, 0.02, 5).astype(np.float32)
+    proto = quantize_dynamic_graph(weight, weight_zero, weight_scale)
+    per_row.activations_per_row(proto, ("head",) if symmetric else ())
+    assert all(name for node in proto.graph.node for name in node.input), "an empty optional input"
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(proto.SerializeToString(), b""), "CPU")
+    x = (rng.standard_normal((4, 16)) * np.array([[1.0], [30.0], [0.01], [1.0]])).astype(np.float32)
+    got = compiled({"x": x})[0]
+    q, scale = numpy_rows(x, symmetric)
+    want = (q @ (weight.astype(np.float64) - weight_zero)) * scale.astype(np.float64) * weight_scale
+    # float32 scales and products: a few units of float32 rounding, far below one quantization step
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-7), np.abs(got - want).max()
+
+
 def test_a_one_row_call_is_quantized_as_quantize_dynamic_does():
     """Where the zero point is per row, a one-row call (a decode step) gives DynamicQuantizeLinear's
     own product bit for bit: per row is per call there."""

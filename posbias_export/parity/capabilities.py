@@ -35,10 +35,6 @@ FEATURES: dict[str, Callable] = {
     "in-place cache": lambda file: file.inplace_cache,
     "com.microsoft.GroupQueryAttention": lambda file: _has_op(file.proto, "GroupQueryAttention", "com.microsoft"),
     "an int4 table wider than a whole number of blocks": lambda file: _partial_quantized_block(file.proto),
-    # our int8 files since 2026-11-29 (export/quantize/per_row.py); a file with one scale per call
-    # (DynamicQuantizeLinear: Optimum's, ours before) is not one
-    "int8 activations quantized per row": lambda file: (_has_op(file.proto, "MatMulInteger", "")
-                                                        and not _has_op(file.proto, "DynamicQuantizeLinear", "")),
 }
 
 
@@ -55,8 +51,6 @@ GAPS = (
     Gap("com.microsoft.GroupQueryAttention", OPENVINO, "OpenVINO has no com.microsoft.GroupQueryAttention"),
     Gap("an int4 table wider than a whole number of blocks", OPENVINO, "OpenVINO's GatherBlockQuantized needs the "
         "quantized width to be a multiple of the block (--quant-block dividing the hidden size avoids it)"),
-    Gap("int8 activations quantized per row", OPENVINO, "OpenVINO 2026.4's CPU plugin refuses the per-row int8 graph "
-        "(a node of dynamic rank: `!shape.rank().is_dynamic()`); int8 files with one scale per call load"),
 )
 
 # a runtime a file of this feature adds to the defaults, after the one it is a variant of

@@ -34,7 +34,7 @@ CONSTANTS = {"per_row_last_axis": np.array([-1], np.int64), "per_row_one_row": n
              "per_row_zero": np.array(0.0, np.float32), "per_row_one": np.array(1.0, np.float32),
              "per_row_levels": np.array(255.0, np.float32), "per_row_half_levels": np.array(127.0, np.float32),
              "per_row_low": np.array(-128.0, np.float32), "per_row_offset": np.array(128.0, np.float32),
-             "per_row_zero_point": np.array(128, np.uint8)}
+             "per_row_zero_point": np.array(128, np.uint8), "per_row_no_zero_point": np.array(0, np.uint8)}
 
 
 def activations_per_row(proto: onnx.ModelProto, symmetric: tuple[str, ...] = ()) -> int:
@@ -137,14 +137,17 @@ def _zero_point_after(matmul: onnx.NodeProto, row_zero: str) -> list[onnx.NodePr
     weight_zero = matmul.input[3] if len(matmul.input) > 3 else ""
     product, out = f"{matmul.output[0]}_without_zero", matmul.output[0]
     p = f"{matmul.output[0]}_zero_share"
-    matmul.input[2] = ""
+    # a zero point of 0, not an empty input: OpenVINO's CPU plugin refuses an empty optional input
+    # ("NullNode ... with dynamic rank"); the same product
+    matmul.input[2] = "per_row_no_zero_point"
     matmul.output[0] = product
     ones = helper.make_tensor("value", TensorProto.UINT8, [1], [1])
     return [
         helper.make_node("Shape", [weight], [f"{p}_weight_rows"], end=1),  # [K]
         helper.make_node("Concat", ["per_row_one_row", f"{p}_weight_rows"], [f"{p}_ones_shape"], axis=0),
         helper.make_node("ConstantOfShape", [f"{p}_ones_shape"], [f"{p}_ones"], value=ones),  # [1, K]
-        helper.make_node("MatMulInteger", [f"{p}_ones", weight, "", weight_zero], [f"{p}_colsum"]),  # [1, N]
+        helper.make_node("MatMulInteger", [f"{p}_ones", weight, "per_row_no_zero_point", *([weight_zero] if weight_zero else [])],
+                         [f"{p}_colsum"]),  # [1, N]
         helper.make_node("Cast", [row_zero], [f"{p}_row_zero"], to=TensorProto.INT32),
         helper.make_node("Mul", [f"{p}_row_zero", f"{p}_colsum"], [f"{p}_share"]),  # [..., M, N]
         helper.make_node("Sub", [product, f"{p}_share"], [out]),
