@@ -25,6 +25,7 @@ import onnx
 import onnx.inliner
 
 from ..runners import runtimes_common
+from .graph_order import outside_reads, subgraphs
 
 __all__ = ["HOST_INPUTS", "hoist_functions", "hoist_nodes"]
 
@@ -34,35 +35,17 @@ HOST_INPUTS = runtimes_common("host_reads").HOST_INPUTS
 SHAPE_SOURCES = ("Shape", "Size", "Constant")
 
 
-def _subgraphs(node: onnx.NodeProto):
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
-
-
 def _rename_uses(nodes, old: str, new: str) -> None:
     """Every use of `old` (in subgraphs too) reads `new`."""
     for node in nodes:
         for i, name in enumerate(node.input):
             if name == old:
                 node.input[i] = new
-        for graph in _subgraphs(node):
+        for graph in subgraphs(node):
             _rename_uses(graph.node, old, new)
             for out in graph.output:
                 if out.name == old:
                     raise ValueError(f"a subgraph returns {old!r}, which the hoist moved")
-
-
-def _outside_reads(graph: onnx.GraphProto) -> set[str]:
-    """The names `graph` (its nested subgraphs too) reads from the scopes around it."""
-    inner = {i.name for i in graph.input} | {o for n in graph.node for o in n.output}
-    reads = {i for n in graph.node for i in n.input if i}
-    for node in graph.node:
-        for sub in _subgraphs(node):
-            reads |= _outside_reads(sub)
-    return reads - inner
 
 
 def _lifted(branch: onnx.GraphProto, shape: set[str]) -> list[onnx.NodeProto]:
@@ -72,7 +55,7 @@ def _lifted(branch: onnx.GraphProto, shape: set[str]) -> list[onnx.NodeProto]:
     returned = {o.name for o in branch.output}
     derived: dict[str, onnx.NodeProto] = {}  # shape-derived values computable before the If -> producer
     for node in nodes:
-        if any(True for _ in _subgraphs(node)) or set(node.output) & returned:
+        if any(True for _ in subgraphs(node)) or set(node.output) & returned:
             continue
         inputs = [i for i in node.input if i]
         available = all(i not in defined or i in derived for i in inputs)
@@ -81,8 +64,8 @@ def _lifted(branch: onnx.GraphProto, shape: set[str]) -> list[onnx.NodeProto]:
             derived.update((o, node) for o in node.output)
     seeds = [node.input[i] for node in nodes for i in HOST_INPUTS.get(node.op_type, ()) if i < len(node.input)]
     for node in nodes:  # what nested Ifs and Loops read from here (a Loop's body: as it would from the graph)
-        for graph in _subgraphs(node):
-            seeds += _outside_reads(graph)
+        for graph in subgraphs(node):
+            seeds += outside_reads(graph)
     wanted, stack = set(), [name for name in seeds if name in derived]
     while stack:  # what host reads need, and what that is made of
         name = stack.pop()
@@ -106,7 +89,7 @@ def hoist_nodes(nodes: list[onnx.NodeProto], shape: set[str] | None = None, fres
     out: list[onnx.NodeProto] = []
     for node in nodes:
         if node.op_type == "If":
-            for branch in _subgraphs(node):
+            for branch in subgraphs(node):
                 inner = hoist_nodes(list(branch.node), shape, fresh)  # nested Ifs lift into the branch first
                 del branch.node[:]
                 branch.node.extend(inner)
@@ -118,7 +101,7 @@ def hoist_nodes(nodes: list[onnx.NodeProto], shape: set[str] | None = None, fres
                         node_moved.output[k] = renamed
                         shape.add(renamed)
                 out.extend(moved)
-        elif not any(True for _ in _subgraphs(node)):
+        elif not any(True for _ in subgraphs(node)):
             inputs = [i for i in node.input if i]
             if node.op_type in SHAPE_SOURCES or (inputs and all(i in shape for i in inputs)):
                 shape.update(node.output)

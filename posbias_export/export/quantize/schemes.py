@@ -110,6 +110,7 @@ class Int8(Scheme):
     def quantize(self, path: str, nodes: list[str], head: tuple[str, ...] = ()) -> onnx.ModelProto:
         from onnxruntime.quantization import QuantType, quantize_dynamic  # int8: the head as every layer
 
+        from ..graph_order import sort_graph
         from .per_row import activations_per_row
 
         with tempfile.TemporaryDirectory(dir=Path(path).parent) as tmp:  # external data both ways: protobuf's 2 GB
@@ -118,6 +119,7 @@ class Int8(Scheme):
                              per_channel=self.per_channel, weight_type=QuantType.QInt8, reduce_range=self.REDUCE_RANGE,
                              use_external_data_format=True, extra_options={"MatMulConstBOnly": True})
             quantized = onnx.load(str(out))
+        sort_graph(quantized.graph)  # its sort can put an If's outside read after the If (graph_order.py)
         activations_per_row(quantized, head)  # each row its own scale: rows apart from their batch (per_row.py)
         return quantized
 
