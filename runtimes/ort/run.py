@@ -23,6 +23,7 @@ from common.runner_cli import parse, run_all  # noqa: E402
 from common.tensor_io import RunnerError  # noqa: E402
 from common.host_reads import needs_host_sync  # noqa: E402
 from common.last_logits import session_source  # noqa: E402
+from common.memory import return_free_heap  # noqa: E402
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -146,6 +147,7 @@ def create_session(model_path: str, provider: str = "cpu", threads: int = 0, tf3
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise RunnerError(f"cannot load model {model_path}: {first}") from None
+    return_free_heap()  # the parsed file's pages, freed once the weights are copied out (memory.py)
     active = session.get_providers()
     if active[0] != wanted:
         raise RunnerError(
