@@ -14,6 +14,7 @@ import onnx.inliner
 
 from ..biases import BIASES, bias_class
 from ..biases.onnx_domain import DOMAIN, STANDARD_DOMAINS, VERSION, RelativeDistance
+from .graph_order import subgraphs
 from .targets.blocked_script import BLOCK_FUNCTIONS
 from .targets.gpu_script import GPU_FUNCTIONS
 from .targets.gpu_table_script import SLIM_TABLE_FUNCTIONS
@@ -43,9 +44,8 @@ def all_nodes(nodes):
     """Every node, those inside subgraph attributes (a Loop body) included."""
     for node in nodes:
         yield node
-        for attr in node.attribute:
-            for graph in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                yield from all_nodes(graph.node)
+        for graph in subgraphs(node):
+            yield from all_nodes(graph.node)
 
 
 def function_protos(names: set[str], opset: int, generated=()) -> list[onnx.FunctionProto]:

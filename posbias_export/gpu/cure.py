@@ -48,14 +48,14 @@ SMALL_ORDERS = {"64 alone": [64], "64->256": [64, 256], "256->17->64->256": [256
 
 def _pick(graph, rule) -> None:
     """Replace every If in `graph` (recursively) by the nodes of the branch rule(if_node) names."""
-    import onnx
     from onnx import helper
+
+    from ..export.graph_order import subgraphs
 
     nodes = []
     for node in graph.node:
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                _pick(sub, rule)
+        for sub in subgraphs(node):
+            _pick(sub, rule)
         if node.op_type != "If":
             nodes.append(node)
             continue

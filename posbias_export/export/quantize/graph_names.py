@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import onnx
 
+from ..graph_order import subgraphs
+
 
 def used_names(graph: onnx.GraphProto) -> set[str]:
     """Every value name a node of `graph` or of its subgraphs reads, and the graph's outputs."""
     used = {o.name for o in graph.output}
     for node in graph.node:
         used.update(node.input)
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                used |= used_names(sub)
+        for sub in subgraphs(node):
+            used |= used_names(sub)
     return used
 
 
