@@ -26,7 +26,7 @@ from test_serve_engines import PROMPTS, generate_alone  # noqa: E402  (puts runt
 from common.loading import load_runner  # noqa: E402
 from hf_folders import save_client_model, save_tiny_folder, save_tokenizer  # noqa: E402
 from posbias_export.hf.ship import ship  # noqa: E402
-from posbias_export.peers.servers import STARTUP_S  # noqa: E402
+from posbias_export.peers.servers import STARTUP_S, tree_pids  # noqa: E402
 from posbias_export.serve.process import ServeProcess  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,7 +78,9 @@ def test_served_embedder(root):
 
     direct = EmbedderEngine(ServedFolder.read(folder))  # the folder's file, run on each input alone
     server = Server(folder, "--max-batch-tokens", "256")
+    tree = tree_pids(server.process.pid)
     try:
+        assert not cluster_only_processes(tree)
         client = server.client
         assert [m.id for m in client.models.list().data] == [folder.name]
         texts = ["To be, or not to be", "that is the question: whether tis nobler in the mind to suffer", "To"]
@@ -135,6 +137,22 @@ def test_served_embedder(root):
     finally:
         assert server.stop() == 0
     assert "stopping" in server.log.read_text()
+    time.sleep(2)  # SIGKILLed stragglers leave /proc within moments
+    assert not [pid for pid in tree if Path(f"/proc/{pid}").exists()], "Ray processes outlived serve"
+
+
+def cluster_only_processes(pids) -> list[str]:
+    """The command lines of Ray's cluster daemons a local serve does not start (serve/local_ray.py):
+    the autoscaler's monitor, the log monitor, the dashboard's API server."""
+    found = []
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        found += [command] if any(part in command for part in ("autoscaler/_private/monitor.py", "log_monitor.py",
+                                                                 "dashboard/dashboard.py")) else []
+    return found
 
 
 def completion_tokens(client, model: str, prompt, max_tokens: int, stream: bool = False) -> tuple[str, int]:

@@ -307,7 +307,7 @@ def test_bench_serve_re_measures_some_cells_and_keeps_the_rest(tmp_path):
     row (other lengths, the completions) kept; a cell new to the file comes after."""
     from dataclasses import asdict
 
-    from posbias_export.bench.serve_load import LoadCell, last_cells, merge_cells
+    from posbias_export.bench.serve_load import LoadCell, last_run, merge_cells
 
     old = [LoadCell("ours", "embeddings", 512, 1, requests=2), LoadCell("ours", "embeddings", 8192, 1, requests=2),
            LoadCell("infinity-emb", "embeddings", 512, 1, requests=2),
@@ -317,8 +317,11 @@ def test_bench_serve_re_measures_some_cells_and_keeps_the_rest(tmp_path):
            LoadCell("ours", "completions", 512, 16, requests=3, note="mpt-1b")]  # another model: a row of its own
     merged = merge_cells(old, new)
     path = tmp_path / "serve.json"
-    path.write_text(json.dumps({"environment": {"read_gbs": 17.5}, "cells": [asdict(c) for c in old]}))
-    assert {c.read_gbs for c in last_cells(tmp_path)} == {17.5}  # each kept row remembers its run's bandwidth
+    facts = {"bloom-560m": {"weight_bytes": 2, "cache_bytes_per_token": 1}}
+    path.write_text(json.dumps({"environment": {"read_gbs": 17.5}, "cells": [asdict(c) for c in old], "models": facts}))
+    kept, models = last_run(tmp_path)
+    assert {c.read_gbs for c in kept} == {17.5}  # each kept row remembers its run's bandwidth
+    assert models == facts  # and its model's facts, for its floor
     assert [(c.server, c.route, c.length, c.clients, c.requests) for c in merged] == [
         ("ours", "embeddings", 512, 1, 5), ("ours", "embeddings", 8192, 1, 2), ("infinity-emb", "embeddings", 512, 1, 7),
         ("ours", "completions", 512, 16, 0), ("infinity-emb", "embeddings", 512, 8, 9), ("ours", "completions", 512, 16, 3)]

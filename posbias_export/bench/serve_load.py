@@ -168,7 +168,9 @@ def render(cells: list[LoadCell], env: dict, missing: dict[str, str], models: di
                         f"{np.median(c.token_s):.3f}" if c.token_s else "-", _gb(c.peak_rss), _gb(c.peak_pss)]
                        for c in comp])
     lines += _floors(comp, env, models or {})
-    lines += ["", "Peers:", ""] + [f"- {peer}: {why or 'ran (rows above)'}" for peer, why in missing.items()]
+    ran = {c.server for c in cells if c.requests}  # rows kept from an earlier run count: they are above
+    lines += ["", "Peers:", ""] + [f"- {peer}: {'ran (rows above)' if peer in ran else why or 'no rows'}"
+                                   for peer, why in missing.items()]
     lines += ["", "## Targets", ""] + md_table(["target", "measured", "verdict"], _verdicts(embed, comp, missing))
     return "\n".join(lines) + "\n"
 
@@ -299,10 +301,10 @@ def run_and_write(work: Path, out_dir: Path, lengths, clients, streams, prompt: 
         cells += _completion_cells(work, name, folders[name], streams, prompt, new_tokens, missing, progress)
     for cell in cells:
         cell.read_gbs = env.get("read_gbs")
-    previous = last_cells(out_dir) if only else []
+    previous, models = last_run(out_dir) if only else ([], {})
     cells = merge_cells(previous, cells)
-    models = {c.note: model_facts(folders.get(c.note) or work / f"{c.note}-served") for c in cells
-              if c.route == "completions" and (folders.get(c.note) or work / f"{c.note}-served").is_dir()}
+    models.update({c.note: model_facts(folders.get(c.note) or work / f"{c.note}-served") for c in cells
+                   if c.route == "completions" and (folders.get(c.note) or work / f"{c.note}-served").is_dir()})
     data = {"environment": env, "cells": [asdict(c) for c in cells], "peers": missing, "models": models}
     return write_results(out_dir, "serve", data, render(cells, env, missing, models))
 
@@ -335,14 +337,15 @@ def merge_cells(previous: list[LoadCell], measured: list[LoadCell]) -> list[Load
     return merged + [c for c in measured if key(c) in fresh]
 
 
-def last_cells(out_dir: Path) -> list[LoadCell]:
-    """The last run's cells, each with the read bandwidth of the run that measured it."""
+def last_run(out_dir: Path) -> tuple[list[LoadCell], dict]:
+    """The last run's cells (each with the read bandwidth of the run that measured it) and its
+    models' facts (a kept row's floor needs them when its folder is no longer in the work folder)."""
     import json
 
     path = Path(out_dir) / "serve.json"
     data = json.loads(path.read_text()) if path.is_file() else {}
     gbs = data.get("environment", {}).get("read_gbs")
-    return [LoadCell(**{**c, "read_gbs": c.get("read_gbs") or gbs}) for c in data.get("cells", [])]
+    return [LoadCell(**{**c, "read_gbs": c.get("read_gbs") or gbs}) for c in data.get("cells", [])], data.get("models", {})
 
 
 def _warm_embeddings(folder: Path, length: int):

@@ -10,6 +10,7 @@ import threading
 from ..errors import UsageError
 from .app import DRAIN_S, build_app
 from .folder import ServedFolder
+from .local_ray import start_local_ray, stop_local_ray
 
 
 PROXY_TIMEOUTS = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
@@ -45,8 +46,11 @@ def launch(served: ServedFolder, host: str, port: int, replicas: int, address: s
     # proxy and serve.start fails): give it a minute; local workers inherit this environment
     for name, value in {**PROXY_TIMEOUTS, **WORKER_NICENESS, **({} if address else QUIET_DAEMONS)}.items():
         os.environ.setdefault(name, value)
-    ray.init(address=address or "local", include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             **({} if address else {"num_cpus": os.cpu_count() or 1}))
+    if address:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        node = None
+    else:
+        node = start_local_ray(os.cpu_count() or 1)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
         signal.signal(sig, lambda *_: stop.set())
@@ -65,7 +69,7 @@ def launch(served: ServedFolder, host: str, port: int, replicas: int, address: s
         try:
             serve.shutdown()
         finally:
-            ray.shutdown()
+            ray.shutdown() if node is None else stop_local_ray(node)
     return 0
 
 
