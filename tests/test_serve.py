@@ -135,10 +135,15 @@ def test_served_embedder(root):
         assert answered is not None, "the replica was not restarted"
         assert float(np.dot(answered["data"][0]["embedding"], got.data[0].embedding)) >= 0.99999
     finally:
+        tree |= tree_pids(server.process.pid)  # the restarted replica's too
         assert server.stop() == 0
     assert "stopping" in server.log.read_text()
+    assert_gone(tree)
+
+
+def assert_gone(pids) -> None:
     time.sleep(2)  # SIGKILLed stragglers leave /proc within moments
-    assert not [pid for pid in tree if Path(f"/proc/{pid}").exists()], "Ray processes outlived serve"
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], "Ray processes outlived serve"
 
 
 def cluster_only_processes(pids) -> list[str]:
@@ -180,7 +185,9 @@ def test_served_decoder(root):
         return tokenizer.decode(made, skip_special_tokens=True), len(made)
 
     server = Server(folder, "--slots", "4")
+    tree = tree_pids(server.process.pid)
     try:
+        assert not cluster_only_processes(tree)
         client, name = server.client, folder.name
         assert completion_tokens(client, name, PROMPTS[0], 12) == expected(PROMPTS[0], 12)
         assert completion_tokens(client, name, PROMPTS[0], 12, stream=True) == expected(PROMPTS[0], 12)
@@ -243,7 +250,9 @@ def test_served_decoder(root):
                 assert err.status_code == 503 and time.time() < deadline, err
                 time.sleep(2)
     finally:
+        tree |= tree_pids(server.process.pid)  # the restarted replica's too
         assert server.stop() == 0
+    assert_gone(tree)
 
 
 def test_served_seq2seq(root):
