@@ -202,3 +202,34 @@ def test_llama_cpp_computes_the_same_embedding_from_its_gguf(folders, tmp_path, 
     theirs = np.array(llm.embed(text, normalize=False))
     ours = dense_reference(folder, ids, np.ones_like(ids))[0].mean(0)
     assert theirs @ ours / np.linalg.norm(theirs) / np.linalg.norm(ours) >= 0.9999
+
+
+def test_llama_cpp_serves_the_byte_level_folder_as_ours(tmp_path):
+    """bench-serve's llama.cpp embedding rows: a JinaBERT folder with a byte-level BPE tokenizer (the
+    served folder's) becomes a GGUF that, pooled as the served folder says, gives the served
+    folder's embedding of the same text (cosine >= 0.9999: the same ids and the same mean pooling;
+    llama.cpp's GELU is the tanh form)."""
+    from posbias_export.hf.ship import ship
+    from posbias_export.hf.tiny import Sizes, save_tokenizer
+    from posbias_export.peers import llama_cpp_runs
+    from posbias_export.serve.embedder import EmbedderEngine
+    from posbias_export.serve.folder import ServedFolder
+
+    reason = llama_cpp_runs.missing()
+    if reason:
+        pytest.skip(reason)
+    import llama_cpp
+
+    # a table of 304 rows: room for the converter's <unk> and <mask> after the tokenizer's 300
+    folder = save_tiny_folder("jina_bert", tmp_path / "folder", Sizes(vocab=304))
+    save_tokenizer(folder, max_length=64)
+    served = tmp_path / "served"
+    ship(folder, served, check_growth=False)
+    gguf = llama_cpp_runs.bpe_embedder_gguf(folder, tmp_path / "model.gguf", served)
+    llm = llama_cpp.Llama(model_path=str(gguf), embedding=True, n_ctx=64, n_batch=64, n_ubatch=64, verbose=False)
+    text = "whether tis nobler in the mind to suffer the slings and arrows"
+    theirs = np.array(llm.embed(text, normalize=False))
+    engine = EmbedderEngine(ServedFolder.read(served))
+    ours = engine.embed(engine.tokenize([text]))[0]
+    assert theirs.shape == ours.shape
+    assert theirs @ ours / np.linalg.norm(theirs) / np.linalg.norm(ours) >= 0.9999

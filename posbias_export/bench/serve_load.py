@@ -10,7 +10,7 @@
 
 Every server is sent the same texts (peers/servers.text_of_tokens: exactly the cell's tokens under
 the folder's tokenizer; a new text per request, so no server reuses a cached prefix). The peers
-(infinity-emb, llama-cpp-python's OpenAI server; peers/servers.py) are rows where they are
+(infinity-emb; llama-cpp-python's OpenAI server, for embeddings too; peers/servers.py) are rows where they are
 installed; elsewhere the row says what is missing. `python -m posbias_export bench-serve --work DIR`.
 """
 from __future__ import annotations
@@ -286,6 +286,9 @@ def run_and_write(work: Path, out_dir: Path, lengths, clients, streams, prompt: 
     embed_servers = {"ours": lambda: ServeProcess(jina, log=work / "jina-v2-base-serve.log")}
     if not missing["infinity-emb"]:
         embed_servers["infinity-emb"] = lambda: peers.infinity_server(jina, work, jina.name)
+    if not missing["llama.cpp server"]:  # the GGUF of the folder the served one was shipped from
+        embed_servers["llama.cpp server"] = lambda: peers.llama_embedding_server(
+            work / "jina-v2-base", jina, work, progress, JINA_BASE["max_len"])
     for length in (lengths if only != "completions" else ()):  # a fresh server per length: a cell's peak is not an earlier, larger batch's arena
         runnable = [c for c in clients if length * c * REQUESTS_PER_CLIENT <= max_cell_tokens]
         for label, start in embed_servers.items():

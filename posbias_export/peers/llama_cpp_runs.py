@@ -108,6 +108,23 @@ def causal_gguf(folder: Path, out: Path, scheme: str) -> Path:
     return out
 
 
+def bpe_embedder_gguf(folder: Path, out: Path, served: Path) -> Path:
+    """The float32 GGUF of a JinaBERT folder whose tokenizer is byte-level BPE (hf/tiny.save_tokenizer,
+    as bench-serve's folder has): llama.cpp's converter takes a BPE JinaBERT as jina-v2-code's, whose
+    tokenizer config names RobertaTokenizer, so a view of the folder says that; the same texts then
+    make the same ids in llama.cpp as in the folder's tokenizer.json (RobertaTokenizer adds <unk> and
+    <mask> after them: the embedding table needs two rows past the tokenizer's). The pooling is read from the
+    served folder's sentence-transformers files (without them llama.cpp answers every token's vector)."""
+    pooling = ("modules.json", "1_Pooling", "sentence_bert_config.json")
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.folder-") as view:
+        for item in [*folder.iterdir(), *(served / name for name in pooling if (served / name).exists())]:
+            if item.name != "tokenizer_config.json" and not (Path(view) / item.name).exists():
+                (Path(view) / item.name).symlink_to(item.resolve())
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        (Path(view) / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "RobertaTokenizer"}))
+        return _convert(Path(view), out, "jina-v2-code", "f32")
+
+
 def _renamed(folder: Path, view: Path, architectures: list[str]) -> Path:
     """`view` made the folder with its config's architectures renamed: every other file linked."""
     for item in folder.iterdir():

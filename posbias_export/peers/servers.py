@@ -14,7 +14,8 @@ weights:
                       GGUF of the same Hugging Face folder, made by llama.cpp's converter
                       (peers/llama_cpp_runs.causal_gguf; LLAMA_CPP_CONVERTER names it), with
                       --interrupt_requests False (its default cuts a stream short when the next
-                      request arrives: 4 streams of 128 tokens gave 131 tokens in all).
+                      request arrives: 4 streams of 128 tokens gave 131 tokens in all); for the
+                      embedder, --embedding with a physical batch as long as the context.
 
 Both are sent text, as ours is in the same cells: `text_of_tokens` makes a text that the folder's
 tokenizer (the one each server was given) turns into exactly the cell's number of tokens.
@@ -216,13 +217,32 @@ def llama_server(hf_folder: Path, work: Path, name: str, progress, context: int)
     if not gguf.is_file():
         progress(f"converting {hf_folder.name} to GGUF (llama.cpp's converter, f32)")
         causal_gguf(hf_folder, gguf, "float32")
+    # its default stops a stream when another request arrives: under concurrent load each request
+    # then ends after a few tokens; off, they queue and finish
+    return _llama_process(gguf, name, work, context, "--interrupt_requests", "False")
+
+
+def llama_embedding_server(hf_folder: Path, served: Path, work: Path, progress, context: int) -> ServerProcess:
+    """llama-cpp-python's OpenAI server with embeddings on the float32 GGUF of the JinaBERT folder
+    `served` was shipped from (converted once into `work`, pooled as `served`), its context and
+    physical batch both `context` tokens: llama.cpp embeds an input in one batch, so a server that
+    takes the model's longest input is set so."""
+    from .llama_cpp_runs import bpe_embedder_gguf
+
+    name = served.name
+    gguf = work / f"{name}-f32.gguf"
+    if not gguf.is_file():
+        progress(f"converting {hf_folder.name} to GGUF (llama.cpp's converter, f32)")
+        bpe_embedder_gguf(hf_folder, gguf, served)
+    return _llama_process(gguf, name, work, context, "--embedding", "True", "--n_batch", str(context),
+                          "--n_ubatch", str(context))
+
+
+def _llama_process(gguf: Path, name: str, work: Path, context: int, *options: str) -> ServerProcess:
     port = free_port()
     return ServerProcess([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", name,
                           "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(context),
-                          "--n_threads", str(os.cpu_count() or 1),
-                          # its default stops a stream when another request arrives: under concurrent
-                          # load each request then ends after a few tokens; off, they queue and finish
-                          "--interrupt_requests", "False"],
+                          "--n_threads", str(os.cpu_count() or 1), *options],
                          port, work / f"{name}-llama-server.log", health="/v1/models", name="llama.cpp server")
 
 
