@@ -260,6 +260,33 @@ def test_the_server_tree_memory_counts_its_children():
         child.wait()
 
 
+def test_a_server_cgroup_counts_its_tree_once():
+    """peers/cgroup.py: a child and its own child, 150 MB each, in the server's memory cgroup: the
+    peak holds both (from a reset taken before they allocate), and the group goes with them."""
+    import os
+    import subprocess
+
+    from posbias_export.peers.cgroup import MemoryCgroup
+
+    group = MemoryCgroup.make(f"posbias-test-{os.getpid()}")
+    if group is None:
+        pytest.skip("no writable memory cgroup hierarchy here (root in a container that mounts one)")
+    hold = "b = bytearray(150 << 20); b[::4096] = b'x' * len(b[::4096]); print('ready', flush=True); sys.stdin.read()"
+    parent = (f"import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', {('import sys; ' + hold)!r}], "
+              f"stdin=subprocess.PIPE, stdout=subprocess.PIPE); assert c.stdout.readline().strip() == b'ready'; {hold}")
+    try:
+        group.reset()
+        before = group.peak()
+        child = subprocess.Popen(group.wrap([sys.executable, "-c", parent]), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert child.stdout.readline().strip() == b"ready"
+        assert group.peak() - before >= 300 << 20
+        child.kill()
+        child.wait()
+    finally:
+        group.remove()
+    assert not group.path.exists()
+
+
 def test_bench_serve_judges_its_targets():
     from posbias_export.bench.serve_load import LoadCell, render
     from posbias_export.environment import environment
@@ -284,6 +311,11 @@ def test_bench_serve_judges_its_targets():
     assert "| completions (mpt-1b): 16 streams >= 3x the tokens/s of 1 | 3.20x | met |" in text
     assert "| completions (mpt-1b) at 16 streams >= llama.cpp's server | 20.48 vs 25.60 tokens/s | NOT met |" in text
     assert "| embeddings at 8192 tokens: server RSS <= 2 GB | 1.50 GB (PSS 0.75 GB) | met |" in text
+    # where the server's own cgroup was measured, that (each page once) judges it, the sums beside it
+    grouped = emb("ours", 8192, 1, 2, 10, int(2.3e9))
+    grouped.peak_cgroup = int(2.1e9)
+    assert ("| embeddings at 8192 tokens: server RSS <= 2 GB | 2.10 GB in its cgroup (summed RSS 2.30, PSS 1.15) "
+            "| NOT met |") in render([grouped], environment(), {"infinity-emb": "", "llama.cpp server": ""})
     # 8 clients: ours 0.80 requests/s, infinity's 1.00: one client count slower is the target missed
     assert ("| embeddings at 512 tokens >= infinity-emb's requests/s | 1 clients 0.50 vs 0.40, "
             "8 clients 0.80 vs 1.00 | NOT met |") in text

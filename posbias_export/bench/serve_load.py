@@ -51,6 +51,7 @@ class LoadCell:
     tokens: int = 0  # completion tokens made
     peak_rss: int = 0
     peak_pss: int = 0  # peak_rss less the pages shared between the tree's processes (process.py)
+    peak_cgroup: int | None = None  # the server's memory cgroup's peak, where one could be made (peers/cgroup.py)
     note: str = ""
     read_gbs: float | None = None  # the read bandwidth measured in the run that measured this cell
 
@@ -111,7 +112,7 @@ def embed_cell(server, client, model: str, label: str, length: int, clients: int
 
     server.sample_peak()
     _load(cell, one, len(texts))
-    cell.peak_rss, cell.peak_pss = server.stop_sampling()
+    cell.peak_rss, cell.peak_pss, cell.peak_cgroup = server.stop_sampling()
     return cell
 
 
@@ -136,7 +137,7 @@ def completion_cell(server, client, model: str, label: str, name: str, streams: 
 
     server.sample_peak()
     _load(cell, one, streams)
-    cell.peak_rss, cell.peak_pss = server.stop_sampling()
+    cell.peak_rss, cell.peak_pss, cell.peak_cgroup = server.stop_sampling()
     return cell
 
 
@@ -154,18 +155,22 @@ def render(cells: list[LoadCell], env: dict, missing: dict[str, str], models: di
              "the HTTP proxy, the replica). Peak RSS: the sum of each process's resident high-water mark over the "
              "cell (the kernel's, reset at its start: nothing samples the server while it works), an upper bound "
              "of the tree at any one moment. Peak PSS: that less the pages the tree's processes share (RSS - PSS "
-             "at the cell's end), which RSS counts once in every process that maps them.",
+             "at the cell's end), which RSS counts once in every process that maps them. Peak cgroup: the peak of "
+             "the server's own memory cgroup (peers/cgroup.py, where this machine lets us make one), each page "
+             "once, its page cache included: what a container's memory limit counts.",
              describe(env), "", "## Embeddings (jina-v2-base-shaped, float32, text inputs)", ""]
     lines += md_table(["server", "tokens", "clients", "requests", "requests/s", "p50 s", "p99 s", "peak RSS GB",
-                       "peak PSS GB", "note"],
+                       "peak PSS GB", "peak cgroup GB", "note"],
                       [[c.server, c.length, c.clients, c.requests, _ms(c.rate), _ms(c.pct(50)), _ms(c.pct(99)),
-                        _gb(c.peak_rss), _gb(c.peak_pss), c.note] for c in embed])
+                        _gb(c.peak_rss), _gb(c.peak_pss), _gb(c.peak_cgroup), c.note] for c in embed])
     lines += ["", "## Completions (streamed, greedy)", ""]
     lines += md_table(["server", "model", "prompt", "streams", "tokens", "tokens/s", "per stream tokens/s",
-                       "TTFT p50 s", "TTFT p99 s", "s/token after the first, p50", "peak RSS GB", "peak PSS GB"],
+                       "TTFT p50 s", "TTFT p99 s", "s/token after the first, p50", "peak RSS GB", "peak PSS GB",
+                       "peak cgroup GB"],
                       [[c.server, c.note, c.length, c.clients, c.tokens, _ms(c.rate),
                         _ms(c.rate / c.clients if c.rate else None), _ms(c.pct(50)), _ms(c.pct(99)),
-                        f"{np.median(c.token_s):.3f}" if c.token_s else "-", _gb(c.peak_rss), _gb(c.peak_pss)]
+                        f"{np.median(c.token_s):.3f}" if c.token_s else "-", _gb(c.peak_rss), _gb(c.peak_pss),
+                        _gb(c.peak_cgroup)]
                        for c in comp])
     lines += _floors(comp, env, models or {})
     ran = {c.server for c in cells if c.requests}  # rows kept from an earlier run count: they are above
@@ -234,10 +239,12 @@ def _verdicts(embed, comp, missing) -> list[list[str]]:
                      f"{sixteen:.2f} vs {peer:.2f} tokens/s" if sixteen and peer else "-",
                      met(sixteen >= peer) if sixteen and peer else "not run: " + (missing["llama.cpp server"] or "no rows")])
     long = [c for c in embed if c.server == "ours" and c.length == 8192 and c.requests]
-    if long:
+    if long:  # judged on the cgroup's peak where measured (each page once), else on the summed RSS
         peak, pss = max(c.peak_rss for c in long) / 1e9, max(c.peak_pss for c in long) / 1e9
+        group = max(c.peak_cgroup or 0 for c in long) / 1e9
         rows.append([f"embeddings at 8192 tokens: server RSS <= {TARGETS['embed_gb']:.0f} GB",
-                     f"{peak:.2f} GB (PSS {pss:.2f} GB)", met(peak <= TARGETS["embed_gb"])])
+                     (f"{group:.2f} GB in its cgroup (summed RSS {peak:.2f}, PSS {pss:.2f})" if group else
+                      f"{peak:.2f} GB (PSS {pss:.2f} GB)"), met((group or peak) <= TARGETS["embed_gb"])])
     pairs = [(c.clients, c.rate, rate(embed, "infinity-emb", c.clients, 512)) for c in embed
              if c.server == "ours" and c.length == 512 and c.rate]
     pairs = [(n, ours, theirs) for n, ours, theirs in pairs if theirs]

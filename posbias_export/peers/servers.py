@@ -4,7 +4,8 @@ Any server command (`ServerProcess`): started on a free loopback port, up once i
 answers 200, stopped by SIGTERM, and the memory of its whole process tree (for ours: the driver,
 Ray's processes, the replicas) read from the kernel: resident bytes (RSS, each process's pages
 counted in full) and proportional bytes (PSS: a page shared by n processes counted 1/n times, so
-the tree's sum is what it holds). Ours is serve/process.py's ServeProcess; the peers, on the same
+the tree's sum is what it holds) and, where the machine lets us make one, its own memory cgroup's
+peak (cgroup.py: each page once, as a container's limit counts). Ours is serve/process.py's ServeProcess; the peers, on the same
 weights:
 
     infinity-emb      `infinity_emb v2 --engine optimum` on the served folder's onnx/model.onnx (our
@@ -34,6 +35,8 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+
+from .cgroup import MemoryCgroup
 
 STARTUP_S = 300  # a loaded 2-core machine starts Ray, its proxy and a replica in 60-120 s
 
@@ -114,9 +117,11 @@ class ServerProcess:
                  env: dict | None = None, name: str | None = None):
         self.name = name or self.name
         self.port, self.log, self.url = port, log, f"http://127.0.0.1:{port}"
-        self.process = subprocess.Popen(command, stdout=self.log.open("w"), stderr=subprocess.STDOUT, cwd=cwd,
-                                        env={**os.environ, **(env or {})})
+        self.cgroup = MemoryCgroup.make(f"posbias-serve-{os.getpid()}-{port}")
+        self.process = subprocess.Popen(self.cgroup.wrap(command) if self.cgroup else command, stdout=self.log.open("w"),
+                                        stderr=subprocess.STDOUT, cwd=cwd, env={**os.environ, **(env or {})})
         self.peak = self.peak_pss = 0
+        self.peak_cgroup: int | None = None
         deadline = time.time() + STARTUP_S
         while time.time() < deadline:
             if self.process.poll() is not None:
@@ -145,15 +150,18 @@ class ServerProcess:
         2 cores reading the replica's memory map every 0.25 s slowed a 512-token embedding from
         1.4 to 2.0 s, and every 2 s still to 1.6 s (the reads hold the lock its allocations take)."""
         reset_peaks(self.process.pid)
+        if self.cgroup:
+            self.cgroup.reset()
 
-    def stop_sampling(self) -> tuple[int, int]:
-        """(peak RSS, peak PSS) since sample_peak(). PSS has no high-water mark: it is estimated as
-        the peak RSS less the pages the tree's processes share (RSS - PSS at the end, counted in
-        each process that maps them)."""
+    def stop_sampling(self) -> tuple[int, int, int | None]:
+        """(peak RSS, peak PSS, the cgroup's peak or None) since sample_peak(). PSS has no
+        high-water mark: it is estimated as the peak RSS less the pages the tree's processes share
+        (RSS - PSS at the end, counted in each process that maps them)."""
         self.peak = tree_peak_rss(self.process.pid)
         rss, pss = tree_memory(self.process.pid)
         self.peak_pss = max(0, self.peak - (rss - pss))
-        return self.peak, self.peak_pss
+        self.peak_cgroup = self.cgroup.peak() if self.cgroup else None
+        return self.peak, self.peak_pss, self.peak_cgroup
 
     def stop(self, timeout: float = 120) -> int:
         """SIGTERM, then the exit code (killed after `timeout`: RuntimeError)."""
@@ -163,6 +171,9 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             raise RuntimeError(f"{self.name} did not stop in {timeout} s after SIGTERM") from None
+        finally:
+            if self.cgroup:
+                self.cgroup.remove()
 
 INFINITY = "infinity_emb"
 # what infinity reads beside the model (its sentence-transformers pooling included)

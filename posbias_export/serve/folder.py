@@ -89,10 +89,10 @@ def _is_decoder(path: Path, model: Path) -> bool:
 
 def _has_cache(model: Path) -> bool:
     """Whether the file takes a KV cache (past_key_values.N.key inputs), read without its weights."""
-    import onnx
+    from ..runners import runtimes_common
 
     try:
-        graph = onnx.load(str(model), load_external_data=False).graph
+        graph = runtimes_common("graph_only").load_graph_only(model).graph
     except Exception as err:  # noqa: BLE001 - protobuf's own errors: a file that is not a model
         raise FolderError(f"cannot read {model}: {str(err).strip().splitlines()[0] if str(err).strip() else err}") from None
     return any(i.name.startswith("past_key_values.") for i in graph.input)

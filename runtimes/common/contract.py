@@ -83,10 +83,10 @@ class FileContract:
 
     @classmethod
     def of_path(cls, path: str) -> "FileContract":
-        """From a file on disk: its graph only (external weights are not read); needs onnx."""
-        import onnx
+        """From a file on disk: its graph only (no weight is read); needs onnx."""
+        from .graph_only import load_graph_only
 
-        return cls.of(onnx.load(str(path), load_external_data=False))
+        return cls.of(load_graph_only(path))
 
     # --- writing ---------------------------------------------------------------------------
 

@@ -4,11 +4,13 @@ rows into the buffer it is given, is in the graph), and how many token ids it ha
 rows of the table input_ids is looked up in: Gather, or int4's GatherBlockQuantized, which reads
 past its table unchecked; in a quantized file with a tied table, the head's weight, gathered on
 the axis of its vocabulary). Needs the onnx package; without it `read_graph_facts` gives None and the
-caller falls back to the labels. The graph is read without external data: a large model's .onnx
-file holds its graph only."""
+caller falls back to the labels. The graph is read without any tensor's values (graph_only.py): a
+file that holds its weights is not parsed whole."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .graph_only import load_graph_only
 
 TOKEN_INPUT = "input_ids"
 LOOKUPS = ("Gather", "GatherBlockQuantized")
@@ -70,11 +72,11 @@ def read_graph_facts(model_path) -> GraphFacts | None:
     """The file's facts, or None where the onnx package is missing or cannot read it (the
     runtime's own load then says what is wrong with the file)."""
     try:
-        import onnx
+        import onnx  # noqa: F401 - parses what load_graph_only keeps
     except ImportError:
         return None
     try:
-        return facts_of(onnx.load(str(model_path), load_external_data=False))
+        return facts_of(load_graph_only(model_path))
     except Exception:  # noqa: BLE001 - a broken file is the runtime's to report, in its words
         return None
 

@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+from .graph_only import load_graph_only
 from .tensor_io import RunnerError, data_sets, read_tensors, write_tensors
 
 
@@ -51,11 +52,11 @@ def contract_of(metadata: dict[str, str], model_path) -> "FileContract":
 def onnx_metadata(model_path: str) -> dict[str, str]:
     """The file's metadata_props, read with the onnx package when it is installed (else none)."""
     try:
-        import onnx
+        import onnx  # noqa: F401 - parses what load_graph_only keeps
     except ImportError:
         return {}
     try:
-        return {p.key: p.value for p in onnx.load(model_path, load_external_data=False).metadata_props}
+        return {p.key: p.value for p in load_graph_only(model_path).metadata_props}
     except Exception:
         return {}  # the runtime's own load reports a broken file
 
