@@ -37,8 +37,9 @@ class MemoryCgroup:
     def wrap(self, command: list[str]) -> list[str]:
         """`command` started inside the group (and all it starts): a shell moves itself in, then
         becomes the command (exec keeps its pid). Not a preexec_fn: forking a threaded Python
-        and running Python code in the child before exec can deadlock."""
-        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.path / "cgroup.procs"), *command]
+        and running Python code in the child before exec can deadlock. A move refused still runs
+        the command: the group then stays empty, its peak 0, and the column says "-"."""
+        return ["sh", "-c", 'echo $$ > "$0" 2>/dev/null; exec "$@"', str(self.path / "cgroup.procs"), *command]
 
     def reset(self) -> bool:
         """Restart the peak from the usage now (v1: write 0; v2: any write, on kernels >= 6.12)."""
