@@ -3,7 +3,7 @@
 Its peak counts each page once, the page cache the server's reads brought in included: what a
 container's memory limit (Docker's --memory, a Kubernetes pod's limit) counts. Summed per-process
 RSS counts every shared library, Ray's included, once in each of a server's nine processes (for
-ours, 2.28 GB at 8192 tokens where the cgroup peaked at 1.85). Needs a writable cgroup hierarchy
+ours, 2.28 GB at 8192 tokens where the cgroup peaked at 1.84). Needs a writable cgroup hierarchy
 (cgroup v1's memory controller, or v2 with memory enabled for children): root in a container that
 mounts it so, not an unprivileged user; elsewhere `make` gives None and the column says "-".
 """

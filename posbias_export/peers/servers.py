@@ -5,8 +5,8 @@ answers 200, stopped by SIGTERM, and the memory of its whole process tree (for o
 Ray's processes, the replicas) read from the kernel: resident bytes (RSS, each process's pages
 counted in full) and proportional bytes (PSS: a page shared by n processes counted 1/n times, so
 the tree's sum is what it holds) and, where the machine lets us make one, its own memory cgroup's
-peak (cgroup.py: each page once, as a container's limit counts). Ours is serve/process.py's ServeProcess; the peers, on the same
-weights:
+peak (cgroup.py: each page once, as a container's limit counts). Ours is serve/process.py's
+ServeProcess; the peers, on the same weights:
 
     infinity-emb      `infinity_emb v2 --engine optimum` on the served folder's onnx/model.onnx (our
                       file: infinity cannot export JinaBERT itself). Found on PATH: it pins numpy<2
@@ -118,8 +118,9 @@ class ServerProcess:
         self.name = name or self.name
         self.port, self.log, self.url = port, log, f"http://127.0.0.1:{port}"
         self.cgroup = MemoryCgroup.make(f"posbias-serve-{os.getpid()}-{port}")
-        self.process = subprocess.Popen(self.cgroup.wrap(command) if self.cgroup else command, stdout=self.log.open("w"),
-                                        stderr=subprocess.STDOUT, cwd=cwd, env={**os.environ, **(env or {})})
+        self.process = subprocess.Popen(self.cgroup.wrap(command) if self.cgroup else command,
+                                        stdout=self.log.open("w"), stderr=subprocess.STDOUT, cwd=cwd,
+                                        env={**os.environ, **(env or {})})
         self.peak = self.peak_pss = 0
         self.peak_cgroup: int | None = None
         deadline = time.time() + STARTUP_S

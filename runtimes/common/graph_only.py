@@ -1,13 +1,14 @@
 """A model file's graph without its weights' bytes.
 
 `onnx.load(path, load_external_data=False)` leaves a large model's tensors in their own file, but a
-file that holds its tensors (every model under 2 GB: jina-v2-base's 547 MB) is parsed whole, and
+file that holds its tensors (as one under 2 GB may: jina-v2-base's 547 MB) is parsed whole, and
 the protobuf library copies each tensor out of the file's bytes: reading jina-v2-base's graph facts
 that way peaked at 1082 MiB of RSS, and a server's replica that did it beside its session peaked at
 1654 MiB while loading, where the session alone takes 700. Here the file is memory-mapped and
-walked at the protobuf wire level; each top-level initializer is kept with its name, type, dims and
-where its values lie (another file), without its values, and the rest of the model is copied as it is. What is parsed is then a few
-MB, and the file's pages are the kernel's page cache, not this process's memory.
+walked at the protobuf wire level: each top-level initializer keeps its name, type, dims and where
+its values lie when they are in another file, not the values; the rest of the model is copied as
+it is. What is parsed is then a few MB, and the file's pages are the kernel's page cache, not this
+process's memory.
 """
 from __future__ import annotations
 
