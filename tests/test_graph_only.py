@@ -90,3 +90,20 @@ def test_a_cut_file_is_refused(tmp_path):
     with pytest.raises(ValueError, match="is empty"):
         graph_only.load_graph_only(tmp_path / "empty.onnx")
     assert runtimes_common("graph_facts").read_graph_facts(cut) is None  # the runtime's own load reports it
+
+
+@pytest.mark.parametrize("bias", ["alibi", "sandwich", "t5"])
+def test_small_constants_keep_their_values_and_the_cuda_check_agrees(tmp_path, bias):
+    """keep_bytes: the small initializers come whole (ONNX Runtime's CUDA placement reads their
+    values), so host_reads finds from the light graph what it finds from onnx's whole parse."""
+    reads = runtimes_common("host_reads")
+    path = tmp_path / f"{bias}.onnx"
+    assert cli_main(["--bias", bias, "--heads", "2", "--dim", "32", "--layers", "1", "--skip-growth-check",
+                     "--out", str(path)]) == 0
+    full = onnx.load(str(path))
+    light = graph_only.load_graph_only(path, reads.SMALL_BYTES)
+    small = [t for t in full.graph.initializer if int(np.prod(t.dims)) <= reads.SMALL_CONSTANT]
+    assert small and all(t in light.graph.initializer for t in small)
+    assert any(t.raw_data for t in full.graph.initializer if t not in light.graph.initializer)  # weights left out
+    assert (reads.risky_host_reads(light), reads.unfused_loops(light)) == (reads.risky_host_reads(full),
+                                                                           reads.unfused_loops(full))

@@ -78,13 +78,14 @@ def _kept(buf, start: int, end: int, edit) -> bytes:
     return b"".join(parts)
 
 
-def graph_only_bytes(buf) -> bytes:
-    """A serialized ModelProto whose top-level initializers keep name, data type and dims only."""
+def graph_only_bytes(buf, keep_bytes: int = 0) -> bytes:
+    """A serialized ModelProto whose top-level initializers keep name, data type and dims only
+    (those of at most `keep_bytes` serialized bytes are kept whole: small constants' values)."""
     def tensor_header(field, wire, at, stop):
         return None if field in TENSOR_HEADER else b""
 
     def in_graph(field, wire, at, stop):
-        if field == GRAPH_INITIALIZER and wire == LENGTH:
+        if field == GRAPH_INITIALIZER and wire == LENGTH and stop - at > keep_bytes:
             return _message(field, _kept(buf, at, stop, tensor_header))
         return None
 
@@ -96,12 +97,13 @@ def graph_only_bytes(buf) -> bytes:
     return _kept(buf, 0, len(buf), in_model)
 
 
-def load_graph_only(model_path):
-    """The file's onnx ModelProto with its initializers' values left out (see above)."""
+def load_graph_only(model_path, keep_bytes: int = 0):
+    """The file's onnx ModelProto with its initializers' values left out (see above), but those
+    of initializers of at most `keep_bytes` bytes."""
     import onnx
 
     with open(model_path, "rb") as f:
         if f.seek(0, 2) == 0:
             raise ValueError(f"{model_path} is empty")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return onnx.ModelProto.FromString(graph_only_bytes(buf))
+            return onnx.ModelProto.FromString(graph_only_bytes(buf, keep_bytes))

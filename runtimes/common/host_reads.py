@@ -41,6 +41,7 @@ HOST_OUTPUTS = {"Shape": (0,), "Size": (0,)}  # CUDA kernels that write their ou
 # int64 positions Pad of the window branch copied to the host).
 CUDA_TYPES = {"Pad": (1, 10, 11)}
 SMALL_CONSTANT = 100  # elements: ONNX Runtime's kSmallInitializerThreshold
+SMALL_BYTES = 4096  # an initializer read with its values (graph_only): every small constant's, names included
 HALF = (10, 16)  # float16, bfloat16: ONNX Runtime never moves a node with such an input to the CPU
 
 
@@ -235,22 +236,33 @@ def needs_host_sync(model_path: str) -> bool:
     """True when the file has a risky host read or an unfused blocked Loop (or cannot be read:
     then the switch stays on, as it was for every file with control flow before)."""
     try:
-        import onnx
-
-        model = onnx.load(model_path, load_external_data=False)
+        model = _graph(model_path)  # the weights' bytes not read
     except Exception:  # noqa: BLE001 - the session's own load reports a bad file
         return True
     return bool(risky_host_reads(model) or unfused_loops(model))
 
 
-def main(argv=None) -> int:
-    import onnx
+def _graph(model_path: str):
+    """The file's graph with small constants' values, without its weights' bytes."""
+    if __package__:
+        from .graph_only import load_graph_only
+    else:  # run as a script, or loaded by its path (tests): graph_only.py is beside it
+        import importlib.util
+        from pathlib import Path
 
+        spec = importlib.util.spec_from_file_location("graph_only", Path(__file__).with_name("graph_only.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        load_graph_only = module.load_graph_only
+    return load_graph_only(model_path, SMALL_BYTES)
+
+
+def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: host_reads.py model.onnx", file=sys.stderr)
         return 2
-    model = onnx.load(args[0], load_external_data=False)
+    model = _graph(args[0])
     found = risky_host_reads(model) + [f"{loop}: attends without a fused op (the portable blocked body)"
                                        for loop in unfused_loops(model)]
     print("\n".join(found) or "no subgraph reads on the host a value ONNX Runtime CUDA computes on the GPU, and every "
