@@ -52,6 +52,21 @@ def test_the_last_rows_are_the_files_own(decoder_file):
         np.testing.assert_allclose(last, full, rtol=0, atol=1e-4)
 
 
+def test_a_file_holding_its_weights_is_not_parsed_whole(decoder_file):
+    """The edited graph carries no weight: each one names its bytes in the file itself (the rows
+    above are computed from that), so no copy of the file is parsed and serialized again."""
+    full = onnx.load(str(decoder_file))
+    big = {t.name: t for t in full.graph.initializer if len(t.raw_data) > 4096}
+    assert big  # the shipped tiny decoder holds its weights
+    edited = {t.name: t for t in last_position_graph(str(decoder_file)).graph.initializer}
+    data = decoder_file.read_bytes()
+    for name, tensor in big.items():
+        where = {e.key: e.value for e in edited[name].external_data}
+        assert not edited[name].raw_data and where["location"] == decoder_file.name
+        offset, length = int(where["offset"]), int(where["length"])
+        assert data[offset:offset + length] == tensor.raw_data
+
+
 def test_external_tensors_are_found_beside_the_file(decoder_file, tmp_path, monkeypatch):
     """A file whose tensors lie in a .data file, loaded from another working folder: the edited
     graph (handed to ONNX Runtime as bytes) still finds them."""

@@ -17,6 +17,7 @@ import mmap
 # field numbers of onnx.proto3 (ModelProto.graph, GraphProto.initializer, TensorProto's header)
 MODEL_GRAPH, GRAPH_INITIALIZER = 7, 5
 TENSOR_HEADER = frozenset({1, 2, 8, 13, 14})  # dims, data_type, name, external_data, data_location
+RAW_DATA, EXTERNAL_DATA, DATA_LOCATION, EXTERNAL = 9, 13, 14, 1
 VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
 
 
@@ -78,15 +79,37 @@ def _kept(buf, start: int, end: int, edit) -> bytes:
     return b"".join(parts)
 
 
-def graph_only_bytes(buf, keep_bytes: int = 0) -> bytes:
+def _external_entries(location: str, offset: int, length: int) -> bytes:
+    """TensorProto fields naming values that lie in `location` at `offset` (data_location EXTERNAL)."""
+    entries = b"".join(_message(EXTERNAL_DATA, _message(1, key.encode()) + _message(2, value.encode()))
+                       for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))))
+    return entries + _encode_varint(DATA_LOCATION << 3 | VARINT) + _encode_varint(EXTERNAL)
+
+
+def graph_only_bytes(buf, keep_bytes: int = 0, refer_to: str | None = None) -> bytes:
     """A serialized ModelProto whose top-level initializers keep name, data type and dims only
-    (those of at most `keep_bytes` serialized bytes are kept whole: small constants' values)."""
-    def tensor_header(field, wire, at, stop):
-        return None if field in TENSOR_HEADER else b""
+    (those of at most `keep_bytes` serialized bytes are kept whole: small constants' values).
+    refer_to: the file's own name; each initializer's values are then not dropped but named where
+    they lie in that file (external data at their offset: a runtime reads them from the file)."""
+    def stripped(at, stop):
+        parts, raw, typed = [], None, False
+        for field, wire, key_at, f_at, f_stop in _fields(buf, at, stop):
+            if field in TENSOR_HEADER:
+                parts.append(bytes(buf[key_at:f_stop]))
+            elif field == RAW_DATA:
+                raw = (f_at, f_stop)
+            else:
+                typed = True  # values in a typed field (float_data, ...), or a field this walk does not know
+        if refer_to is None:
+            return b"".join(parts)
+        if typed or raw is None:
+            return None  # nothing to refer to in place: kept whole
+        return b"".join(parts) + _external_entries(refer_to, raw[0], raw[1] - raw[0])
 
     def in_graph(field, wire, at, stop):
         if field == GRAPH_INITIALIZER and wire == LENGTH and stop - at > keep_bytes:
-            return _message(field, _kept(buf, at, stop, tensor_header))
+            header = stripped(at, stop)
+            return None if header is None else _message(field, header)
         return None
 
     def in_model(field, wire, at, stop):
@@ -97,13 +120,18 @@ def graph_only_bytes(buf, keep_bytes: int = 0) -> bytes:
     return _kept(buf, 0, len(buf), in_model)
 
 
-def load_graph_only(model_path, keep_bytes: int = 0):
+def load_graph_only(model_path, keep_bytes: int = 0, refer_in_place: bool = False):
     """The file's onnx ModelProto with its initializers' values left out (see above), but those
-    of initializers of at most `keep_bytes` bytes."""
+    of initializers of at most `keep_bytes` bytes. refer_in_place: each left-out initializer held
+    in the file names its bytes there (location: the file's name), so a session made from the
+    edited model (with the file's folder as its external data folder) reads the weights from the
+    file and nothing holds them parsed."""
     import onnx
+    from pathlib import Path
 
     with open(model_path, "rb") as f:
         if f.seek(0, 2) == 0:
             raise ValueError(f"{model_path} is empty")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return onnx.ModelProto.FromString(graph_only_bytes(buf, keep_bytes))
+            refer_to = Path(model_path).name if refer_in_place else None
+            return onnx.ModelProto.FromString(graph_only_bytes(buf, keep_bytes, refer_to))

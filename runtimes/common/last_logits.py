@@ -5,13 +5,16 @@ A server samples from the last position's logits and nothing else, yet a decoder
 bloom-560m that is 512 x 1024 x 250880 multiply-adds, nearly half the prefill's work, whose
 result is thrown away. `last_position_graph` slices the head's input to its last position, so
 `logits` is [batch, 1, vocabulary]: the same numbers for that position, a step's other outputs
-(the cache) untouched. The edit is made on the graph only (read without external data); the
-session finds the tensors beside the file (see `session_source`).
+(the cache) untouched. The edit is made on the graph only (graph_only.py: no weight is read); the
+session finds the tensors in the file or beside it (see `session_source`).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from .graph_only import load_graph_only
+
+KEEP_INLINE_BYTES = 4096  # small constants stay in the graph: shape inference reads their values
 HEADS = ("MatMul", "MatMulNBits", "Gemm")
 PASS_THROUGH = ("Cast", "Identity")  # ops a head's result may go through on its way to `logits`
 END = 2**62  # Slice's "to the end"
@@ -32,7 +35,9 @@ def last_position_graph(model_path: str):
     import onnx
     from onnx import helper
 
-    proto = onnx.load(model_path, load_external_data=False)
+    # a file that holds its weights (a float16 or quantized decoder under 2 GB) is not parsed whole:
+    # the edited graph names each weight where it lies in the file, and the session reads it there
+    proto = load_graph_only(model_path, KEEP_INLINE_BYTES, refer_in_place=True)
     graph = proto.graph
     logits = graph.output[0].name
     head = head_node(graph, logits)
