@@ -29,8 +29,10 @@ def build_app(folder: str, replicas: int = 1, threads: int = 0, max_batch_tokens
     """The Ray Serve application for `folder` (deployments bound, not yet run)."""
     served = ServedFolder.read(folder)
     api = _api(served.name)
-    model = _model_deployment().options(num_replicas=replicas).bind(str(served.path), threads, max_batch_tokens, slots)
-    return _ingress_deployment(api).bind(model, str(served.path))
+    # absolute: a cluster's replicas run in the cwd their node's raylet gave them, not the caller's
+    path = str(served.path.absolute())
+    model = _model_deployment().options(num_replicas=replicas).bind(path, threads, max_batch_tokens, slots)
+    return _ingress_deployment(api).bind(model, path)
 
 
 def _api(name: str):

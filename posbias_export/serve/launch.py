@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import sys
 import threading
 
 from ..errors import UsageError
+from . import cluster
 from .app import DRAIN_S, build_app
 from .folder import ServedFolder
 from .local_ray import start_local_ray, stop_local_ray
@@ -38,7 +40,6 @@ def _check_port(host: str, port: int) -> None:
 def launch(served: ServedFolder, host: str, port: int, replicas: int, address: str | None,
            max_batch_tokens: int | None, threads: int, slots: int | None) -> int:
     import ray
-    from ray import serve
 
     if address is None:
         _check_port(host, port)
@@ -47,34 +48,80 @@ def launch(served: ServedFolder, host: str, port: int, replicas: int, address: s
     for name, value in {**PROXY_TIMEOUTS, **WORKER_NICENESS, **({} if address else QUIET_DAEMONS)}.items():
         os.environ.setdefault(name, value)
     if address:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        cluster.join(address)
         node = None
     else:
         node = start_local_ray(os.cpu_count() or 1)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
         signal.signal(sig, lambda *_: stop.set())
+    started_serve = None  # on a cluster: whether this process started Serve there (None: not yet asked)
     try:
-        serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "ERROR"})
-        app = build_app(str(served.path), replicas, threads, max_batch_tokens, slots)
-        try:
-            serve.run(app, name=served.name, route_prefix="/", blocking=False)
-        except RuntimeError as err:  # a replica that cannot load the folder: Serve's report, one line
-            raise UsageError(f"cannot serve {served.path}: {_first_cause(str(err))}") from None
+        started_serve = _start_serve(host, port, served.name, on_cluster=node is None)
+        _run_app(served, replicas, threads, max_batch_tokens, slots)
         print(f"serving {served.name} ({served.role}, {replicas} replica{'s' * (replicas > 1)}) at "
               f"http://{host}:{port}/v1; Ctrl-C or SIGTERM stops", flush=True)
         stop.wait()
         print(f"stopping: requests in flight get up to {DRAIN_S} s", file=sys.stderr, flush=True)
     finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown() if node is None else stop_local_ray(node)
+        _stop(served.name, node, started_serve)
     return 0
+
+
+def _start_serve(host: str, port: int, name: str, on_cluster: bool) -> bool:
+    """Serve started (or, on a cluster where it runs already, joined with its proxy's options
+    checked and our route free); whether this process started it."""
+    from ray import serve
+
+    running = on_cluster and cluster.serve_running()
+    if running:
+        cluster.check_proxy(host, port)
+        cluster.check_route(name)
+    serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "ERROR"})
+    return not running
+
+
+def _run_app(served: ServedFolder, replicas: int, threads: int, max_batch_tokens: int | None,
+             slots: int | None) -> None:
+    from ray import serve
+
+    app = build_app(str(served.path), replicas, threads, max_batch_tokens, slots)
+    try:
+        serve.run(app, name=served.name, route_prefix="/", blocking=False)
+    except Exception as err:  # a replica that cannot load the folder, a route taken: Serve's report, one line
+        raise UsageError(f"cannot serve {served.path}: {_first_cause(_deploy_report(served.name, err))}") from None
+
+
+def _stop(name: str, node, started_serve: bool | None) -> None:
+    """This machine's Ray: Serve and Ray stopped. A cluster: our application alone (cluster.leave)."""
+    import ray
+    from ray import serve
+
+    try:
+        if node is not None:
+            serve.shutdown()
+        elif started_serve is not None:
+            cluster.leave(name, started_serve)
+    finally:
+        ray.shutdown() if node is None else stop_local_ray(node)
+
+
+def _deploy_report(name: str, err: BaseException) -> str:
+    """What serve.run's error says, and after it what each deployment's status says: on a cluster
+    the error names only the deployments that failed, their status the replica's exception."""
+    from ray import serve
+
+    try:
+        app = serve.status().applications.get(name)
+        messages = [d.message for d in app.deployments.values() if d.message] if app else []
+    except Exception:  # noqa: BLE001 - the error alone, then
+        messages = []
+    return "\n".join([str(err), *messages])
 
 
 def _first_cause(report: str) -> str:
     """The line of a Serve deployment failure that names the cause (the replica's exception)."""
     lines = [line.strip() for line in report.splitlines() if line.strip()]
     causes = [line for line in lines if ("Error:" in line or "Exception:" in line) and not line.startswith("File ")]
-    return (causes[-1] if causes else lines[0] if lines else "its replica failed to start")[:300]
+    cause = causes[-1] if causes else lines[0] if lines else "its replica failed to start"
+    return re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", cause)[:300]  # ray.serve.exceptions.RayServeException: -> RayServeException:
