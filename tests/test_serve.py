@@ -172,6 +172,29 @@ def completion_tokens(client, model: str, prompt, max_tokens: int, stream: bool 
     return answer.choices[0].text, answer.usage.completion_tokens
 
 
+def check_many_prompts(server, name: str, prompts: list, expected) -> None:
+    """Several prompts in one request (a choice each, streamed interleaved with usage last), and
+    LangChain's OpenAI class, which sends its prompts as a list beside penalties at 0 and nulls."""
+    from langchain_openai import OpenAI as LangChainOpenAI
+
+    want = [expected(p, 7) for p in prompts]
+    answer = server.client.completions.create(model=name, prompt=prompts, max_tokens=7, temperature=0)
+    assert [c.index for c in answer.choices] == list(range(len(prompts)))
+    assert [c.text for c in answer.choices] == want
+    streamed, usage = [""] * len(prompts), None
+    for event in server.client.completions.create(model=name, prompt=prompts, max_tokens=7, temperature=0, stream=True):
+        for choice in event.choices:
+            streamed[choice.index] += choice.text
+        usage = event.usage or usage
+    assert streamed == want and usage.prompt_tokens == answer.usage.prompt_tokens
+    texts = [p for p in prompts if isinstance(p, str)]
+    chain = LangChainOpenAI(base_url=f"{server.url}/v1", api_key="-", model=name, temperature=0, max_tokens=7,
+                            max_retries=0)
+    assert chain.invoke(texts[0]) == expected(texts[0], 7)
+    assert chain.batch(texts) == [expected(t, 7) for t in texts]
+    assert "".join(chain.stream(texts[-1])) == expected(texts[-1], 7)
+
+
 def test_served_decoder(root):
     from tokenizers import Tokenizer
 
@@ -194,6 +217,8 @@ def test_served_decoder(root):
         text_prompt = "To be, or not to be"
         ids = tokenizer.encode(text_prompt).ids
         assert completion_tokens(client, name, text_prompt, 8) == expected(ids, 8)
+        check_many_prompts(server, name, [text_prompt, PROMPTS[1], "that is the question"],
+                           lambda p, n: expected(p if isinstance(p, list) else tokenizer.encode(p).ids, n)[0])
 
         # 16 concurrent requests of mixed prompts and lengths through 4 slots
         jobs = [(PROMPTS[k % len(PROMPTS)], 3 + 2 * k) for k in range(16)]
@@ -229,6 +254,9 @@ def test_served_decoder(root):
             "temperature text": ({"model": name, "prompt": "x", "temperature": "0.5"}, 400),
             "n 3": ({"model": name, "prompt": "x", "n": 3}, 400),
             "logprobs": ({"model": name, "prompt": "x", "logprobs": 2}, 400),
+            "a penalty": ({"model": name, "prompt": "x", "frequency_penalty": 0.5}, 400),
+            "an empty prompt among others": ({"model": name, "prompt": ["x", ""]}, 400),
+            "65 prompts": ({"model": name, "prompt": ["x"] * 65}, 400),
         })
 
         # a replica killed while requests decode: each fails cleanly (503) or is answered, none hangs

@@ -195,16 +195,18 @@ class Answers:
         started = time.perf_counter()
         self._need("decoder", "/v1/completions")
         parsed = CompletionRequest.parse(await self._body(request), self.served.name, self.vocab)
-        prompt = parsed.prompt_ids or self.tokenizer.encode(parsed.prompt_text).ids
-        if not prompt:
-            raise ApiError(400, "the prompt has no token", param="prompt")
-        parsed.check_length(len(prompt), self.served.context)
-        tokens = self.model.options(stream=True).complete.remote(prompt, parsed.max_tokens, parsed.temperature,
-                                                                 self.eos, parsed.seed)
-        run = _Completion(self, parsed, prompt, tokens, started)
+        prompts = [p if isinstance(p, list) else self.tokenizer.encode(p).ids for p in parsed.prompts]
+        for prompt in prompts:
+            if not prompt:
+                raise ApiError(400, "the prompt has no token", param="prompt")
+            parsed.check_length(len(prompt), self.served.context)
+        runs = [_Completion(self, parsed, prompt, self.model.options(stream=True).complete.remote(
+            prompt, parsed.max_tokens, parsed.temperature, self.eos, parsed.seed), started, index)
+            for index, prompt in enumerate(prompts)]
         if parsed.stream:
-            return StreamingResponse(run.events(), media_type="text/event-stream")
-        return await run.whole()
+            return StreamingResponse(runs[0].events() if len(runs) == 1 else _merged_events(runs),
+                                     media_type="text/event-stream")
+        return await _whole(runs)
 
     async def _call(self, response):
         async def answer():
@@ -233,9 +235,9 @@ def _eos_ids(settings: dict) -> tuple[int, ...]:
 class _Completion:
     """One completion's tokens -> text, stop strings, the OpenAI objects (whole or as events)."""
 
-    def __init__(self, ingress, parsed: CompletionRequest, prompt: list[int], tokens, started: float):
+    def __init__(self, ingress, parsed: CompletionRequest, prompt: list[int], tokens, started: float, index: int = 0):
         self.ingress, self.parsed, self.prompt, self.tokens, self.started = ingress, parsed, prompt, tokens, started
-        self.id, self.created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        self.index, self.id, self.created = index, f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         self.made: list[int] = []
         self.text, self.finish, self.stats = "", None, {}
 
@@ -275,7 +277,7 @@ class _Completion:
 
     def _object(self, text: str, finish):
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.ingress.served.name,
-                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+                "choices": [{"text": text, "index": self.index, "logprobs": None, "finish_reason": finish}]}
 
     def _usage(self) -> dict:
         return {"prompt_tokens": len(self.prompt), "completion_tokens": len(self.made),
@@ -300,3 +302,51 @@ class _Completion:
             yield f"data: {json.dumps(err.body())}\n\n"
         self._record()
         yield "data: [DONE]\n\n"
+
+
+async def _whole(runs: list[_Completion]) -> dict:
+    """Every prompt's answer, a choice each (the first's id); a failure cancels the others."""
+    try:
+        answers = await asyncio.gather(*(run.whole() for run in runs))
+    except BaseException:
+        for run in runs:
+            run.tokens.cancel()
+        raise
+    usage = {k: sum(a["usage"][k] for a in answers) for k in answers[0]["usage"]}
+    return {**answers[0], "choices": [a["choices"][0] for a in answers], "usage": usage}
+
+
+async def _merged_events(runs: list[_Completion]):
+    """Several prompts' events as they come, each choice with its prompt's index; after the last
+    one's end, one chunk with no choice and the whole request's usage (OpenAI's include_usage)."""
+    events: asyncio.Queue = asyncio.Queue()
+
+    async def pump(run: _Completion):
+        try:
+            async for piece in run._pieces():
+                await events.put(run._object(piece, None))
+            await events.put(run._object("", run.finish or "length"))
+        except ApiError as err:
+            await events.put(err)
+        finally:
+            run._record()
+            await events.put(None)
+
+    tasks, left = [asyncio.create_task(pump(run)) for run in runs], len(runs)
+    try:
+        while left:
+            event = await events.get()
+            left -= event is None
+            if isinstance(event, ApiError):
+                yield f"data: {json.dumps(event.body())}\n\n"
+                break
+            if event is not None:
+                yield f"data: {json.dumps(event)}\n\n"
+        else:
+            usage = [run._usage() for run in runs]
+            yield f"data: {json.dumps({**runs[0]._object('', None), 'choices': [], 'usage': {k: sum(u[k] for u in usage) for k in usage[0]}})}\n\n"
+    finally:
+        for task, run in zip(tasks, runs):
+            task.cancel()
+            run.tokens.cancel()
+    yield "data: [DONE]\n\n"

@@ -3,8 +3,11 @@ ApiError (an HTTP status and OpenAI's error object), never a 500.
 
     POST /v1/embeddings    input: a string, a list of strings, a list of token ids or of lists of
                            them; encoding_format "float" | "base64"; model: the served folder's name
-    POST /v1/completions   prompt: a string or a list of token ids; max_tokens >= 1; temperature in
-                           [0, 2] (0: greedy); stop: a string or up to 4; stream; seed; n = 1
+    POST /v1/completions   prompt: a string, token ids, or a list of up to 64 of either (a choice
+                           each); max_tokens >= 1; temperature in [0, 2] (0: greedy); stop: a
+                           string or up to 4; stream; seed; n, top_p, best_of, the penalties,
+                           logprobs, logit_bias, echo, suffix at their neutral values only
+    A null is the parameter's default (OpenAI's reading; clients send them).
 """
 from __future__ import annotations
 
@@ -82,7 +85,7 @@ class EmbeddingsRequest:
         if body.get("dimensions") is not None:
             raise ApiError(400, "'dimensions' is not supported: this model's embeddings have one size",
                            param="dimensions")
-        encoding = body.get("encoding_format", "float")
+        encoding = body.get("encoding_format") or "float"
         if encoding not in ("float", "base64"):
             raise ApiError(400, f"'encoding_format' must be 'float' or 'base64', got {encoding!r}",
                            param="encoding_format")
@@ -107,6 +110,19 @@ class EmbeddingsRequest:
                        param="input")
 
 
+def _prompts(prompt, vocab: int) -> list:
+    """OpenAI's four forms: a string, token ids, a list of strings, a list of token-id lists."""
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt)):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(p, (str, list)) for p in prompt):
+        raise ApiError(400, "'prompt' must be a non-empty string, token ids, or a list of either", param="prompt")
+    if len(prompt) > MAX_PROMPTS:
+        raise ApiError(400, f"'prompt' holds {len(prompt)} prompts; at most {MAX_PROMPTS}", param="prompt")
+    if any(p == "" for p in prompt):
+        raise ApiError(400, "'prompt' is empty", param="prompt")
+    return [p if isinstance(p, str) else _token_list(p, vocab, "prompt") for p in prompt]
+
+
 def encode_embedding(vector: np.ndarray, encoding: str):
     """OpenAI's two encodings: a list of floats, or base64 of the little-endian float32 bytes."""
     if encoding == "base64":
@@ -114,10 +130,16 @@ def encode_embedding(vector: np.ndarray, encoding: str):
     return [float(x) for x in vector]
 
 
+# parameters clients send at their neutral value (LangChain's OpenAI sends every one of these on
+# each request): accepted there, refused in one line at any other value (nothing here does them)
+NEUTRAL = {"frequency_penalty": (0,), "presence_penalty": (0,), "logprobs": (), "logit_bias": ({},), "echo": (False,),
+           "best_of": (1,), "suffix": ("",), "top_p": (1,), "n": (1,)}
+MAX_PROMPTS = 64  # prompts of one completions request (each its own row of the batch)
+
+
 @dataclass
 class CompletionRequest:
-    prompt_text: str | None
-    prompt_ids: list[int] | None
+    prompts: list  # each a string or a list of token ids
     max_tokens: int = 16
     temperature: float = 1.0
     stop: list[str] = field(default_factory=list)
@@ -127,24 +149,16 @@ class CompletionRequest:
     @classmethod
     def parse(cls, body: dict, served: str, vocab: int) -> "CompletionRequest":
         check_model(body, served)
-        allowed = {"prompt", "model", "max_tokens", "temperature", "stop", "stream", "seed", "n", "user", "top_p"}
-        unknown = set(body) - allowed
+        body = {k: v for k, v in body.items() if v is not None}  # null: the parameter's default, as OpenAI's
+        unknown = set(body) - {"prompt", "model", "max_tokens", "temperature", "stop", "stream", "seed", "user",
+                               "stream_options", *NEUTRAL}
         if unknown:
             raise ApiError(400, f"unknown or unsupported parameter {sorted(unknown)[0]!r}", param=sorted(unknown)[0])
-        if body.get("n", 1) != 1:
-            raise ApiError(400, "'n' must be 1 here", param="n")
-        if body.get("top_p", 1) != 1:
-            raise ApiError(400, "'top_p' is not supported (sampling is over the whole distribution)", param="top_p")
-        prompt = body.get("prompt")
-        text, ids = None, None
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ApiError(400, "'prompt' is empty", param="prompt")
-            text = prompt
-        elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-            ids = _token_list(prompt, vocab, "prompt")
-        else:
-            raise ApiError(400, "'prompt' must be a non-empty string or a list of token ids", param="prompt")
+        for name, neutral in NEUTRAL.items():
+            value = body.get(name, neutral[0] if neutral else None)
+            if name in body and not any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in neutral):
+                taken = f"only {neutral[0]!r} is taken" if neutral else "only null is taken"
+                raise ApiError(400, f"{name!r} = {value!r} is not supported here ({taken})", param=name)
         max_tokens = body.get("max_tokens", 16)
         if not _is_int(max_tokens) or max_tokens < 1:
             raise ApiError(400, f"'max_tokens' must be an integer >= 1, got {max_tokens!r}", param="max_tokens")
@@ -158,10 +172,12 @@ class CompletionRequest:
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise ApiError(400, "'stream' must be true or false", param="stream")
+        if not isinstance(body.get("stream_options", {}), dict):
+            raise ApiError(400, "'stream_options' must be an object", param="stream_options")
         seed = body.get("seed")
         if seed is not None and (not _is_int(seed) or seed < 0):
             raise ApiError(400, "'seed' must be a non-negative integer", param="seed")
-        return cls(text, ids, max_tokens, float(temperature), stop, stream, seed)
+        return cls(_prompts(body.get("prompt"), vocab), max_tokens, float(temperature), stop, stream, seed)
 
     def check_length(self, prompt_tokens: int, context: int) -> None:
         if prompt_tokens + self.max_tokens > context:
