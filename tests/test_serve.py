@@ -93,6 +93,13 @@ def test_served_embedder(root):
         import base64
 
         assert np.array_equal(np.frombuffer(base64.b64decode(b64), "<f4"), np.float32(got.data[0].embedding))
+        # LangChain's class, told to send text (by default it sends tiktoken's ids, OpenAI's vocabulary)
+        from langchain_openai import OpenAIEmbeddings
+
+        chain = OpenAIEmbeddings(base_url=f"{server.url}/v1", api_key="-", model=folder.name, max_retries=0,
+                                 check_embedding_ctx_length=False)
+        for vector, text in zip(chain.embed_documents(texts), texts):
+            assert float(np.dot(vector, direct.embed(direct.tokenize([text]))[0])) >= 0.99999
         ids = client.embeddings.create(model=folder.name, input=[PROMPTS[0], PROMPTS[2]])
         assert float(np.dot(ids.data[1].embedding, direct.embed([PROMPTS[2]])[0])) >= 0.99999
 
