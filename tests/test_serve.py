@@ -83,6 +83,9 @@ def test_served_embedder(root):
         assert not cluster_only_processes(tree)
         client = server.client
         assert [m.id for m in client.models.list().data] == [folder.name]
+        assert client.models.retrieve(folder.name).id == folder.name
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("nope")
         texts = ["To be, or not to be", "that is the question: whether tis nobler in the mind to suffer", "To"]
         got = client.embeddings.create(model=folder.name, input=texts)
         assert got.usage.prompt_tokens == sum(len(r) for r in direct.tokenize(texts))
@@ -219,6 +222,7 @@ def test_served_decoder(root):
     try:
         assert not cluster_only_processes(tree)
         client, name = server.client, folder.name
+        assert client.models.retrieve(name).id == name and server.status("/v1/models/nope") == 404
         assert completion_tokens(client, name, PROMPTS[0], 12) == expected(PROMPTS[0], 12)
         assert completion_tokens(client, name, PROMPTS[0], 12, stream=True) == expected(PROMPTS[0], 12)
         text_prompt = "To be, or not to be"

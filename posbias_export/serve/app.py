@@ -17,7 +17,8 @@ import uuid
 
 from ..errors import first_line
 from .folder import ServedFolder
-from .openai_api import MAX_BODY_BYTES, ApiError, CompletionRequest, EmbeddingsRequest, encode_embedding, parse_body
+from .openai_api import (MAX_BODY_BYTES, ApiError, CompletionRequest, EmbeddingsRequest, check_model,
+                         encode_embedding, parse_body)
 from .replica import Replica
 
 DRAIN_S = 30  # after a stop signal, requests in flight get this long to finish
@@ -99,6 +100,10 @@ def _ingress_deployment(api):
         async def models(self):
             return self.models_answer()
 
+        @api.get("/v1/models/{model:path}")
+        async def model(self, model: str):
+            return self.model_answer(model)
+
         @api.get("/metrics")
         async def metrics(self):
             return self.metrics_answer()
@@ -162,8 +167,13 @@ class Answers:
         return {"status": "ok"}
 
     def models_answer(self) -> dict:
-        return {"object": "list", "data": [{"id": self.served.name, "object": "model", "created":
-                                            int(self.served.path.stat().st_mtime), "owned_by": "posbias_export"}]}
+        return {"object": "list", "data": [self.model_answer(self.served.name)]}
+
+    def model_answer(self, model: str) -> dict:
+        """GET /v1/models/{model} (the openai client's models.retrieve): the served folder, or a 404."""
+        check_model({"model": model}, self.served.name)
+        return {"id": self.served.name, "object": "model", "created": int(self.served.path.stat().st_mtime),
+                "owned_by": "posbias_export"}
 
     def metrics_answer(self):
         from fastapi.responses import Response
