@@ -354,7 +354,8 @@ async def _merged_events(runs: list[_Completion]):
                 yield f"data: {json.dumps(event)}\n\n"
         else:
             usage = [run._usage() for run in runs]
-            yield f"data: {json.dumps({**runs[0]._object('', None), 'choices': [], 'usage': {k: sum(u[k] for u in usage) for k in usage[0]}})}\n\n"
+            last = {**runs[0]._object("", None), "choices": [], "usage": {k: sum(u[k] for u in usage) for k in usage[0]}}
+            yield f"data: {json.dumps(last)}\n\n"
     finally:
         for task, run in zip(tasks, runs):
             task.cancel()

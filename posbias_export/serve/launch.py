@@ -124,4 +124,5 @@ def _first_cause(report: str) -> str:
     lines = [line.strip() for line in report.splitlines() if line.strip()]
     causes = [line for line in lines if ("Error:" in line or "Exception:" in line) and not line.startswith("File ")]
     cause = causes[-1] if causes else lines[0] if lines else "its replica failed to start"
-    return re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", cause)[:300]  # ray.serve.exceptions.RayServeException: -> RayServeException:
+    # the exception's class without its module path (ray.serve.exceptions.RayServeException: ...)
+    return re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", cause)[:300]
