@@ -205,11 +205,37 @@ def check_many_prompts(server, name: str, prompts: list, expected) -> None:
     assert "".join(chain.stream(texts[-1])) == expected(texts[-1], 7)
 
 
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '\\n' }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+
+
+def check_chat(server, name: str, folder: Path, expected) -> None:
+    """/v1/chat/completions: the messages rendered as transformers' apply_chat_template renders them
+    (the folder's chat_template.jinja, shipped beside the tokenizer), the tokens `generate`'s; the
+    openai client whole and streamed, and LangChain's ChatOpenAI."""
+    import transformers
+    from langchain_openai import ChatOpenAI
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "To be, or not to be?"}]
+    ids = transformers.AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    want = expected(list(ids), 6)
+    answer = server.client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0)
+    assert answer.choices[0].message.content == want and answer.usage.prompt_tokens == len(ids)
+    streamed = "".join(e.choices[0].delta.content or "" for e in server.client.chat.completions.create(
+        model=name, messages=messages, max_completion_tokens=6, temperature=0, stream=True) if e.choices)
+    assert streamed == want
+    chain = ChatOpenAI(base_url=f"{server.url}/v1", api_key="-", model=name, temperature=0, max_tokens=6, max_retries=0)
+    assert chain.invoke([(m["role"], m["content"]) for m in messages]).content == want
+
+
 def test_served_decoder(root):
     from tokenizers import Tokenizer
 
     folder = root / "bloom_served"
-    ship(save_client_model("bloom", root / "bloom"), folder, check_growth=False)
+    source = save_client_model("bloom", root / "bloom")
+    (source / "chat_template.jinja").write_text(CHAT_TEMPLATE)  # where transformers saves a chat model's
+    ship(source, folder, check_growth=False)
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     eos = (json.loads((folder / "generation_config.json").read_text())["eos_token_id"],)
 
@@ -230,6 +256,7 @@ def test_served_decoder(root):
         assert completion_tokens(client, name, text_prompt, 8) == expected(ids, 8)
         check_many_prompts(server, name, [text_prompt, PROMPTS[1], "that is the question"],
                            lambda p, n: expected(p if isinstance(p, list) else tokenizer.encode(p).ids, n)[0])
+        check_chat(server, name, folder, lambda ids, n: expected(ids, n)[0])
 
         # 16 concurrent requests of mixed prompts and lengths through 4 slots
         jobs = [(PROMPTS[k % len(PROMPTS)], 3 + 2 * k) for k in range(16)]
@@ -268,6 +295,15 @@ def test_served_decoder(root):
             "a penalty": ({"model": name, "prompt": "x", "frequency_penalty": 0.5}, 400),
             "an empty prompt among others": ({"model": name, "prompt": ["x", ""]}, 400),
             "65 prompts": ({"model": name, "prompt": ["x"] * 65}, 400),
+        })
+
+        check_errors(server, "/v1/chat/completions", {
+            "no messages": ({"model": name}, 400),
+            "a message without a role": ({"model": name, "messages": [{"content": "x"}]}, 400),
+            "an image part": ({"model": name, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400),
+            "tools": ({"model": name, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+                      400),
+            "unknown model": ({"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404),
         })
 
         # a replica killed while requests decode: each fails cleanly (503) or is answered, none hangs
@@ -317,5 +353,8 @@ def test_served_seq2seq(root):
             alone = alone[:alone.index(eos) + 1] if eos in alone else alone
             assert (answer.choices[0].text, answer.usage.completion_tokens) == (
                 tokenizer.decode(alone, skip_special_tokens=True), len(alone))
+        status, body = server.post("/v1/chat/completions", json.dumps(  # a folder without a chat template
+            {"model": folder.name, "messages": [{"role": "user", "content": "x"}]}).encode())
+        assert (status, body["error"]["code"]) == (400, "no_chat_template"), body
     finally:
         assert server.stop() == 0

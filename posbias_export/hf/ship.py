@@ -40,7 +40,9 @@ from .folder import check_token_ids, own_file, read_json_object
 from .models import has_decoder, load_model
 
 COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-          "vocab.json", "merges.txt", "vocab.txt", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json")
+          "vocab.json", "merges.txt", "vocab.txt", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json",
+          # a chat model's template, where transformers >= 4.43 saves it (beside tokenizer_config.json)
+          "chat_template.jinja", "chat_template.json")
 # genai_config's context_length unless --context-length says otherwise: what `generate` allows by
 # default. Not the config's max_position_embeddings / max_seq_len: ALiBi files have no position
 # table and extrapolating past the training length is what they are for.

@@ -6,6 +6,7 @@
     seq2seq.py     a T5/UMT5 pair's engine: batched by request, the cross cache shared
     replica.py     one replica's work, apart from Ray (tests drive it directly)
     openai_api.py  the OpenAI requests, checked (each bad input a 4xx with OpenAI's error object)
+    chat.py        chat messages through the folder's own chat template
     metrics.py     what GET /metrics reports
     app.py         the Ray Serve application: the HTTP ingress and the model replicas
     launch.py      Ray started or joined, the application run until a stop signal, drained

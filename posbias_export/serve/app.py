@@ -16,6 +16,7 @@ import time
 import uuid
 
 from ..errors import first_line
+from .chat import ChatTemplate, chat_template, completion_body, special_tokens
 from .folder import ServedFolder
 from .openai_api import (MAX_BODY_BYTES, ApiError, CompletionRequest, EmbeddingsRequest, check_model,
                          encode_embedding, parse_body)
@@ -116,6 +117,10 @@ def _ingress_deployment(api):
         async def completions(self, request: HttpRequest):
             return await self.completions_answer(request)
 
+        @api.post("/v1/chat/completions")
+        async def chat_completions(self, request: HttpRequest):
+            return await self.chat_answer(request)
+
     return Ingress
 
 
@@ -138,6 +143,8 @@ class Answers:
         self.vocab = vocab if isinstance(vocab, int) and vocab > 0 else self.tokenizer.get_vocab_size()
         self.eos = _eos_ids(self.served.settings)
         self.metrics = Metrics()
+        template = chat_template(self.served.path) if self.served.role != "embedder" else None
+        self.chat = ChatTemplate(template, special_tokens(self.served.path)) if template else None
 
     async def _body(self, request) -> dict:
         """The JSON body; one past MAX_BODY_BYTES is read to its end and dropped, then refused
@@ -200,17 +207,34 @@ class Answers:
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
     async def completions_answer(self, request):
-        from fastapi.responses import StreamingResponse
-
         started = time.perf_counter()
         self._need("decoder", "/v1/completions")
         parsed = CompletionRequest.parse(await self._body(request), self.served.name, self.vocab)
         prompts = [p if isinstance(p, list) else self.tokenizer.encode(p).ids for p in parsed.prompts]
+        return await self._complete(parsed, prompts, started, _Completion)
+
+    async def chat_answer(self, request):
+        """The messages through the folder's chat template, then a completion of those tokens."""
+        started = time.perf_counter()
+        self._need("decoder", "/v1/chat/completions")
+        body = await self._body(request)
+        if self.chat is None:
+            check_model(body, self.served.name)
+            raise ApiError(400, f"{self.served.name} has no chat template (tokenizer_config.json's chat_template or "
+                           "chat_template.jinja): send its prompt format to /v1/completions", code="no_chat_template")
+        messages, rest = completion_body(body)
+        ids = self.tokenizer.encode(self.chat.render(messages), add_special_tokens=False).ids  # the template adds them
+        parsed = CompletionRequest.parse({**rest, "prompt": ids or [0]}, self.served.name, self.vocab)
+        return await self._complete(parsed, [ids], started, _ChatCompletion)
+
+    async def _complete(self, parsed: CompletionRequest, prompts: list, started: float, kind):
+        from fastapi.responses import StreamingResponse
+
         for prompt in prompts:
             if not prompt:
                 raise ApiError(400, "the prompt has no token", param="prompt")
             parsed.check_length(len(prompt), self.served.context)
-        runs = [_Completion(self, parsed, prompt, self.model.options(stream=True).complete.remote(
+        runs = [kind(self, parsed, prompt, self.model.options(stream=True).complete.remote(
             prompt, parsed.max_tokens, parsed.temperature, self.eos, parsed.seed), started, index)
             for index, prompt in enumerate(prompts)]
         if parsed.stream:
@@ -361,3 +385,25 @@ async def _merged_events(runs: list[_Completion]):
             task.cancel()
             run.tokens.cancel()
     yield "data: [DONE]\n\n"
+
+
+class _ChatCompletion(_Completion):
+    """The same tokens as OpenAI's chat objects: a message whole, deltas streamed."""
+
+    sent_role = False
+
+    def _object(self, text: str, finish):
+        delta = {"content": text} if text or finish is None else {}
+        if not self.sent_role:  # the first chunk names the speaker
+            delta, self.sent_role = {"role": "assistant", **delta}, True
+        return {"id": self.id.replace("cmpl-", "chatcmpl-"), "object": "chat.completion.chunk", "created": self.created,
+                "model": self.ingress.served.name,
+                "choices": [{"index": self.index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+    async def whole(self) -> dict:
+        chunk = await super().whole()
+        choice = chunk["choices"][0]
+        message = {"role": "assistant", "content": self.text}
+        return {**chunk, "object": "chat.completion",
+                "choices": [{"index": self.index, "message": message, "logprobs": None,
+                             "finish_reason": choice["finish_reason"]}]}
