@@ -293,6 +293,8 @@ def test_served_decoder(root):
             "n 3": ({"model": name, "prompt": "x", "n": 3}, 400),
             "logprobs": ({"model": name, "prompt": "x", "logprobs": 2}, 400),
             "a penalty": ({"model": name, "prompt": "x", "frequency_penalty": 0.5}, 400),
+            "top_p 0": ({"model": name, "prompt": "x", "top_p": 0}, 400),
+            "top_p 1.5": ({"model": name, "prompt": "x", "top_p": 1.5}, 400),
             "an empty prompt among others": ({"model": name, "prompt": ["x", ""]}, 400),
             "65 prompts": ({"model": name, "prompt": ["x"] * 65}, 400),
         })

@@ -16,7 +16,7 @@ import pytest
 from hf_folders import save_client_model, save_tiny_folder, save_tokenizer
 from posbias_export.hf.ship import ship
 from posbias_export.runners import runtimes_common
-from posbias_export.serve.decoder import DecoderEngine, Request
+from posbias_export.serve.decoder import DecoderEngine, Request, choose_token
 from posbias_export.serve.embedder import CPU_BATCH_TOKENS, EmbedderEngine, default_budget, token_batches
 from posbias_export.serve.folder import FolderError, ServedFolder
 from posbias_export.serve.seq2seq import Seq2SeqEngine
@@ -357,3 +357,20 @@ def test_bench_serve_re_measures_some_cells_and_keeps_the_rest(tmp_path):
     assert [(c.server, c.route, c.length, c.clients, c.requests) for c in merged] == [
         ("ours", "embeddings", 512, 1, 5), ("ours", "embeddings", 8192, 1, 2), ("infinity-emb", "embeddings", 512, 1, 7),
         ("ours", "completions", 512, 16, 0), ("infinity-emb", "embeddings", 512, 8, 9), ("ours", "completions", 512, 16, 3)]
+
+
+def test_sampling_draws_from_softmax_and_top_p_from_the_nucleus_only():
+    """Frequencies over 4000 seeded draws against the distributions themselves: softmax of the
+    logits, and (top_p 0.7) its two likeliest tokens, whose mass 0.8 first reaches 0.7, renormalised.
+    Bounds are ~4 standard deviations of a binomial proportion at n = 4000."""
+    logits = np.log([0.5, 0.3, 0.15, 0.05])
+    whole = Request([1], 1, temperature=1.0, seed=3)
+    counts = np.bincount([choose_token(logits, whole) for _ in range(4000)], minlength=4) / 4000
+    assert np.all(np.abs(counts - [0.5, 0.3, 0.15, 0.05]) < 4 * np.sqrt(0.25 / 4000))
+    nucleus = Request([1], 1, temperature=1.0, seed=3, top_p=0.7)
+    counts = np.bincount([choose_token(logits, nucleus) for _ in range(4000)], minlength=4) / 4000
+    assert counts[2] == counts[3] == 0 and abs(counts[0] - 0.5 / 0.8) < 4 * np.sqrt(0.25 / 4000)
+    tiny = Request([1], 1, temperature=1.0, seed=3, top_p=1e-6)  # the likeliest token alone
+    assert {choose_token(logits, tiny) for _ in range(50)} == {0}
+    first, second = (Request([1], 1, temperature=1.0, seed=5, top_p=0.7) for _ in range(2))
+    assert [choose_token(logits, first) for _ in range(20)] == [choose_token(logits, second) for _ in range(20)]

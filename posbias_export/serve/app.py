@@ -70,8 +70,8 @@ def _model_deployment():
         async def embed(self, rows):
             return await self.replica.embed(rows)
 
-        async def complete(self, prompt, max_tokens, temperature, stop_ids, seed):
-            async for item in self.replica.complete(prompt, max_tokens, temperature, stop_ids, seed):
+        async def complete(self, prompt, max_tokens, temperature, stop_ids, seed, top_p=1.0):
+            async for item in self.replica.complete(prompt, max_tokens, temperature, stop_ids, seed, top_p):
                 yield item
 
         def ready(self) -> str:
@@ -235,7 +235,7 @@ class Answers:
                 raise ApiError(400, "the prompt has no token", param="prompt")
             parsed.check_length(len(prompt), self.served.context)
         runs = [kind(self, parsed, prompt, self.model.options(stream=True).complete.remote(
-            prompt, parsed.max_tokens, parsed.temperature, self.eos, parsed.seed), started, index)
+            prompt, parsed.max_tokens, parsed.temperature, self.eos, parsed.seed, parsed.top_p), started, index)
             for index, prompt in enumerate(prompts)]
         if parsed.stream:
             return StreamingResponse(runs[0].events() if len(runs) == 1 else _merged_events(runs),

@@ -44,6 +44,7 @@ class Request:
     temperature: float = 0.0
     stop_ids: tuple[int, ...] = ()
     seed: int | None = None
+    top_p: float = 1.0  # nucleus sampling: drawn among the fewest likeliest tokens holding this mass
     made: list[int] = field(default_factory=list)
     cancelled: bool = False  # set by the reader (a stop string matched, the client left): the row leaves
     finish: str | None = None
@@ -252,11 +253,19 @@ def fitting_capacity(decoder, slots: int, context: int) -> int:
 
 def choose_token(logits: np.ndarray, request: Request) -> int:
     """Greedy at temperature 0, else a token drawn from softmax(logits / temperature) by the
-    request's own generator (its seed)."""
+    request's own generator (its seed); with top_p < 1 from the nucleus only (Holtzman et al.
+    2020): the likeliest tokens whose probabilities first sum to top_p, renormalised."""
     if request.temperature <= 0:
         return int(np.argmax(logits))
     if not hasattr(request, "_rng"):
         request._rng = np.random.default_rng(request.seed)
     z = logits.astype(np.float64) / request.temperature
     p = np.exp(z - z.max())
-    return int(request._rng.choice(len(p), p=p / p.sum()))
+    p /= p.sum()
+    if request.top_p < 1:
+        order = np.argsort(-p, kind="stable")
+        kept = order[:int(np.searchsorted(np.cumsum(p[order]), request.top_p)) + 1]
+        nucleus = np.zeros_like(p)
+        nucleus[kept] = p[kept]
+        p = nucleus / nucleus.sum()
+    return int(request._rng.choice(len(p), p=p))

@@ -4,9 +4,9 @@ ApiError (an HTTP status and OpenAI's error object), never a 500.
     POST /v1/embeddings    input: a string, a list of strings, a list of token ids or of lists of
                            them; encoding_format "float" | "base64"; model: the served folder's name
     POST /v1/completions   prompt: a string, token ids, or a list of up to 64 of either (a choice
-                           each); max_tokens >= 1; temperature in [0, 2] (0: greedy); stop: a
-                           string or up to 4; stream; seed; n, top_p, best_of, the penalties,
-                           logprobs, logit_bias, echo, suffix at their neutral values only
+                           each); max_tokens >= 1; temperature in [0, 2] (0: greedy); top_p in
+                           (0, 1]; stop: a string or up to 4; stream; seed; n, best_of, the
+                           penalties, logprobs, logit_bias, echo, suffix at their neutral values only
     A null is the parameter's default (OpenAI's reading; clients send them).
 """
 from __future__ import annotations
@@ -133,7 +133,7 @@ def encode_embedding(vector: np.ndarray, encoding: str):
 # parameters clients send at their neutral value (LangChain's OpenAI sends every one of these on
 # each request): accepted there, refused in one line at any other value (nothing here does them)
 NEUTRAL = {"frequency_penalty": (0,), "presence_penalty": (0,), "logprobs": (), "logit_bias": ({},), "echo": (False,),
-           "best_of": (1,), "suffix": ("",), "top_p": (1,), "n": (1,)}
+           "best_of": (1,), "suffix": ("",), "n": (1,)}
 MAX_PROMPTS = 64  # prompts of one completions request (each its own row of the batch)
 
 
@@ -145,13 +145,14 @@ class CompletionRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     seed: int | None = None
+    top_p: float = 1.0
 
     @classmethod
     def parse(cls, body: dict, served: str, vocab: int) -> "CompletionRequest":
         check_model(body, served)
         body = {k: v for k, v in body.items() if v is not None}  # null: the parameter's default, as OpenAI's
-        unknown = set(body) - {"prompt", "model", "max_tokens", "temperature", "stop", "stream", "seed", "user",
-                               "stream_options", *NEUTRAL}
+        unknown = set(body) - {"prompt", "model", "max_tokens", "temperature", "top_p", "stop", "stream", "seed",
+                               "user", "stream_options", *NEUTRAL}
         if unknown:
             raise ApiError(400, f"unknown or unsupported parameter {sorted(unknown)[0]!r}", param=sorted(unknown)[0])
         for name, neutral in NEUTRAL.items():
@@ -165,6 +166,9 @@ class CompletionRequest:
         temperature = body.get("temperature", 1.0)
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
             raise ApiError(400, f"'temperature' must be a number in [0, 2], got {temperature!r}", param="temperature")
+        top_p = body.get("top_p", 1.0)
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+            raise ApiError(400, f"'top_p' must be a number in (0, 1], got {top_p!r}", param="top_p")
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or len(stop) > MAX_STOPS or not all(isinstance(s, str) and s for s in stop):
@@ -177,7 +181,8 @@ class CompletionRequest:
         seed = body.get("seed")
         if seed is not None and (not _is_int(seed) or seed < 0):
             raise ApiError(400, "'seed' must be a non-negative integer", param="seed")
-        return cls(_prompts(body.get("prompt"), vocab), max_tokens, float(temperature), stop, stream, seed)
+        return cls(_prompts(body.get("prompt"), vocab), max_tokens, float(temperature), stop, stream, seed,
+                   float(top_p))
 
     def check_length(self, prompt_tokens: int, context: int) -> None:
         if prompt_tokens + self.max_tokens > context:

@@ -74,9 +74,9 @@ class Replica:
 
     # -- completions -----------------------------------------------------------------------------
     async def complete(self, prompt: list[int], max_tokens: int, temperature: float, stop_ids: tuple[int, ...],
-                       seed: int | None):
+                       seed: int | None, top_p: float = 1.0):
         """Yields each new token id, then {"finish": reason, "queue_s", "rss"} (or {"error": line})."""
-        request = Request(list(prompt), max_tokens, temperature, tuple(stop_ids), seed, tokens=_LoopQueue())
+        request = Request(list(prompt), max_tokens, temperature, tuple(stop_ids), seed, top_p, tokens=_LoopQueue())
         submitted = time.perf_counter()
         try:
             self.engine.submit(request)
