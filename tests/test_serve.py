@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -159,15 +160,16 @@ def assert_gone(pids) -> None:
 def cluster_only_processes(pids) -> list[str]:
     """The command lines of Ray's cluster daemons a local serve does not start (serve/local_ray.py):
     the autoscaler's monitor, the log monitor, the dashboard's API server."""
-    found = []
-    for pid in pids:
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        found += [command] if any(part in command for part in ("autoscaler/_private/monitor.py", "log_monitor.py",
-                                                                 "dashboard/dashboard.py")) else []
-    return found
+    daemons = ("autoscaler/_private/monitor.py", "log_monitor.py", "dashboard/dashboard.py")
+    return [command for command in map(command_line, pids) if any(part in command for part in daemons)]
+
+
+def command_line(pid: int) -> str:
+    """A process's command line ("" once it is gone); Ray renames its workers' (ray::ServeReplica:...)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def completion_tokens(client, model: str, prompt, max_tokens: int, stream: bool = False) -> tuple[str, int]:
@@ -359,4 +361,37 @@ def test_served_seq2seq(root):
             {"model": folder.name, "messages": [{"role": "user", "content": "x"}]}).encode())
         assert (status, body["error"]["code"]) == (400, "no_chat_template"), body
     finally:
+        assert server.stop() == 0
+
+
+def test_replicas_are_added_under_load(root):
+    """--max-replicas: Serve's autoscaler adds a model replica while requests keep more than its
+    target waiting (here after ~45 s: its 30 s upscale delay, then a replica's start)."""
+    source = save_tiny_folder("jina_bert", root / "jina_scaling")
+    save_tokenizer(source, max_length=8192)
+    folder = root / "jina_scaling_served"
+    ship(source, folder, check_growth=False)
+    server = Server(folder, "--replicas", "1", "--max-replicas", "2")
+    done = threading.Event()
+
+    def replicas() -> int:
+        return sum(f"ServeReplica:{folder.name}:model" in command_line(pid) for pid in tree_pids(server.process.pid))
+
+    def client():
+        while not done.is_set():
+            server.client.embeddings.create(model=folder.name, input=[[5] * 1500])
+
+    workers = [threading.Thread(target=client) for _ in range(8)]
+    try:
+        assert replicas() == 1
+        for worker in workers:
+            worker.start()
+        deadline = time.time() + 240
+        while replicas() < 2 and time.time() < deadline:
+            time.sleep(5)
+        assert replicas() == 2, "no second replica under load"
+    finally:
+        done.set()
+        for worker in (w for w in workers if w.ident):  # started
+            worker.join()
         assert server.stop() == 0

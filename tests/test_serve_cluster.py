@@ -22,6 +22,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("ray.serve")
 
 from hf_folders import save_client_model, save_tiny_folder, save_tokenizer  # noqa: E402
+from test_serve import command_line  # noqa: E402
 from posbias_export.hf.ship import ship  # noqa: E402
 from posbias_export.peers.servers import STARTUP_S, free_port, tree_pids  # noqa: E402
 from posbias_export.serve.process import ServeProcess  # noqa: E402
@@ -57,7 +58,7 @@ class Cluster:
 
     def processes(self, name: str) -> list[int]:
         """This cluster's processes whose command line contains `name` (Ray renames its workers)."""
-        return [pid for pid in self.members() if name in _command(pid)]
+        return [pid for pid in self.members() if name in command_line(pid)]
 
     def stop(self) -> None:
         for pid in self.members():
@@ -79,13 +80,6 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
-
-
-def _command(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def refusal(folder: str, cwd: Path, *options: str) -> str:

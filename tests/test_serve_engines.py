@@ -232,8 +232,28 @@ def test_the_config_file_builder_takes_serves_options(folders):
     from posbias_export.serve.deploy import app
 
     assert isinstance(app({"folder": str(folders["jina_bert"]), "replicas": "2", "max_batch_tokens": 4096}), Application)
+    assert isinstance(app({"folder": str(folders["jina_bert"]), "replicas": 1, "max_replicas": 4}), Application)
     with pytest.raises(ValueError, match="folder required"):
         app({"replica": 2})
+
+
+def test_max_replicas_autoscales_between_the_two():
+    from posbias_export.serve.app import EMBEDDER_TARGET, replica_options
+    from posbias_export.serve.decoder import DEFAULT_SLOTS
+
+    assert replica_options("decoder", 2, None, None) == {"num_replicas": 2}
+    assert replica_options("decoder", 2, 2, None) == {"num_replicas": 2}  # nothing to scale between
+    decoder = replica_options("decoder", 1, 4, None)["autoscaling_config"]
+    assert (decoder["min_replicas"], decoder["max_replicas"], decoder["target_ongoing_requests"]) == (1, 4, DEFAULT_SLOTS)
+    assert replica_options("decoder", 1, 4, 16)["autoscaling_config"]["target_ongoing_requests"] == 16  # its slots
+    assert replica_options("embedder", 2, 3, None)["autoscaling_config"]["target_ongoing_requests"] == EMBEDDER_TARGET
+
+
+def test_max_replicas_below_replicas_is_one_line(folders, capsys):
+    from posbias_export.cli import main
+
+    assert main(["serve", str(folders["jina_bert"]), "--replicas", "3", "--max-replicas", "2"]) == 2
+    assert capsys.readouterr().err.strip() == "posbias-export: error: --max-replicas (2) is below --replicas (3)"
 
 
 def test_the_server_tree_memory_counts_its_children():

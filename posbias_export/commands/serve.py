@@ -33,6 +33,9 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: every one)")
     p.add_argument("--port", type=port, default=8000, help="HTTP port (default 8000)")
     p.add_argument("--replicas", type=positive_int, default=1, help="model replicas (default 1)")
+    p.add_argument("--max-replicas", type=positive_int,
+                   help="autoscale between --replicas and this many (Ray Serve's autoscaler; on KubeRay the cluster's "
+                        "adds nodes for them)")
     p.add_argument("--address", help="an existing Ray cluster's address (default: start Ray on this machine)")
     p.add_argument("--max-batch-tokens", type=positive_int,
                    help="embeddings: padded tokens per batch; a longer input runs alone (default 512, the "
@@ -47,6 +50,8 @@ def run_serve(args) -> int:
 
     if args.threads < 0:
         raise UsageError(f"--threads must be >= 0, got {args.threads}")
+    if args.max_replicas is not None and args.max_replicas < args.replicas:
+        raise UsageError(f"--max-replicas ({args.max_replicas}) is below --replicas ({args.replicas})")
     try:
         served = ServedFolder.read(args.folder)
     except FolderError as err:
@@ -59,7 +64,7 @@ def run_serve(args) -> int:
     from ..serve.launch import launch
 
     return launch(served, args.host, args.port, args.replicas, args.address, args.max_batch_tokens, args.threads,
-                  args.slots)
+                  args.slots, args.max_replicas)
 
 
 def build_bench_serve_parser() -> argparse.ArgumentParser:

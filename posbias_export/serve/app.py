@@ -27,14 +27,32 @@ REPLICA_TIMEOUT_S = 600  # a replica's answer to one call: past this the request
 
 
 def build_app(folder: str, replicas: int = 1, threads: int = 0, max_batch_tokens: int | None = None,
-              slots: int | None = None):
+              slots: int | None = None, max_replicas: int | None = None):
     """The Ray Serve application for `folder` (deployments bound, not yet run)."""
     served = ServedFolder.read(folder)
     api = _api(served.name)
     # absolute: a cluster's replicas run in the cwd their node's raylet gave them, not the caller's
     path = str(served.path.absolute())
-    model = _model_deployment().options(num_replicas=replicas).bind(path, threads, max_batch_tokens, slots)
-    return _ingress_deployment(api).bind(model, path)
+    model = _model_deployment().options(**replica_options(served.role, replicas, max_replicas, slots))
+    return _ingress_deployment(api).bind(model.bind(path, threads, max_batch_tokens, slots), path)
+
+
+# requests a replica works on at once before Serve's autoscaler adds another: a decoder's rows
+# decode together (its slots); an embedder's inputs of concurrent requests share its batches, and
+# a second waiting request already means its CPU is full
+EMBEDDER_TARGET = 2
+
+
+def replica_options(role: str, replicas: int, max_replicas: int | None, slots: int | None) -> dict:
+    """A fixed number of model replicas, or (max_replicas above it) Serve's autoscaling between the
+    two: on a cluster whose autoscaler adds nodes (KubeRay), new replicas bring new machines."""
+    if not max_replicas or max_replicas <= replicas:
+        return {"num_replicas": replicas}
+    from .decoder import DEFAULT_SLOTS
+
+    target = EMBEDDER_TARGET if role == "embedder" else slots or DEFAULT_SLOTS
+    return {"autoscaling_config": {"min_replicas": replicas, "initial_replicas": replicas, "max_replicas": max_replicas,
+                                   "target_ongoing_requests": target}}
 
 
 def _api(name: str):

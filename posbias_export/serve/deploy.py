@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from .app import build_app
 
-OPTIONS = ("folder", "replicas", "threads", "max_batch_tokens", "slots")
+OPTIONS = ("folder", "replicas", "threads", "max_batch_tokens", "slots", "max_replicas")
 
 
 def app(args: dict):
-    """args: folder (required), replicas, threads, max_batch_tokens, slots -> the bound application."""
+    """args: folder (required), replicas, threads, max_batch_tokens, slots, max_replicas -> the bound
+    application."""
     unknown = sorted(set(args) - set(OPTIONS))
     if unknown or "folder" not in args:
         raise ValueError(f"args take {', '.join(OPTIONS)} (folder required); got {sorted(args)}")

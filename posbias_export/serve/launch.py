@@ -38,7 +38,7 @@ def _check_port(host: str, port: int) -> None:
 
 
 def launch(served: ServedFolder, host: str, port: int, replicas: int, address: str | None,
-           max_batch_tokens: int | None, threads: int, slots: int | None) -> int:
+           max_batch_tokens: int | None, threads: int, slots: int | None, max_replicas: int | None = None) -> int:
     import ray
 
     if address is None:
@@ -58,8 +58,9 @@ def launch(served: ServedFolder, host: str, port: int, replicas: int, address: s
     started_serve = None  # on a cluster: whether this process started Serve there (None: not yet asked)
     try:
         started_serve = _start_serve(host, port, served.name, on_cluster=node is None)
-        _run_app(served, replicas, threads, max_batch_tokens, slots)
-        print(f"serving {served.name} ({served.role}, {replicas} replica{'s' * (replicas > 1)}) at "
+        _run_app(served, replicas, threads, max_batch_tokens, slots, max_replicas)
+        scale = f" of up to {max_replicas}" if max_replicas and max_replicas > replicas else ""
+        print(f"serving {served.name} ({served.role}, {replicas} replica{'s' * (replicas > 1)}{scale}) at "
               f"http://{host}:{port}/v1; Ctrl-C or SIGTERM stops", flush=True)
         stop.wait()
         print(f"stopping: requests in flight get up to {DRAIN_S} s", file=sys.stderr, flush=True)
@@ -82,10 +83,10 @@ def _start_serve(host: str, port: int, name: str, on_cluster: bool) -> bool:
 
 
 def _run_app(served: ServedFolder, replicas: int, threads: int, max_batch_tokens: int | None,
-             slots: int | None) -> None:
+             slots: int | None, max_replicas: int | None) -> None:
     from ray import serve
 
-    app = build_app(str(served.path), replicas, threads, max_batch_tokens, slots)
+    app = build_app(str(served.path), replicas, threads, max_batch_tokens, slots, max_replicas)
     try:
         serve.run(app, name=served.name, route_prefix="/", blocking=False)
     except Exception as err:  # a replica that cannot load the folder, a route taken: Serve's report, one line
