@@ -236,8 +236,8 @@ class Answers:
         started = time.perf_counter()
         self._need("decoder", "/v1/chat/completions")
         body = await self._body(request)
+        check_model(body, self.served.name)  # a wrong model is a 404 before anything else is judged
         if self.chat is None:
-            check_model(body, self.served.name)
             raise ApiError(400, f"{self.served.name} has no chat template (tokenizer_config.json's chat_template or "
                            "chat_template.jinja): send its prompt format to /v1/completions", code="no_chat_template")
         messages, rest = completion_body(body)
