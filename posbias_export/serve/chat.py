@@ -13,6 +13,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+from .folder import json_object
 from .openai_api import ApiError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -26,7 +27,7 @@ def chat_template(folder: Path) -> str | None:
     loose = folder / "chat_template.jinja"
     if loose.is_file():
         return loose.read_text()
-    config = _json(folder / "tokenizer_config.json")
+    config = json_object(folder / "tokenizer_config.json")
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: the "default" one
         template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
@@ -35,7 +36,7 @@ def chat_template(folder: Path) -> str | None:
 
 def special_tokens(folder: Path) -> dict:
     """bos_token, eos_token, ... as text (the template refers to them by name)."""
-    config = _json(folder / "tokenizer_config.json")
+    config = json_object(folder / "tokenizer_config.json")
     found = {}
     for name in ("bos_token", "eos_token", "unk_token", "pad_token"):
         value = config.get(name)
@@ -98,10 +99,3 @@ def _message(message, k: int) -> dict:
         raise ApiError(400, f"messages[{k}].content must be a string or a list of text parts", param="messages")
     return {"role": message["role"], "content": content}
 
-
-def _json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}

@@ -41,8 +41,8 @@ class ServedFolder:
         tokenizer = path / "tokenizer.json"
         if not tokenizer.is_file():
             raise FolderError(f"{folder} has no tokenizer.json (serve takes a folder written by --out-dir)")
-        config = _json(path / "config.json")
-        settings = {**config, **_json(path / "generation_config.json")}
+        config = json_object(path / "config.json")
+        settings = {**config, **json_object(path / "generation_config.json")}
         if (path / "encoder_model.onnx").is_file() and (path / "decoder_model_merged.onnx").is_file():
             return cls(path, "seq2seq", path.name, {"encoder": path / "encoder_model.onnx",
                                                     "decoder": path / "decoder_model_merged.onnx",
@@ -53,17 +53,17 @@ class ServedFolder:
             raise FolderError(f"{folder} has neither model.onnx nor encoder_model.onnx + decoder_model_merged.onnx "
                               "(serve takes a folder written by --out-dir)")
         if _is_decoder(path, model):
-            genai = _json(path / "genai_config.json")
+            genai = json_object(path / "genai_config.json")
             return cls(path, "decoder", path.name, {"model": model, "tokenizer": tokenizer},
                        _context(config, genai.get("model", {}).get("context_length")), settings=settings)
         # an embedder's clients truncate to the tokenizer's model_max_length (jina-v2: 8192, its config 8192 too)
-        limit = _json(path / "tokenizer_config.json").get("model_max_length")
+        limit = json_object(path / "tokenizer_config.json").get("model_max_length")
         limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit < 1 << 24 else None
         return cls(path, "embedder", path.name, {"model": model, "tokenizer": tokenizer}, _context(config, limit),
                    pooling=_pooling(path), settings=settings)
 
 
-def _json(path: Path) -> dict:
+def json_object(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
@@ -112,5 +112,5 @@ def _context(config: dict, declared) -> int:
 
 def _pooling(path: Path) -> str:
     """sentence-transformers' pooling config (1_Pooling/config.json): mean unless it asks for CLS."""
-    pooling = _json(path / "1_Pooling" / "config.json")
+    pooling = json_object(path / "1_Pooling" / "config.json")
     return "cls" if pooling.get("pooling_mode_cls_token") and not pooling.get("pooling_mode_mean_tokens") else "mean"
