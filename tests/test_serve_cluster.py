@@ -2,7 +2,8 @@
 process group, killed whole at the end): the folder named relative to the caller's directory
 reaches replicas that run elsewhere; --replicas 2 makes two; a second `serve` that cannot share the
 cluster's proxy (another port) or its route (another folder at /) is refused in one line and leaves
-the first serving; SIGTERM deletes our application and leaves the cluster up."""
+the first serving; SIGTERM deletes our application and leaves the cluster up. And the RayService
+manifest docs/serving.md gives, deployed from its serveConfigV2 as KubeRay deploys it."""
 from __future__ import annotations
 
 import os
@@ -149,3 +150,75 @@ def test_a_cluster_that_cannot_be_joined_is_one_line(monkeypatch):
     with pytest.raises(UsageError) as err:
         joining.join("head:6379")
     assert "RAY_AUTH_MODE" not in str(err.value)
+
+
+def docs_manifest() -> dict:
+    """The RayService manifest docs/serving.md gives, parsed."""
+    import re
+
+    import yaml
+
+    text = (REPO / "docs" / "serving.md").read_text()
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "kind: RayService" in b]
+    assert len(blocks) == 1, "docs/serving.md should hold one RayService manifest"
+    return yaml.safe_load(blocks[0])
+
+
+def test_the_docs_manifest_is_a_serve_config_our_builder_takes():
+    """What KubeRay hands Ray Serve: the manifest's serveConfigV2 is valid under Serve's own schema,
+    names our builder, and passes it only options it takes."""
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    from posbias_export.serve import deploy
+
+    manifest = docs_manifest()
+    assert manifest["kind"] == "RayService" and manifest["apiVersion"] == "ray.io/v1"
+    config = ServeDeploySchema.model_validate(yaml.safe_load(manifest["spec"]["serveConfigV2"]))
+    for application in config.applications:
+        assert application.import_path == "posbias_export.serve.deploy:app"
+        assert set(application.args) <= set(deploy.OPTIONS) and "folder" in application.args
+
+
+def test_the_docs_manifest_deploys_as_kuberay_deploys_it(tmp_path):
+    """The manifest's serveConfigV2, its folder pointed at a served embedder, given to Ray Serve's
+    own `serve run CONFIG --address` on a cluster of ours: the controller builds the application from
+    the import path and args (what KubeRay's RayService does through the dashboard), and the route
+    answers the `openai` client with the folder's own vectors."""
+    import yaml
+
+    from posbias_export.serve.embedder import EmbedderEngine
+    from posbias_export.serve.folder import ServedFolder
+
+    source = save_tiny_folder("jina_bert", tmp_path / "jina")
+    save_tokenizer(source, max_length=8192)
+    served = tmp_path / "jina_served"
+    ship(source, served, check_growth=False)
+    config = yaml.safe_load(docs_manifest()["spec"]["serveConfigV2"])
+    (application,) = config["applications"]
+    application["args"].update(folder=str(served), replicas=1, max_replicas=2, threads=1)  # a 2-core machine
+    port = free_port()
+    config["http_options"] = {"host": "127.0.0.1", "port": port}
+    path = tmp_path / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+
+    cluster = Cluster()
+    try:
+        submitted = subprocess.run([str(Path(sys.executable).with_name("serve")), "run", str(path), "--address",
+                                    cluster.address, "--non-blocking"], capture_output=True, text=True,
+                                   timeout=STARTUP_S, env={**os.environ, **CLUSTER_ENV})
+        assert submitted.returncode == 0, submitted.stderr[-2000:]
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0, timeout=120)
+        deadline, got = time.time() + STARTUP_S, None
+        while got is None:  # the controller deploys after `serve run` returns
+            try:
+                text = "To be, or not to be"
+                got = client.embeddings.create(model=served.name, input=[text]).data[0].embedding
+            except (openai.APIConnectionError, openai.NotFoundError, openai.InternalServerError):
+                assert time.time() < deadline, "the manifest's application never answered"
+                time.sleep(2)
+        direct = EmbedderEngine(ServedFolder.read(served))
+        assert float(np.dot(got, direct.embed(direct.tokenize([text]))[0])) >= 0.99999
+        assert len(cluster.processes(f"ServeReplica:{application['name']}:model")) == 1  # replicas: 1
+    finally:
+        cluster.stop()
