@@ -209,10 +209,9 @@ def test_the_docs_manifest_deploys_as_kuberay_deploys_it(tmp_path):
                                    timeout=STARTUP_S, env={**os.environ, **CLUSTER_ENV})
         assert submitted.returncode == 0, submitted.stderr[-2000:]
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0, timeout=120)
-        deadline, got = time.time() + STARTUP_S, None
+        text, deadline, got = "To be, or not to be", time.time() + STARTUP_S, None
         while got is None:  # the controller deploys after `serve run` returns
             try:
-                text = "To be, or not to be"
                 got = client.embeddings.create(model=served.name, input=[text]).data[0].embedding
             except (openai.APIConnectionError, openai.NotFoundError, openai.InternalServerError):
                 assert time.time() < deadline, "the manifest's application never answered"
