@@ -245,11 +245,17 @@ def test_served_decoder(root):
         made = generate_alone(folder, prompt, n, eos)
         return tokenizer.decode(made, skip_special_tokens=True), len(made)
 
-    server = Server(folder, "--slots", "4")
+    server = Server(folder, "--slots", "4", "--allow-origin", "http://localhost:5173")
     tree = tree_pids(server.process.pid)
     try:
         assert not cluster_only_processes(tree)
         client, name = server.client, folder.name
+        # a browser page at the allowed origin: its preflight is answered through Ray's proxy
+        preflight = urllib.request.Request(server.url + "/v1/completions", method="OPTIONS", headers={
+            "Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        with urllib.request.urlopen(preflight, timeout=60) as answer:
+            assert answer.headers["access-control-allow-origin"] == "http://localhost:5173"
         assert client.models.retrieve(name).id == name and server.status("/v1/models/nope") == 404
         assert completion_tokens(client, name, PROMPTS[0], 12) == expected(PROMPTS[0], 12)
         assert completion_tokens(client, name, PROMPTS[0], 12, stream=True) == expected(PROMPTS[0], 12)

@@ -233,6 +233,7 @@ def test_the_config_file_builder_takes_serves_options(folders):
 
     assert isinstance(app({"folder": str(folders["jina_bert"]), "replicas": "2", "max_batch_tokens": 4096}), Application)
     assert isinstance(app({"folder": str(folders["jina_bert"]), "replicas": 1, "max_replicas": 4}), Application)
+    assert isinstance(app({"folder": str(folders["jina_bert"]), "allow_origins": ["https://app.example.com"]}), Application)
     with pytest.raises(ValueError, match="folder required"):
         app({"replica": 2})
 
@@ -394,3 +395,41 @@ def test_sampling_draws_from_softmax_and_top_p_from_the_nucleus_only():
     assert {choose_token(logits, tiny) for _ in range(50)} == {0}
     first, second = (Request([1], 1, temperature=1.0, seed=5, top_p=0.7) for _ in range(2))
     assert [choose_token(logits, first) for _ in range(20)] == [choose_token(logits, second) for _ in range(20)]
+
+
+def test_browsers_are_answered_only_from_the_allowed_origins():
+    """--allow-origin: a page at a named origin gets its preflight and its answers' CORS headers
+    (what the openai JS client sends from a browser); another origin, or none named, gets neither."""
+    from starlette.testclient import TestClient
+
+    from posbias_export.serve.app import _api
+
+    preflight = {"Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type,x-stainless-os"}
+    for origins, allowed in ((["http://localhost:5173"], True), (["https://app.example.com"], False), ((), False),
+                             (["*"], True)):
+        api = _api("m", origins)
+
+        @api.get("/v1/models")
+        async def models():
+            return {"object": "list", "data": []}
+
+        client = TestClient(api)
+        answer = client.options("/v1/embeddings", headers=preflight)
+        got = client.get("/v1/models", headers={"Origin": "http://localhost:5173"})
+        assert got.status_code == 200
+        if allowed:
+            assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] in ("*", preflight["Origin"])
+            assert "POST" in answer.headers["access-control-allow-methods"]
+            assert got.headers["access-control-allow-origin"] in ("*", preflight["Origin"])
+        else:
+            assert "access-control-allow-origin" not in answer.headers, (origins, answer.headers)
+            assert "access-control-allow-origin" not in got.headers
+
+
+def test_an_origin_that_is_not_one_is_one_line(folders, capsys):
+    from posbias_export.cli import main
+
+    assert main(["serve", str(folders["jina_bert"]), "--allow-origin", "localhost:5173/app"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posbias-export: error:") and "scheme://host[:port]" in err and "\n" not in err, err

@@ -42,7 +42,20 @@ def build_serve_parser() -> argparse.ArgumentParser:
                         "CPU's cheapest batch, or less where free memory is short)")
     p.add_argument("--slots", type=positive_int, help="completions: requests decoding together per replica (default 8)")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads per replica (default 0: its own choice)")
+    p.add_argument("--allow-origin", action="append", type=origin, default=[], metavar="ORIGIN",
+                   help="answer browsers' calls from pages at ORIGIN (CORS; e.g. https://app.example.com, repeatable, "
+                        "* for any). Default: none, a page on another origin cannot read the answers")
     return p
+
+
+def origin(text: str) -> str:
+    """A web origin as browsers send it (scheme://host[:port], no path), or *."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text)
+    if text != "*" and (parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query):
+        raise argparse.ArgumentTypeError(f"an origin is scheme://host[:port] (or *), got {text!r}")
+    return text
 
 
 def run_serve(args) -> int:
@@ -64,7 +77,7 @@ def run_serve(args) -> int:
     from ..serve.launch import launch
 
     return launch(served, args.host, args.port, args.replicas, args.address, args.max_batch_tokens, args.threads,
-                  args.slots, args.max_replicas)
+                  args.slots, args.max_replicas, tuple(args.allow_origin))
 
 
 def build_bench_serve_parser() -> argparse.ArgumentParser:

@@ -27,10 +27,11 @@ REPLICA_TIMEOUT_S = 600  # a replica's answer to one call: past this the request
 
 
 def build_app(folder: str, replicas: int = 1, threads: int = 0, max_batch_tokens: int | None = None,
-              slots: int | None = None, max_replicas: int | None = None):
-    """The Ray Serve application for `folder` (deployments bound, not yet run)."""
+              slots: int | None = None, max_replicas: int | None = None, allow_origins=()):
+    """The Ray Serve application for `folder` (deployments bound, not yet run); `allow_origins`:
+    the web origins whose pages may call it from a browser (CORS), none by default."""
     served = ServedFolder.read(folder)
-    api = _api(served.name)
+    api = _api(served.name, allow_origins)
     # absolute: a cluster's replicas run in the cwd their node's raylet gave them, not the caller's
     path = str(served.path.absolute())
     model = _model_deployment().options(**replica_options(served.role, replicas, max_replicas, slots))
@@ -55,13 +56,20 @@ def replica_options(role: str, replicas: int, max_replicas: int | None, slots: i
                                    "target_ongoing_requests": target}}
 
 
-def _api(name: str):
-    """The FastAPI app: every error, ours or the router's (404, 405), as OpenAI's error object."""
+def _api(name: str, allow_origins=()):
+    """The FastAPI app: every error, ours or the router's (404, 405), as OpenAI's error object.
+    With origins, browsers' cross-origin calls from pages there are answered (Starlette's CORS
+    middleware: the preflight, then the headers on each answer); without, a page on another origin
+    cannot read an answer (a server on loopback is not open to every site its user visits)."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.middleware.cors import CORSMiddleware
 
     api = FastAPI(title=f"posbias_export serve: {name}")
+    if allow_origins:  # the openai JS client sends Authorization and its own x-stainless-* headers
+        api.add_middleware(CORSMiddleware, allow_origins=list(allow_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["*"])
 
     @api.exception_handler(ApiError)
     async def api_error(_, err: ApiError):

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from .app import build_app
 
-OPTIONS = ("folder", "replicas", "threads", "max_batch_tokens", "slots", "max_replicas")
+OPTIONS = ("folder", "replicas", "threads", "max_batch_tokens", "slots", "max_replicas", "allow_origins")
 
 
 def app(args: dict):
-    """args: folder (required), replicas, threads, max_batch_tokens, slots, max_replicas -> the bound
-    application."""
+    """args: folder (required), replicas, threads, max_batch_tokens, slots, max_replicas, allow_origins
+    (a list) -> the bound application."""
     unknown = sorted(set(args) - set(OPTIONS))
     if unknown or "folder" not in args:
         raise ValueError(f"args take {', '.join(OPTIONS)} (folder required); got {sorted(args)}")
-    numbers = {k: int(args[k]) for k in OPTIONS[1:] if args.get(k) is not None}
-    return build_app(str(args["folder"]), **numbers)
+    numbers = {k: int(args[k]) for k in OPTIONS[1:-1] if args.get(k) is not None}
+    origins = args.get("allow_origins") or ()
+    return build_app(str(args["folder"]), **numbers, allow_origins=[origins] if isinstance(origins, str) else origins)

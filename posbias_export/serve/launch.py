@@ -38,7 +38,8 @@ def _check_port(host: str, port: int) -> None:
 
 
 def launch(served: ServedFolder, host: str, port: int, replicas: int, address: str | None,
-           max_batch_tokens: int | None, threads: int, slots: int | None, max_replicas: int | None = None) -> int:
+           max_batch_tokens: int | None, threads: int, slots: int | None, max_replicas: int | None = None,
+           allow_origins=()) -> int:
     import ray
 
     if address is None:
@@ -58,7 +59,7 @@ def launch(served: ServedFolder, host: str, port: int, replicas: int, address: s
     started_serve = None  # on a cluster: whether this process started Serve there (None: not yet asked)
     try:
         started_serve = _start_serve(host, port, served.name, on_cluster=node is None)
-        _run_app(served, replicas, threads, max_batch_tokens, slots, max_replicas)
+        _run_app(served, replicas, threads, max_batch_tokens, slots, max_replicas, allow_origins)
         scale = f" of up to {max_replicas}" if max_replicas and max_replicas > replicas else ""
         print(f"serving {served.name} ({served.role}, {replicas} replica{'s' * (replicas > 1)}{scale}) at "
               f"http://{host}:{port}/v1; Ctrl-C or SIGTERM stops", flush=True)
@@ -83,10 +84,10 @@ def _start_serve(host: str, port: int, name: str, on_cluster: bool) -> bool:
 
 
 def _run_app(served: ServedFolder, replicas: int, threads: int, max_batch_tokens: int | None,
-             slots: int | None, max_replicas: int | None) -> None:
+             slots: int | None, max_replicas: int | None, allow_origins=()) -> None:
     from ray import serve
 
-    app = build_app(str(served.path), replicas, threads, max_batch_tokens, slots, max_replicas)
+    app = build_app(str(served.path), replicas, threads, max_batch_tokens, slots, max_replicas, allow_origins)
     try:
         serve.run(app, name=served.name, route_prefix="/", blocking=False)
     except Exception as err:  # a replica that cannot load the folder, a route taken: Serve's report, one line
