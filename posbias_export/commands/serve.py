@@ -49,13 +49,12 @@ def build_serve_parser() -> argparse.ArgumentParser:
 
 
 def origin(text: str) -> str:
-    """A web origin as browsers send it (scheme://host[:port], no path), or *."""
-    from urllib.parse import urlsplit
+    from ..serve.app import check_origin
 
-    parts = urlsplit(text)
-    if text != "*" and (parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query):
-        raise argparse.ArgumentTypeError(f"an origin is scheme://host[:port] (or *), got {text!r}")
-    return text
+    try:
+        return check_origin(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def run_serve(args) -> int:

@@ -56,6 +56,16 @@ def replica_options(role: str, replicas: int, max_replicas: int | None, slots: i
                                    "target_ongoing_requests": target}}
 
 
+def check_origin(text: str) -> str:
+    """A web origin as browsers send it (scheme://host[:port], no path), or *; ValueError otherwise."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text)
+    if text != "*" and (parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query):
+        raise ValueError(f"an origin is scheme://host[:port] (or *), got {text!r}")
+    return text
+
+
 def _api(name: str, allow_origins=()):
     """The FastAPI app: every error, ours or the router's (404, 405), as OpenAI's error object.
     With origins, browsers' cross-origin calls from pages there are answered (Starlette's CORS

@@ -2,9 +2,10 @@
 posbias_export.serve.deploy:app`, KubeRay's RayService, `serve run`): `args` are `serve`'s options."""
 from __future__ import annotations
 
-from .app import build_app
+from .app import build_app, check_origin
 
-OPTIONS = ("folder", "replicas", "threads", "max_batch_tokens", "slots", "max_replicas", "allow_origins")
+NUMBERS = ("replicas", "threads", "max_batch_tokens", "slots", "max_replicas")
+OPTIONS = ("folder", *NUMBERS, "allow_origins")
 
 
 def app(args: dict):
@@ -13,6 +14,7 @@ def app(args: dict):
     unknown = sorted(set(args) - set(OPTIONS))
     if unknown or "folder" not in args:
         raise ValueError(f"args take {', '.join(OPTIONS)} (folder required); got {sorted(args)}")
-    numbers = {k: int(args[k]) for k in OPTIONS[1:-1] if args.get(k) is not None}
+    numbers = {k: int(args[k]) for k in NUMBERS if args.get(k) is not None}
     origins = args.get("allow_origins") or ()
-    return build_app(str(args["folder"]), **numbers, allow_origins=[origins] if isinstance(origins, str) else origins)
+    origins = [check_origin(o) for o in ([origins] if isinstance(origins, str) else origins)]  # as --allow-origin
+    return build_app(str(args["folder"]), **numbers, allow_origins=origins)
