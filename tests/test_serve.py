@@ -55,13 +55,28 @@ def kill_model_replica(name: str) -> None:
     os.kill(int(found[0]), signal.SIGKILL)
 
 
+def failures(server: Server) -> dict[tuple[str, str], float]:
+    """/metrics' failed requests: (route, status) -> count, read with Prometheus' own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
+    return {(s.labels["route"], s.labels["status"]): s.value for family in text_string_to_metric_families(text)
+            if family.name == "posbias_request_failures" for s in family.samples if s.name.endswith("_total")}
+
+
 def check_errors(server: Server, route: str, bodies: dict) -> None:
-    """Each body -> its status, with OpenAI's error object; the replica serves on after all of them."""
+    """Each body -> its status, with OpenAI's error object, and counted in /metrics under its
+    route and status; the replica serves on after all of them."""
+    before = failures(server)
     for name, (body, status) in bodies.items():
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         got, answer = server.post(route, raw)
         assert got == status, (name, got, answer)
         assert set(answer["error"]) >= {"message", "type", "param", "code"} and answer["error"]["message"], name
+    after, label = failures(server), route.rsplit("/", 1)[-1]
+    for status in {status for _, status in bodies.values()}:
+        key = (label, str(status))
+        assert after.get(key, 0) - before.get(key, 0) == sum(s == status for _, s in bodies.values()), (key, after)
 
 
 @pytest.fixture(scope="module")
@@ -281,6 +296,15 @@ def test_served_decoder(root):
             long_text += event.choices[0].text
             usage = event.usage
         assert usage.completion_tokens > 5 and (long_text, usage.completion_tokens) == expected(PROMPTS[2], 400)
+
+        # a client that leaves mid-stream: counted as 499 (its row is freed: test_serve_engines)
+        stream = client.completions.create(model=name, prompt=PROMPTS[2], max_tokens=400, temperature=0, stream=True)
+        next(iter(stream))
+        stream.close()
+        deadline = time.time() + 30
+        while failures(server).get(("completions", "499")) != 1:
+            assert time.time() < deadline, failures(server)
+            time.sleep(0.2)
 
         check_errors(server, "/v1/completions", {
             "empty prompt": ({"model": name, "prompt": ""}, 400),

@@ -427,6 +427,37 @@ def test_browsers_are_answered_only_from_the_allowed_origins():
             assert "access-control-allow-origin" not in got.headers
 
 
+def test_failures_are_counted_by_route_and_status_and_a_fault_is_openais_error_object():
+    """/metrics counts each error answer by route and status (an alert's input); a fault of ours is
+    a 500 with OpenAI's error object, not Starlette's plain text, and is counted too."""
+    from starlette.testclient import TestClient
+
+    from posbias_export.serve.app import _api
+    from posbias_export.serve.metrics import Metrics
+    from posbias_export.serve.openai_api import ApiError
+
+    api = _api("m")
+    api.state.metrics = metrics = Metrics()
+
+    @api.post("/v1/embeddings")
+    async def embeddings():
+        raise ApiError(400, "'input' is empty", param="input")
+
+    @api.post("/v1/completions")
+    async def completions():
+        raise KeyError("a bug")
+
+    client = TestClient(api, raise_server_exceptions=False)
+    assert client.post("/v1/embeddings").status_code == 400
+    fault = client.post("/v1/completions")
+    assert fault.status_code == 500 and fault.json()["error"]["type"] == "server_error"
+    assert "a bug" in fault.json()["error"]["message"]
+    assert client.get("/nope").status_code == 404
+    text = metrics.render().decode()
+    for route, status in (("embeddings", 400), ("completions", 500), ("other", 404)):
+        assert f'posbias_request_failures_total{{route="{route}",status="{status}"}} 1.0' in text, text
+
+
 def test_an_origin_that_is_not_one_is_one_line(folders, capsys):
     from posbias_export.cli import main
 

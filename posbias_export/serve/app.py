@@ -24,6 +24,9 @@ from .replica import Replica
 
 DRAIN_S = 30  # after a stop signal, requests in flight get this long to finish
 REPLICA_TIMEOUT_S = 600  # a replica's answer to one call: past this the request is a 504, not a hang
+CLIENT_LEFT = 499  # /metrics' status of a stream whose client closed it before its end (nginx's code)
+# /metrics' route of a failed request: one per answer kind (a label per unknown path would grow without bound)
+METRIC_ROUTES = {"/v1/embeddings": "embeddings", "/v1/completions": "completions", "/v1/chat/completions": "completions"}
 
 
 def build_app(folder: str, replicas: int = 1, threads: int = 0, max_batch_tokens: int | None = None,
@@ -81,14 +84,23 @@ def _api(name: str, allow_origins=()):
         api.add_middleware(CORSMiddleware, allow_origins=list(allow_origins), allow_methods=["GET", "POST"],
                            allow_headers=["*"])
 
-    @api.exception_handler(ApiError)
-    async def api_error(_, err: ApiError):
+    def answer(request, err: ApiError):
+        metrics = getattr(request.app.state, "metrics", None)  # the ingress's, once it is up
+        if metrics is not None:
+            metrics.failed(METRIC_ROUTES.get(request.url.path, "other"), err.status)
         return JSONResponse(err.body(), status_code=err.status)
 
+    @api.exception_handler(ApiError)
+    async def api_error(request, err: ApiError):
+        return answer(request, err)
+
     @api.exception_handler(StarletteHTTPException)
-    async def http_error(_, err):
-        return JSONResponse(ApiError(err.status_code, str(err.detail), kind="invalid_request_error").body(),
-                            status_code=err.status_code)
+    async def http_error(request, err):
+        return answer(request, ApiError(err.status_code, str(err.detail), kind="invalid_request_error"))
+
+    @api.exception_handler(Exception)
+    async def server_error(request, err):  # a fault of ours: still OpenAI's error object, and counted
+        return answer(request, ApiError(500, f"the server failed: {first_line(err)}", kind="server_error"))
 
     return api
 
@@ -129,6 +141,10 @@ def _ingress_deployment(api):
                       ray_actor_options={"num_cpus": 0})
     @serve.ingress(api)
     class Ingress(Answers):
+        def __init__(self, model, folder_path: str):
+            super().__init__(model, folder_path)
+            api.state.metrics = self.metrics  # the error handlers count failures there
+
         @api.get("/health")
         async def health(self):
             return await self.health_answer()
@@ -369,7 +385,11 @@ class _Completion:
                 yield f"data: {json.dumps(self._object(piece, None))}\n\n"
             yield f"data: {json.dumps({**self._object('', self.finish or 'length'), 'usage': self._usage()})}\n\n"
         except ApiError as err:
+            self.ingress.metrics.failed("completions", err.status)
             yield f"data: {json.dumps(err.body())}\n\n"
+        except (GeneratorExit, asyncio.CancelledError):  # the client left: its row was freed (replica.py)
+            self.ingress.metrics.failed("completions", CLIENT_LEFT)
+            raise
         self._record()
         yield "data: [DONE]\n\n"
 
@@ -408,6 +428,7 @@ async def _merged_events(runs: list[_Completion]):
             event = await events.get()
             left -= event is None
             if isinstance(event, ApiError):
+                runs[0].ingress.metrics.failed("completions", event.status)
                 yield f"data: {json.dumps(event.body())}\n\n"
                 break
             if event is not None:
@@ -416,6 +437,9 @@ async def _merged_events(runs: list[_Completion]):
             usage = [run._usage() for run in runs]
             last = {**runs[0]._object("", None), "choices": [], "usage": {k: sum(u[k] for u in usage) for k in usage[0]}}
             yield f"data: {json.dumps(last)}\n\n"
+    except (GeneratorExit, asyncio.CancelledError):
+        runs[0].ingress.metrics.failed("completions", CLIENT_LEFT)
+        raise
     finally:
         for task, run in zip(tasks, runs):
             task.cancel()

@@ -1,6 +1,8 @@
 """What `GET /metrics` reports, in Prometheus' text format (prometheus_client, its own registry):
-requests and tokens by route, the time a request waited in a replica before its first batch, the
-batch sizes its inputs ran in, each replica's resident memory (as its last answer said)."""
+requests and tokens by route, the requests that failed by route and HTTP status (what an alert
+watches: 4xx the callers', 5xx ours, 499 a client that left mid-stream), the time a request waited
+in a replica before its first batch, the batch sizes its inputs ran in, each replica's resident
+memory (as its last answer said)."""
 from __future__ import annotations
 
 
@@ -12,6 +14,9 @@ class Metrics:
         self.requests = Counter("posbias_requests", "requests answered", ["route"], registry=self.registry)
         self.tokens = Counter("posbias_tokens", "tokens read (prompt) and written (completion)", ["route", "kind"],
                               registry=self.registry)
+        self.failures = Counter("posbias_request_failures", "requests answered with an error, by HTTP status "
+                                "(499: the client left before the end of its stream)", ["route", "status"],
+                                registry=self.registry)
         self.latency = Histogram("posbias_request_seconds", "a request's time in the server", ["route"],
                                  registry=self.registry)
         self.queue = Histogram("posbias_queue_seconds", "a request's wait in a replica before its first batch or token",
@@ -32,6 +37,9 @@ class Metrics:
             self.batch.labels(route).observe(size)
         if "rss" in stats:
             self.rss.labels(stats.get("replica", "0")).set(stats["rss"])
+
+    def failed(self, route: str, status: int) -> None:
+        self.failures.labels(route, str(status)).inc()
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest
