@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -179,6 +180,37 @@ def test_padded_embedding_batches_equal_each_input_alone(folders):
         alone = engine.embed([row])[0]
         assert float(vector @ alone) >= 0.99999 and np.abs(vector - alone).max() < 1e-5
         assert abs(np.linalg.norm(vector) - 1) < 1e-6
+
+
+def test_an_embedding_whose_caller_left_is_not_computed(folders):
+    """A request cancelled while it waits (a client's timeout: Ray cancels the replica's call) is
+    dropped before its batch runs; the others are answered as alone."""
+    import asyncio
+
+    from posbias_export.serve.replica import Replica
+
+    replica = Replica(str(folders["jina_bert"]), max_batch_tokens=1)  # every input a batch of its own
+    computed, embed = [], replica.engine.embed
+
+    def slow_embed(rows):
+        computed.extend(rows)
+        time.sleep(0.5)  # the first batch still runs when the second caller leaves
+        return embed(rows)
+
+    replica.engine.embed = slow_embed
+
+    async def scenario():
+        first = asyncio.create_task(replica.embed([PROMPTS[0]]))
+        await asyncio.sleep(0.1)
+        gone, kept = (asyncio.create_task(replica.embed([p])) for p in (PROMPTS[1], PROMPTS[2]))
+        await asyncio.sleep(0.1)
+        gone.cancel()
+        return await first, await kept
+
+    first, kept = asyncio.run(scenario())
+    assert computed == [PROMPTS[0], PROMPTS[2]]
+    for got, prompt in ((first, PROMPTS[0]), (kept, PROMPTS[2])):
+        assert float(got["vectors"][0] @ embed([prompt])[0]) >= 0.99999
 
 
 def test_token_batches_stay_within_the_budget():

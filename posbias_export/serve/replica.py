@@ -60,6 +60,11 @@ class Replica:
             lengths = [len(r) for r, _ in taken]
             batches = [[k] for k in range(len(taken))] if self.engine.inputs_apart else token_batches(lengths, self.budget)
             for batch in batches:
+                # a caller that left (its request cancelled: a client's timeout, a closed connection)
+                # is not computed: under overload those are the retries' doubles
+                batch = [i for i in batch if not taken[i][1].done()]
+                if not batch:
+                    continue
                 started = time.perf_counter()
                 try:
                     vectors = await loop.run_in_executor(None, self.engine.embed, [taken[i][0] for i in batch])
