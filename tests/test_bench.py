@@ -29,9 +29,10 @@ def test_bench_command_end_to_end(tmp_path, capsys):
     assert cli_main(argv) == 0
     data = json.loads((out / "attention.json").read_text())
     cells = data["cells"]
-    # causal: 1 bias x 2 lengths x 4 per-bias configs + torch-sdpa once per length;
-    # bidirectional and block: the longest length only, 1 bias x 2 configs + torch-sdpa
-    assert len(cells) == (1 * 2 * 4 + 2) + 2 * (1 * 2 + 1)
+    # causal: 1 bias x 2 lengths x 5 per-bias configs (ort-blocked and its denormals-as-zero twin,
+    # ort-plain, openvino, torch-eager) + torch-sdpa once per length; bidirectional and block: the
+    # longest length only, 1 bias x 3 configs (ort-blocked, its twin, openvino) + torch-sdpa
+    assert len(cells) == (1 * 2 * 5 + 2) + 2 * (1 * 3 + 1)
     for cell in cells:
         assert cell["skipped"] is None, cell
         assert len(cell["times"]) == 1 and cell["times"][0] > 0

@@ -20,6 +20,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+import posbias_export as pbe
 import tiers
 from posbias_export.cli import main as cli_main
 from posbias_export.runners import runtimes_common
@@ -96,8 +97,7 @@ def test_the_counter_sees_a_softmax_subnormal_and_a_floored_one_has_none():
     np.testing.assert_array_equal(out[0], count_subnormals(softmax_then_matmul("Softmax"), FAR_KEY)[1][0])
 
 
-ALONE = [(bias, causal) for bias in ("alibi", "kerple_power", "kerple_log", "sandwich", "t5", "window", "none")
-         for causal in (True, False)]
+ALONE = [(bias, causal) for bias in pbe.BIASES for causal in (True, False)]  # every registered family
 
 
 @pytest.mark.parametrize("bias, causal", tiers.cases(

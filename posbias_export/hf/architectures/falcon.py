@@ -218,6 +218,11 @@ class FalconLM(CausalLM):
         return tf.FalconForCausalLM(tf.FalconConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                                                     num_attention_heads=heads, alibi=True, **config))
 
+    def transformers_bias_magnitude(self, length: int) -> float:
+        """transformers' SDPA path puts slope * absolute key position / sqrt(d) into its float
+        mask: the same magnitude as our file's key row (build_alibi_tensor, FalconModel.forward)."""
+        return self.file_bias_magnitude(length)
+
     def file_bias_magnitude(self, length: int) -> float:
         """The file's key row is absolute (bf16 rounding is not shift-invariant): scores carry up
         to max slope * (L - 1) / sqrt(d), 724 at 4096 tokens for the tiny test model."""
