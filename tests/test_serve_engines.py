@@ -496,3 +496,102 @@ def test_an_origin_that_is_not_one_is_one_line(folders, capsys):
     assert main(["serve", str(folders["jina_bert"]), "--allow-origin", "localhost:5173/app"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("posbias-export: error:") and "scheme://host[:port]" in err and "\n" not in err, err
+
+
+class _Tokens:
+    """What a replica's streamed complete() gives the ingress: token ids, then its closing stats
+    (or an error); cancel() stops it, as Ray's response generator does."""
+
+    def __init__(self, items):
+        self.items, self.cancelled = items, False
+
+    async def _items(self):
+        for item in self.items:
+            if self.cancelled:
+                return
+            yield item
+
+    def __aiter__(self):
+        return self._items()
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class _Replica:
+    """A model handle whose complete() answers each prompt with `tokens` (or fails the prompt `failing`)."""
+
+    def __init__(self, tokens=(7, 8, 9), failing=None):
+        self.tokens, self.failing = list(tokens), failing
+        self.complete = self
+
+    def options(self, stream):
+        return self
+
+    def remote(self, prompt, *_):
+        if prompt == self.failing:
+            return _Tokens([{"error": "a slot's context is smaller", "status": 400}])
+        return _Tokens([*self.tokens, {"finish": "length", "queue_s": 0.25, "rss": 1e9, "replica": "0"}])
+
+
+def test_a_request_of_several_prompts_is_counted_once_and_a_failed_one_as_a_failure_only(folders):
+    """/metrics counts a request answered once, whatever its prompts (their tokens summed, each
+    prompt's wait observed); a stream that ended in an error or that its client closed counts as
+    a failure only, never also as answered."""
+    import asyncio
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from posbias_export.serve.app import Answers, _Completion
+    from posbias_export.serve.openai_api import CompletionRequest
+
+    prompts = [[5, 17, 42], [61, 7], [11] * 6]
+
+    def counts(answers) -> dict:
+        got = {}
+        for family in text_string_to_metric_families(answers.metrics.render().decode()):
+            for s in family.samples:
+                got[(s.name, *sorted(s.labels.items()))] = s.value
+        return {"requests": got.get(("posbias_requests_total", ("route", "completions")), 0),
+                "prompt": got.get(("posbias_tokens_total", ("kind", "prompt"), ("route", "completions")), 0),
+                "made": got.get(("posbias_tokens_total", ("kind", "completion"), ("route", "completions")), 0),
+                "latency": got.get(("posbias_request_seconds_count", ("route", "completions")), 0),
+                "waits": got.get(("posbias_queue_seconds_count", ("route", "completions")), 0),
+                "failed": {k[2][1]: v for k, v in got.items() if k[0] == "posbias_request_failures_total"}}
+
+    async def ask(answers, stream: bool, read_events=None):
+        parsed = CompletionRequest.parse({"model": answers.served.name, "prompt": prompts, "max_tokens": 3,
+                                          "stream": stream}, answers.served.name, answers.vocab)
+        got = await answers._complete(parsed, prompts, time.perf_counter(), _Completion)
+        if not stream:
+            return got
+        events = got.body_iterator
+        taken = [event async for event in events] if read_events is None else \
+            [await events.__anext__() for _ in range(read_events)]
+        if read_events is not None:
+            await events.aclose()  # the client closed its connection
+        return taken
+
+    answers = Answers(_Replica(), str(folders["bloom"]))
+    whole = asyncio.run(ask(answers, stream=False))
+    assert len(whole["choices"]) == 3 and whole["usage"]["prompt_tokens"] == 11
+    assert counts(answers) == {"requests": 1, "prompt": 11, "made": 9, "latency": 1, "waits": 3, "failed": {}}
+    streamed = asyncio.run(ask(answers, stream=True))
+    assert streamed[-1] == "data: [DONE]\n\n"
+    assert counts(answers) == {"requests": 2, "prompt": 22, "made": 18, "latency": 2, "waits": 6, "failed": {}}
+    asyncio.run(ask(answers, stream=True, read_events=2))
+    assert counts(answers) == {"requests": 2, "prompt": 22, "made": 18, "latency": 2, "waits": 6, "failed": {"499": 1}}
+
+    failing = Answers(_Replica(failing=prompts[1]), str(folders["bloom"]))
+    events = asyncio.run(ask(failing, stream=True))
+    assert any('"error"' in e for e in events)
+    assert counts(failing)["requests"] == 0 and counts(failing)["failed"] == {"400": 1}
+    one = CompletionRequest.parse({"model": failing.served.name, "prompt": prompts[1], "stream": True},
+                                  failing.served.name, failing.vocab)
+
+    async def alone():
+        answer = await failing._complete(one, [prompts[1]], time.perf_counter(), _Completion)
+        return [e async for e in answer.body_iterator]
+
+    assert any('"error"' in e for e in asyncio.run(alone()))
+    assert counts(failing)["requests"] == 0 and counts(failing)["failed"] == {"400": 2}

@@ -252,7 +252,7 @@ class Answers:
                 raise ApiError(400, f"input {k} has no token", param="input")
         got = await self._call(self.model.embed.remote(rows))
         tokens = sum(len(r) for r in rows)
-        self.metrics.observe("embeddings", tokens, 0, got, time.perf_counter() - started)
+        self.metrics.observe("embeddings", tokens, 0, [got], time.perf_counter() - started)
         data = [{"object": "embedding", "index": k, "embedding": encode_embedding(v, parsed.encoding)}
                 for k, v in enumerate(got["vectors"])]
         return {"object": "list", "data": data, "model": self.served.name,
@@ -369,14 +369,9 @@ class _Completion:
         return {"prompt_tokens": len(self.prompt), "completion_tokens": len(self.made),
                 "total_tokens": len(self.prompt) + len(self.made)}
 
-    def _record(self) -> None:
-        self.ingress.metrics.observe("completions", len(self.prompt), len(self.made), self.stats,
-                                     time.perf_counter() - self.started)
-
     async def whole(self) -> dict:
         async for _ in self._pieces():
             pass
-        self._record()
         return {**self._object(self.text, self.finish or "length"), "usage": self._usage()}
 
     async def events(self):
@@ -390,8 +385,17 @@ class _Completion:
         except (GeneratorExit, asyncio.CancelledError):  # the client left: its row was freed (replica.py)
             self.ingress.metrics.failed("completions", CLIENT_LEFT)
             raise
-        self._record()
+        else:
+            _record([self])
         yield "data: [DONE]\n\n"
+
+
+def _record(runs: list[_Completion]) -> None:
+    """One request answered whole, however many prompts it held: their tokens summed, each one's
+    wait in its replica (a failed request or a client that left is counted as a failure only)."""
+    first = runs[0]
+    first.ingress.metrics.observe("completions", sum(len(r.prompt) for r in runs), sum(len(r.made) for r in runs),
+                                  [r.stats for r in runs], time.perf_counter() - first.started)
 
 
 async def _whole(runs: list[_Completion]) -> dict:
@@ -402,6 +406,7 @@ async def _whole(runs: list[_Completion]) -> dict:
         for run in runs:
             run.tokens.cancel()
         raise
+    _record(runs)
     usage = {k: sum(a["usage"][k] for a in answers) for k in answers[0]["usage"]}
     return {**answers[0], "choices": [a["choices"][0] for a in answers], "usage": usage}
 
@@ -419,7 +424,6 @@ async def _merged_events(runs: list[_Completion]):
         except ApiError as err:
             await events.put(err)
         finally:
-            run._record()
             await events.put(None)
 
     tasks, left = [asyncio.create_task(pump(run)) for run in runs], len(runs)
@@ -436,6 +440,7 @@ async def _merged_events(runs: list[_Completion]):
         else:
             usage = [run._usage() for run in runs]
             last = {**runs[0]._object("", None), "choices": [], "usage": {k: sum(u[k] for u in usage) for k in usage[0]}}
+            _record(runs)
             yield f"data: {json.dumps(last)}\n\n"
     except (GeneratorExit, asyncio.CancelledError):
         runs[0].ingress.metrics.failed("completions", CLIENT_LEFT)

@@ -26,17 +26,20 @@ class Metrics:
         self.rss = Gauge("posbias_replica_rss_bytes", "a replica's resident memory at its last answer", ["replica"],
                          registry=self.registry)
 
-    def observe(self, route: str, read: int, written: int, stats: dict, seconds: float) -> None:
+    def observe(self, route: str, read: int, written: int, replies: list[dict], seconds: float) -> None:
+        """One request answered; `replies`: what each of its replica calls said (a completion
+        request of several prompts makes one call a prompt)."""
         self.requests.labels(route).inc()
         self.tokens.labels(route, "prompt").inc(read)
         self.tokens.labels(route, "completion").inc(written)
         self.latency.labels(route).observe(seconds)
-        if "queue_s" in stats:
-            self.queue.labels(route).observe(max(stats["queue_s"], 0.0))
-        for size in stats.get("batch_sizes", []):
-            self.batch.labels(route).observe(size)
-        if "rss" in stats:
-            self.rss.labels(stats.get("replica", "0")).set(stats["rss"])
+        for stats in replies:
+            if "queue_s" in stats:
+                self.queue.labels(route).observe(max(stats["queue_s"], 0.0))
+            for size in stats.get("batch_sizes", []):
+                self.batch.labels(route).observe(size)
+            if "rss" in stats:
+                self.rss.labels(stats.get("replica", "0")).set(stats["rss"])
 
     def failed(self, route: str, status: int) -> None:
         self.failures.labels(route, str(status)).inc()
