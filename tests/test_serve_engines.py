@@ -5,6 +5,7 @@ embedder's padded batches give the vectors of the file run on each input alone, 
 budget groups inputs without ever passing it (or refusing a long one)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import threading
@@ -185,8 +186,6 @@ def test_padded_embedding_batches_equal_each_input_alone(folders):
 def test_an_embedding_whose_caller_left_is_not_computed(folders):
     """A request cancelled while it waits (a client's timeout: Ray cancels the replica's call) is
     dropped before its batch runs; the others are answered as alone."""
-    import asyncio
-
     from posbias_export.serve.replica import Replica
 
     replica = Replica(str(folders["jina_bert"]), max_batch_tokens=1)  # every input a batch of its own
@@ -509,6 +508,8 @@ class _Tokens:
         for item in self.items:
             if self.cancelled:
                 return
+            if item is None:  # a replica still working when the client leaves
+                await asyncio.Event().wait()
             yield item
 
     def __aiter__(self):
@@ -519,16 +520,23 @@ class _Tokens:
 
 
 class _Replica:
-    """A model handle whose complete() answers each prompt with `tokens` (or fails the prompt `failing`)."""
+    """A model handle whose complete() answers each prompt with `tokens` (or fails the prompt `failing`;
+    a None among the tokens never comes), and whose embed() never answers."""
 
     def __init__(self, tokens=(7, 8, 9), failing=None):
-        self.tokens, self.failing = list(tokens), failing
+        self.tokens, self.failing = None if tokens is None else list(tokens), failing
         self.complete = self
+        self.embed = self
+
+    def pending(self):
+        return asyncio.get_running_loop().create_future()
 
     def options(self, stream):
         return self
 
     def remote(self, prompt, *_):
+        if self.tokens is None:
+            return self.pending()
         if prompt == self.failing:
             return _Tokens([{"error": "a slot's context is smaller", "status": 400}])
         return _Tokens([*self.tokens, {"finish": "length", "queue_s": 0.25, "rss": 1e9, "replica": "0"}])
@@ -538,8 +546,6 @@ def test_a_request_of_several_prompts_is_counted_once_and_a_failed_one_as_a_fail
     """/metrics counts a request answered once, whatever its prompts (their tokens summed, each
     prompt's wait observed); a stream that ended in an error or that its client closed counts as
     a failure only, never also as answered."""
-    import asyncio
-
     from prometheus_client.parser import text_string_to_metric_families
 
     from posbias_export.serve.app import Answers, _Completion
@@ -595,3 +601,38 @@ def test_a_request_of_several_prompts_is_counted_once_and_a_failed_one_as_a_fail
 
     assert any('"error"' in e for e in asyncio.run(alone()))
     assert counts(failing)["requests"] == 0 and counts(failing)["failed"] == {"400": 2}
+
+
+def test_a_client_that_leaves_before_its_answer_is_counted_as_499(folders):
+    """A client that disconnects before a whole (not streamed) answer: Ray Serve cancels the
+    request's handler; /metrics counts it as 499 for completions and embeddings, not as answered."""
+    from posbias_export.serve.app import Answers, _Completion
+    from posbias_export.serve.openai_api import CompletionRequest
+
+    class Body:  # a request whose body the handler reads
+        def __init__(self, body: dict):
+            self.raw = json.dumps(body).encode()
+
+        async def stream(self):
+            yield self.raw
+
+    async def left(answer):
+        task = asyncio.create_task(answer)
+        await asyncio.sleep(0.2)  # the handler waits on its replica
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    decoder = Answers(_Replica(tokens=(7, None)), str(folders["bloom"]))
+    parsed = CompletionRequest.parse({"model": decoder.served.name, "prompt": [[5, 6], [7]]}, decoder.served.name,
+                                     decoder.vocab)
+    asyncio.run(left(decoder._complete(parsed, parsed.prompts, time.perf_counter(), _Completion)))
+    text = decoder.metrics.render().decode()
+    assert 'posbias_request_failures_total{route="completions",status="499"} 1.0' in text, text
+    assert 'posbias_requests_total{route="completions"}' not in text
+
+    embedder = Answers(_Replica(tokens=None), str(folders["jina_bert"]))
+    asyncio.run(left(embedder.embeddings_answer(Body({"model": embedder.served.name, "input": "a few words"}))))
+    text = embedder.metrics.render().decode()
+    assert 'posbias_request_failures_total{route="embeddings",status="499"} 1.0' in text, text
+    assert 'posbias_requests_total{route="embeddings"}' not in text

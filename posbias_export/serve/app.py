@@ -24,7 +24,7 @@ from .replica import Replica
 
 DRAIN_S = 30  # after a stop signal, requests in flight get this long to finish
 REPLICA_TIMEOUT_S = 600  # a replica's answer to one call: past this the request is a 504, not a hang
-CLIENT_LEFT = 499  # /metrics' status of a stream whose client closed it before its end (nginx's code)
+CLIENT_LEFT = 499  # /metrics' status of a request whose client left before its answer's end (nginx's code)
 # /metrics' route of a failed request: one per answer kind (a label per unknown path would grow without bound)
 METRIC_ROUTES = {"/v1/embeddings": "embeddings", "/v1/completions": "completions", "/v1/chat/completions": "completions"}
 
@@ -250,7 +250,11 @@ class Answers:
                                f"{self.served.context}", param="input", code="context_length_exceeded")
             if not row:
                 raise ApiError(400, f"input {k} has no token", param="input")
-        got = await self._call(self.model.embed.remote(rows))
+        try:
+            got = await self._call(self.model.embed.remote(rows))
+        except asyncio.CancelledError:  # the client left (Ray Serve cancels its request): the replica drops its inputs
+            self.metrics.failed("embeddings", CLIENT_LEFT)
+            raise
         tokens = sum(len(r) for r in rows)
         self.metrics.observe("embeddings", tokens, 0, [got], time.perf_counter() - started)
         data = [{"object": "embedding", "index": k, "embedding": encode_embedding(v, parsed.encoding)}
@@ -402,9 +406,11 @@ async def _whole(runs: list[_Completion]) -> dict:
     """Every prompt's answer, a choice each (the first's id); a failure cancels the others."""
     try:
         answers = await asyncio.gather(*(run.whole() for run in runs))
-    except BaseException:
+    except BaseException as err:
         for run in runs:
             run.tokens.cancel()
+        if isinstance(err, asyncio.CancelledError):  # the client left before its answer (Ray Serve cancels)
+            runs[0].ingress.metrics.failed("completions", CLIENT_LEFT)
         raise
     _record(runs)
     usage = {k: sum(a["usage"][k] for a in answers) for k in answers[0]["usage"]}

@@ -1,6 +1,6 @@
 """What `GET /metrics` reports, in Prometheus' text format (prometheus_client, its own registry):
 requests and tokens by route, the requests that failed by route and HTTP status (what an alert
-watches: 4xx the callers', 5xx ours, 499 a client that left mid-stream), the time a request waited
+watches: 4xx the callers', 5xx ours, 499 a client that left before its answer's end), the time a request waited
 in a replica before its first batch, the batch sizes its inputs ran in, each replica's resident
 memory (as its last answer said)."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ class Metrics:
         self.tokens = Counter("posbias_tokens", "tokens read (prompt) and written (completion)", ["route", "kind"],
                               registry=self.registry)
         self.failures = Counter("posbias_request_failures", "requests answered with an error, by HTTP status "
-                                "(499: the client left before the end of its stream)", ["route", "status"],
+                                "(499: the client left before its answer's end)", ["route", "status"],
                                 registry=self.registry)
         self.latency = Histogram("posbias_request_seconds", "a request's time in the server", ["route"],
                                  registry=self.registry)
