@@ -34,22 +34,57 @@ CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 class Cluster:
-    """`ray start --head` in a new session: every daemon and worker of it shares its process group."""
+    """`ray start --head` in a new session: every daemon and worker of it shares its process group.
+    With `worker_nodes` (Ray's fake multi-node provider: a node type's resources, min and max count),
+    its autoscaler starts worker nodes on this machine when demands have no room, as KubeRay adds pods."""
 
-    def __init__(self):
+    def __init__(self, cpus: int = 4, worker_nodes: dict | None = None):
         self.port = free_port()
         self.temp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
         ray = Path(sys.executable).with_name("ray")
+        scaling, env = [], {}
+        if worker_nodes:
+            scaling, env = self._autoscaling(cpus, worker_nodes)
         self.process = subprocess.Popen(
-            [str(ray), "start", "--head", "--port", str(self.port), "--num-cpus", "4", "--include-dashboard",
-             "false", "--disable-usage-stats", "--temp-dir", self.temp, "--block"],
+            [str(ray), "start", "--head", "--port", str(self.port), "--num-cpus", str(cpus), "--include-dashboard",
+             "false", "--disable-usage-stats", "--temp-dir", self.temp, *scaling, "--block"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, **CLUSTER_ENV})
+            env={**os.environ, **CLUSTER_ENV, **env})
         self.address = f"127.0.0.1:{self.port}"
         deadline = time.time() + STARTUP_S
         while not _listening(self.port):
             assert self.process.poll() is None and time.time() < deadline, "ray start --head failed"
             time.sleep(1)
+
+    def _autoscaling(self, cpus: int, worker_nodes: dict) -> tuple[list[str], dict]:
+        """The head's options and environment for Ray's fake multi-node autoscaler."""
+        import json
+
+        from ray._private.services import get_node_ip_address
+        from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
+
+        types = {"ray.head.default": {"resources": {"CPU": cpus}, "node_config": {}, "max_workers": 0},
+                 **{name: {"node_config": {}, **spec} for name, spec in worker_nodes.items()}}
+        config = {"cluster_name": "fake", "max_workers": sum(t.get("max_workers", 0) for t in types.values()),
+                  "provider": {"type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True,
+                               "disable_launch_config_check": True,
+                               "gcs_address": f"{get_node_ip_address()}:{self.port}"},
+                  "available_node_types": types, "head_node_type": "ray.head.default", "auth": {},
+                  "upscaling_speed": 1.0, "idle_timeout_minutes": 5, "docker": {}, "file_mounts": {},
+                  **{key: [] for key in ("initialization_commands", "setup_commands", "head_setup_commands",
+                                         "worker_setup_commands", "head_start_ray_commands",
+                                         "worker_start_ray_commands", "cluster_synced_files", "rsync_exclude",
+                                         "rsync_filter")}}
+        path = Path(self.temp) / "autoscaling.json"
+        path.write_text(json.dumps(config))
+        env = {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+               "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID, "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID}
+        return ["--autoscaling-config", str(path)], env
+
+    def status(self) -> str:
+        """`ray status`: the nodes by type and the CPUs reserved, as the autoscaler sees them."""
+        return subprocess.run([str(Path(sys.executable).with_name("ray")), "status", "--address", self.address],
+                              capture_output=True, text=True, timeout=120, env={**os.environ, **CLUSTER_ENV}).stdout
 
     def members(self) -> set[int]:
         """The head's daemons (its process group) and their children (workers take groups of their own)."""
@@ -219,5 +254,56 @@ def test_the_docs_manifest_deploys_as_kuberay_deploys_it(tmp_path):
         direct = EmbedderEngine(ServedFolder.read(served))
         assert float(np.dot(got, direct.embed(direct.tokenize([text]))[0])) >= 0.99999
         assert len(cluster.processes(f"ServeReplica:{application['name']}:model")) == 1  # replicas: 1
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.slow
+def test_a_replica_with_no_room_gets_a_node_as_the_docs_manifest_says(tmp_path):
+    """The manifest's application on a cluster shaped as its RayService (a head of its 2 CPUs, worker
+    nodes of its 4, from its minimum up to its maximum), Ray's autoscaler standing in for KubeRay's:
+    each model replica reserves its `threads` (4), which the head cannot hold, so a node is started
+    for each of the two, the replicas run there and the route answers with the folder's vectors.
+    (Replicas that reserved nothing sat on the head, two sessions on its cores, and no node came.)"""
+    import re
+
+    import yaml
+
+    from posbias_export.serve.embedder import EmbedderEngine
+    from posbias_export.serve.folder import ServedFolder
+
+    manifest = docs_manifest()
+    spec = manifest["spec"]["rayClusterConfig"]
+    (group,) = spec["workerGroupSpecs"]
+    head_cpus = int(spec["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"])
+    node_cpus = int(group["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"])
+    (application,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    replicas, threads = application["args"]["replicas"], application["args"]["threads"]
+    assert threads > head_cpus and threads <= node_cpus and replicas >= 2  # what this test relies on
+
+    source = save_tiny_folder("jina_bert", tmp_path / "jina")
+    save_tokenizer(source, max_length=8192)
+    ship(source, tmp_path / "jina_served", check_growth=False)
+    cluster = Cluster(cpus=head_cpus, worker_nodes={"cpu": {"resources": {"CPU": node_cpus, "object_store_memory": 10 ** 8},
+                                                            "min_workers": group["minReplicas"],
+                                                            "max_workers": replicas + 1}})
+    try:
+        server = ServeProcess(Path("jina_served"), "--address", cluster.address, "--replicas", str(replicas),
+                              "--threads", str(threads), log=tmp_path / "serve.log", cwd=tmp_path)
+        try:
+            status = cluster.status()
+            nodes = re.search(r"^\s*(\d+) cpu$", status, re.M)
+            used = re.search(r"([\d.]+)/([\d.]+) CPU", status)
+            assert nodes and int(nodes[1]) == replicas, status  # one node a replica, none beyond
+            assert used and float(used[1]) == replicas * threads, status
+            assert float(used[2]) == head_cpus + replicas * node_cpus, status
+            assert len(cluster.processes("ServeReplica:jina_served:model")) == replicas
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=120)
+            text = "To be, or not to be"
+            got = client.embeddings.create(model="jina_served", input=[text]).data[0].embedding
+            direct = EmbedderEngine(ServedFolder.read(tmp_path / "jina_served"))
+            assert float(np.dot(got, direct.embed(direct.tokenize([text]))[0])) >= 0.99999
+        finally:
+            assert server.stop() == 0
     finally:
         cluster.stop()

@@ -273,12 +273,48 @@ def test_max_replicas_autoscales_between_the_two():
     from posbias_export.serve.app import EMBEDDER_TARGET, replica_options
     from posbias_export.serve.decoder import DEFAULT_SLOTS
 
-    assert replica_options("decoder", 2, None, None) == {"num_replicas": 2}
-    assert replica_options("decoder", 2, 2, None) == {"num_replicas": 2}  # nothing to scale between
+    one_cpu = {"ray_actor_options": {"num_cpus": 1}}
+    assert replica_options("decoder", 2, None, None) == {"num_replicas": 2, **one_cpu}
+    assert replica_options("decoder", 2, 2, None) == {"num_replicas": 2, **one_cpu}  # nothing to scale between
     decoder = replica_options("decoder", 1, 4, None)["autoscaling_config"]
     assert (decoder["min_replicas"], decoder["max_replicas"], decoder["target_ongoing_requests"]) == (1, 4, DEFAULT_SLOTS)
     assert replica_options("decoder", 1, 4, 16)["autoscaling_config"]["target_ongoing_requests"] == 16  # its slots
     assert replica_options("embedder", 2, 3, None)["autoscaling_config"]["target_ongoing_requests"] == EMBEDDER_TARGET
+
+
+def test_each_replica_reserves_the_cores_its_threads_run_on(folders, capsys):
+    """A model replica reserves in Ray the CPUs its session's threads run on, so Ray never puts two
+    sessions on the same cores and a cluster's autoscaler adds a node for a replica with no room.
+    On this machine: a lone replica gets every core (its session's own thread count), several share
+    them evenly, and more than fit is one line before Ray starts."""
+    from posbias_export.cli import main
+    from posbias_export.errors import UsageError
+    from posbias_export.serve.app import build_app
+    from posbias_export.serve.launch import local_threads
+
+    def model(app):  # the ingress's bound model deployment: its reservation and its replica's threads
+        bound = app._bound_deployment.init_args[0]._bound_deployment
+        return bound.ray_actor_options["num_cpus"], bound.init_args[1]
+
+    folder = str(folders["jina_bert"])
+    assert model(build_app(folder, replicas=2, threads=3)) == (3, 3)
+    assert model(build_app(folder)) == (1, 1)  # a cluster's default: Ray's one CPU a replica, one thread
+    assert model(build_app(folder, threads=0, cpus=16)) == (16, 0)  # here, alone: ONNX Runtime's own choice
+
+    assert local_threads(0, 1, None, 16) == (0, 16)
+    assert local_threads(0, 2, None, 16) == (8, 8)
+    assert local_threads(0, 1, 4, 16) == (4, 4)  # autoscaled: the most replicas it may hold share the cores
+    assert local_threads(0, 3, None, 16) == (5, 5)
+    assert local_threads(2, 1, 4, 16) == (2, 2)
+    for threads, replicas, most, error in ((0, 3, None, "--replicas 3 x --threads 1 needs 3 CPUs; this machine has 2"),
+                                           (2, 1, 2, "--max-replicas 2 x --threads 2 needs 4 CPUs; this machine has 2"),
+                                           (4, 1, None, "--replicas 1 x --threads 4 needs 4 CPUs; this machine has 2")):
+        with pytest.raises(UsageError, match="^" + error.replace("-", r"\-")):
+            local_threads(threads, replicas, most, 2)
+
+    assert main(["serve", folder, "--threads", "100000"]) == 2  # refused before Ray starts
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posbias-export: error: --replicas 1 x --threads 100000 needs 100000 CPUs") and "\n" not in err
 
 
 def test_max_replicas_below_replicas_is_one_line(folders, capsys):

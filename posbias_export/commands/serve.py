@@ -41,7 +41,9 @@ def build_serve_parser() -> argparse.ArgumentParser:
                    help="embeddings: padded tokens per batch; a longer input runs alone (default 512, the "
                         "CPU's cheapest batch, or less where free memory is short)")
     p.add_argument("--slots", type=positive_int, help="completions: requests decoding together per replica (default 8)")
-    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads per replica (default 0: its own choice)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="ONNX Runtime threads per replica, and the CPUs each reserves in Ray (default: here, a lone "
+                        "replica its session's own choice, several this machine's cores shared evenly; on a cluster 1)")
     p.add_argument("--allow-origin", action="append", type=origin, default=[], metavar="ORIGIN",
                    help="answer browsers' calls from pages at ORIGIN (CORS; e.g. https://app.example.com, repeatable, "
                         "* for any). Default: none, a page on another origin cannot read the answers")

@@ -30,14 +30,18 @@ METRIC_ROUTES = {"/v1/embeddings": "embeddings", "/v1/completions": "completions
 
 
 def build_app(folder: str, replicas: int = 1, threads: int = 0, max_batch_tokens: int | None = None,
-              slots: int | None = None, max_replicas: int | None = None, allow_origins=()):
+              slots: int | None = None, max_replicas: int | None = None, allow_origins=(), cpus: int | None = None):
     """The Ray Serve application for `folder` (deployments bound, not yet run); `allow_origins`:
-    the web origins whose pages may call it from a browser (CORS), none by default."""
+    the web origins whose pages may call it from a browser (CORS), none by default. Each model
+    replica reserves `cpus` in Ray (default: its `threads`) and runs ONNX Runtime on `threads`; with
+    neither, one of each (Ray's own default for a replica: a cluster's node sizes are not known here).
+    A local `serve` passes threads 0 and this machine's cores for a lone replica (launch.py)."""
     served = ServedFolder.read(folder)
     api = _api(served.name, allow_origins)
     # absolute: a cluster's replicas run in the cwd their node's raylet gave them, not the caller's
     path = str(served.path.absolute())
-    model = _model_deployment().options(**replica_options(served.role, replicas, max_replicas, slots))
+    reserve, threads = cpus or threads or 1, threads or (0 if cpus else 1)  # 0: ONNX Runtime's own choice
+    model = _model_deployment().options(**replica_options(served.role, replicas, max_replicas, slots, reserve))
     return _ingress_deployment(api).bind(model.bind(path, threads, max_batch_tokens, slots), path)
 
 
@@ -47,16 +51,19 @@ def build_app(folder: str, replicas: int = 1, threads: int = 0, max_batch_tokens
 EMBEDDER_TARGET = 2
 
 
-def replica_options(role: str, replicas: int, max_replicas: int | None, slots: int | None) -> dict:
+def replica_options(role: str, replicas: int, max_replicas: int | None, slots: int | None, cpus: int = 1) -> dict:
     """A fixed number of model replicas, or (max_replicas above it) Serve's autoscaling between the
-    two: on a cluster whose autoscaler adds nodes (KubeRay), new replicas bring new machines."""
+    two. Each replica reserves the `cpus` its ONNX Runtime threads run on: Ray places a replica only
+    where that many are free (never two sessions on the same cores), and a cluster whose autoscaler
+    adds nodes (KubeRay) adds one for a replica that has no room."""
+    reserve = {"ray_actor_options": {"num_cpus": cpus}}
     if not max_replicas or max_replicas <= replicas:
-        return {"num_replicas": replicas}
+        return {"num_replicas": replicas, **reserve}
     from .decoder import DEFAULT_SLOTS
 
     target = EMBEDDER_TARGET if role == "embedder" else slots or DEFAULT_SLOTS
     return {"autoscaling_config": {"min_replicas": replicas, "initial_replicas": replicas, "max_replicas": max_replicas,
-                                   "target_ongoing_requests": target}}
+                                   "target_ongoing_requests": target}, **reserve}
 
 
 def check_origin(text: str) -> str:

@@ -48,18 +48,21 @@ def launch(served: ServedFolder, host: str, port: int, replicas: int, address: s
     # proxy and serve.start fails): give it a minute; local workers inherit this environment
     for name, value in {**PROXY_TIMEOUTS, **WORKER_NICENESS, **({} if address else QUIET_DAEMONS)}.items():
         os.environ.setdefault(name, value)
+    cpus = None  # on a cluster: each replica reserves its --threads (build_app)
     if address:
         cluster.join(address)
         node = None
     else:
-        node = start_local_ray(os.cpu_count() or 1)
+        cores = machine_cpus()
+        threads, cpus = local_threads(threads, replicas, max_replicas, cores)
+        node = start_local_ray(cores)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
         signal.signal(sig, lambda *_: stop.set())
     started_serve = None  # on a cluster: whether this process started Serve there (None: not yet asked)
     try:
         started_serve = _start_serve(host, port, served.name, on_cluster=node is None)
-        _run_app(served, replicas, threads, max_batch_tokens, slots, max_replicas, allow_origins)
+        _run_app(served, replicas, threads, max_batch_tokens, slots, max_replicas, allow_origins, cpus)
         scale = f" of up to {max_replicas}" if max_replicas and max_replicas > replicas else ""
         print(f"serving {served.name} ({served.role}, {replicas} replica{'s' * (replicas > 1)}{scale}) at "
               f"http://{host}:{port}/v1; Ctrl-C or SIGTERM stops", flush=True)
@@ -68,6 +71,32 @@ def launch(served: ServedFolder, host: str, port: int, replicas: int, address: s
     finally:
         _stop(served.name, node, started_serve)
     return 0
+
+
+def machine_cpus() -> int:
+    """The CPUs this process may use: its affinity, and a container's CPU quota (Ray's own count)."""
+    from ray._private.utils import get_num_cpus
+
+    try:
+        return max(1, min(len(os.sched_getaffinity(0)), int(get_num_cpus())))
+    except (AttributeError, OSError, ValueError):
+        return os.cpu_count() or 1
+
+
+def local_threads(threads: int, replicas: int, max_replicas: int | None, cores: int) -> tuple[int, int]:
+    """(ONNX Runtime threads, CPUs reserved) of each replica on this machine: --threads for both; or
+    (0) a lone replica's session chooses its own on the whole machine, and several share its cores
+    evenly (two sessions spinning on the same cores slow each other down). UsageError where they
+    cannot all fit: Ray would leave the rest waiting for cores that never come."""
+    most = max(replicas, max_replicas or 0)
+    if not threads and most == 1:
+        return 0, cores
+    chosen = threads or max(1, cores // most)
+    if chosen * most > cores:
+        count = f"--max-replicas {most}" if most > replicas else f"--replicas {most}"
+        raise UsageError(f"{count} x --threads {chosen} needs {chosen * most} CPUs; this machine has {cores} "
+                         "(each replica reserves the cores its threads run on)")
+    return chosen, chosen
 
 
 def _start_serve(host: str, port: int, name: str, on_cluster: bool) -> bool:
@@ -84,10 +113,10 @@ def _start_serve(host: str, port: int, name: str, on_cluster: bool) -> bool:
 
 
 def _run_app(served: ServedFolder, replicas: int, threads: int, max_batch_tokens: int | None,
-             slots: int | None, max_replicas: int | None, allow_origins=()) -> None:
+             slots: int | None, max_replicas: int | None, allow_origins=(), cpus: int | None = None) -> None:
     from ray import serve
 
-    app = build_app(str(served.path), replicas, threads, max_batch_tokens, slots, max_replicas, allow_origins)
+    app = build_app(str(served.path), replicas, threads, max_batch_tokens, slots, max_replicas, allow_origins, cpus)
     try:
         serve.run(app, name=served.name, route_prefix="/", blocking=False)
     except Exception as err:  # a replica that cannot load the folder, a route taken: Serve's report, one line
