@@ -212,6 +212,55 @@ def test_an_embedding_whose_caller_left_is_not_computed(folders):
         assert float(got["vectors"][0] @ embed([prompt])[0]) >= 0.99999
 
 
+def test_a_reader_behind_the_decode_gets_the_tokens_made_meanwhile_in_one_item(folders):
+    """A replica's stream hands its reader every token made since its last read in one item (one
+    message through Ray instead of one a token when the ingress falls behind); in order, the
+    tokens `generate` makes alone."""
+    from posbias_export.serve.replica import Replica
+
+    replica = Replica(str(folders["bloom"]), slots=2)
+    prompt = PROMPTS[0]
+
+    async def read():
+        stream = replica.complete(prompt, 12, 0.0, (), None)
+        first = await stream.__anext__()
+        deadline = time.time() + 120
+        while any(replica.engine.rows) and time.time() < deadline:  # the rest is made while nothing reads
+            await asyncio.sleep(0.05)
+        return [first] + [item async for item in stream]
+
+    try:
+        items = asyncio.run(read())
+    finally:
+        replica.stop()
+    tokens = [t for item in items[:-1] for t in item]
+    assert items[-1]["finish"] == "length" and tokens == generate_alone(folders["bloom"], prompt, 12)
+    assert len(items) <= 3, items  # the first read, then every token made meanwhile in one item
+
+
+def test_a_stop_string_inside_an_item_cuts_at_its_token(folders):
+    """Several tokens in one item: a stop string completed by the first of them ends the text there,
+    and the tokens counted are those up to it, as when they came one by one."""
+    from tokenizers import Tokenizer
+
+    from posbias_export.serve.app import Answers, _Completion
+    from posbias_export.serve.openai_api import CompletionRequest
+
+    tokenizer = Tokenizer.from_file(str(folders["bloom"] / "tokenizer.json"))
+    ids = next([a, b, c] for a in range(40, 300) for b in range(40, 300) for c in (41,)
+               if tokenizer.decode([a]) and tokenizer.decode([a, b]) != tokenizer.decode([a])
+               and tokenizer.decode([a, b]).startswith(tokenizer.decode([a]))
+               and tokenizer.decode([a, b])[len(tokenizer.decode([a])):] not in tokenizer.decode([a]))
+    stop = tokenizer.decode(ids[:2])[len(tokenizer.decode(ids[:1])):]
+    answers = Answers(_Replica(items=(ids[:1], ids[1:])), str(folders["bloom"]))
+    parsed = CompletionRequest.parse({"model": answers.served.name, "prompt": [5, 6], "stop": stop},
+                                     answers.served.name, answers.vocab)
+    got = asyncio.run(answers._complete(parsed, [[5, 6]], time.perf_counter(), _Completion))
+    choice = got["choices"][0]
+    assert (choice["text"], choice["finish_reason"]) == (tokenizer.decode(ids[:1]), "stop")
+    assert got["usage"]["completion_tokens"] == 2
+
+
 def test_token_batches_stay_within_the_budget():
     rng = np.random.default_rng(0)
     lengths = [8192, *rng.integers(1, 600, 200).tolist(), 3000, 1]
@@ -556,11 +605,12 @@ class _Tokens:
 
 
 class _Replica:
-    """A model handle whose complete() answers each prompt with `tokens` (or fails the prompt `failing`;
-    a None among the tokens never comes), and whose embed() never answers."""
+    """A model handle whose complete() answers each prompt with `items` (each the token ids made since
+    the last: several when the reader is behind; a None never comes), or fails the prompt `failing`;
+    with no items its embed() never answers."""
 
-    def __init__(self, tokens=(7, 8, 9), failing=None):
-        self.tokens, self.failing = None if tokens is None else list(tokens), failing
+    def __init__(self, items=((7, 8), (9,)), failing=None):
+        self.tokens, self.failing = None if items is None else [None if i is None else list(i) for i in items], failing
         self.complete = self
         self.embed = self
 
@@ -659,7 +709,7 @@ def test_a_client_that_leaves_before_its_answer_is_counted_as_499(folders):
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    decoder = Answers(_Replica(tokens=(7, None)), str(folders["bloom"]))
+    decoder = Answers(_Replica(items=((7,), None)), str(folders["bloom"]))
     parsed = CompletionRequest.parse({"model": decoder.served.name, "prompt": [[5, 6], [7]]}, decoder.served.name,
                                      decoder.vocab)
     asyncio.run(left(decoder._complete(parsed, parsed.prompts, time.perf_counter(), _Completion)))
@@ -667,7 +717,7 @@ def test_a_client_that_leaves_before_its_answer_is_counted_as_499(folders):
     assert 'posbias_request_failures_total{route="completions",status="499"} 1.0' in text, text
     assert 'posbias_requests_total{route="completions"}' not in text
 
-    embedder = Answers(_Replica(tokens=None), str(folders["jina_bert"]))
+    embedder = Answers(_Replica(items=None), str(folders["jina_bert"]))
     asyncio.run(left(embedder.embeddings_answer(Body({"model": embedder.served.name, "input": "a few words"}))))
     text = embedder.metrics.render().decode()
     assert 'posbias_request_failures_total{route="embeddings",status="499"} 1.0' in text, text

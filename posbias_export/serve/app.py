@@ -351,16 +351,19 @@ class _Completion:
                                        kind="server_error", code="replica_failed")
                     self.finish, self.stats = self.finish or item["finish"], item
                     break
-                self.made.append(item)
-                self.text = self.ingress.tokenizer.decode(self.made, skip_special_tokens=True)
-                cut = min((self.text.find(s) for s in self.parsed.stop if s in self.text), default=-1)
-                if cut >= 0:
-                    self.text, self.finish = self.text[:cut], "stop"
-                    if len(self.text) > sent:
-                        yield self.text[sent:]
-                    self.tokens.cancel()
-                    return
-                piece = ""  # one event a token, empty while a split character waits for its other bytes
+                for k, token in enumerate(item):  # the tokens made since the last item (several when this reader is behind)
+                    self.made.append(token)
+                    if k < len(item) - 1 and not self.parsed.stop:
+                        continue  # no stop string to look for after each token: the item's text at its end
+                    self.text = self.ingress.tokenizer.decode(self.made, skip_special_tokens=True)
+                    cut = min((self.text.find(s) for s in self.parsed.stop if s in self.text), default=-1)
+                    if cut >= 0:
+                        self.text, self.finish = self.text[:cut], "stop"
+                        if len(self.text) > sent:
+                            yield self.text[sent:]
+                        self.tokens.cancel()
+                        return
+                piece = ""  # one event an item, empty while a split character waits for its other bytes
                 if len(self.text) > sent and not self.text.endswith("\ufffd"):
                     piece, sent = self.text[sent:], len(self.text)
                 yield piece

@@ -80,7 +80,9 @@ class Replica:
     # -- completions -----------------------------------------------------------------------------
     async def complete(self, prompt: list[int], max_tokens: int, temperature: float, stop_ids: tuple[int, ...],
                        seed: int | None, top_p: float = 1.0):
-        """Yields each new token id, then {"finish": reason, "queue_s", "rss"} (or {"error": line})."""
+        """Yields the new token ids as lists (each every token made since the last: one while the reader
+        keeps up, more once it falls behind, so a busy ingress reads fewer messages), then
+        {"finish": reason, "queue_s", "rss"} (or {"error": line})."""
         request = Request(list(prompt), max_tokens, temperature, tuple(stop_ids), seed, top_p, tokens=_LoopQueue())
         submitted = time.perf_counter()
         try:
@@ -88,14 +90,21 @@ class Replica:
         except ValueError as err:  # past what a slot holds: the caller's 400
             yield {"error": str(err), "status": 400}
             return
-        first = None
+        first, ended, waiting = None, False, request.tokens.queue
         try:
-            while True:
-                token = await request.tokens.queue.get()
+            while not ended:
+                token = await waiting.get()
                 if token is None:
                     break
                 first = first or time.perf_counter()
-                yield token
+                tokens = [token]
+                while not waiting.empty():  # a reader behind the decode gets what came meanwhile in one item
+                    token = waiting.get_nowait()
+                    ended = token is None
+                    if ended:
+                        break
+                    tokens.append(token)
+                yield tokens
         finally:  # the caller stopped reading (a stop string, a client gone): the row leaves at the next step
             request.cancelled = True
         if request.error:
