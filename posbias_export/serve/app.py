@@ -456,8 +456,8 @@ async def _merged_events(runs: list[_Completion]):
         else:
             usage = [run._usage() for run in runs]
             last = {**runs[0]._object("", None), "choices": [], "usage": {k: sum(u[k] for u in usage) for k in usage[0]}}
-            _record(runs)
             yield f"data: {json.dumps(last)}\n\n"
+            _record(runs)  # after its last chunk went: a client gone at that point is a 499 only
     except (GeneratorExit, asyncio.CancelledError):
         runs[0].ingress.metrics.failed("completions", CLIENT_LEFT)
         raise

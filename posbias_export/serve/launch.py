@@ -75,11 +75,11 @@ def launch(served: ServedFolder, host: str, port: int, replicas: int, address: s
 
 def machine_cpus() -> int:
     """The CPUs this process may use: its affinity, and a container's CPU quota (Ray's own count)."""
-    from ray._private.utils import get_num_cpus
-
     try:
+        from ray._private.utils import get_num_cpus
+
         return max(1, min(len(os.sched_getaffinity(0)), int(get_num_cpus())))
-    except (AttributeError, OSError, ValueError):
+    except (ImportError, AttributeError, OSError, ValueError):  # Ray's private helper moved; no affinity here
         return os.cpu_count() or 1
 
 
